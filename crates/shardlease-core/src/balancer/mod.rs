@@ -1,0 +1,77 @@
+//! The balancer: a pure function from a snapshot of the namespace to the actions of one pass.
+//!
+//! Keeping it pure (no I/O, no clock, randomness only from the snapshot's seed) is what lets us
+//! test every distribution rule with tables and replay any decision. The runtime builds the
+//! snapshot, asks the balancer for a [`Plan`], and carries the plan out with compare-and-set writes,
+//! skipping any action whose write conflicts.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+
+use crate::lease::{Lease, LeaseKey, WorkerId};
+
+mod greedy;
+mod one_per_pass;
+
+pub use greedy::GreedyBalancer;
+pub use one_per_pass::OnePerPassBalancer;
+
+/// What the balancer sees: every lease, the workers judged alive, and this worker's limits.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// The worker running the pass.
+    pub me: WorkerId,
+    /// Every (decodable) lease of the namespace.
+    pub leases: Vec<Lease>,
+    /// Workers judged alive, `me` included. An owner not in this set holds nothing: its leases
+    /// are available.
+    pub live_workers: BTreeSet<WorkerId>,
+    /// The most leases `me` may hold.
+    pub max_leases_per_worker: Option<usize>,
+    /// The most claims `me` may make in this pass.
+    pub max_claims_per_pass: Option<usize>,
+    /// Leases `me` claimed whose owners did not hand them over within the claim timeout.
+    pub expired_claims: BTreeSet<LeaseKey>,
+    /// Seed for the shuffle of candidates.
+    pub seed: u64,
+}
+
+/// The actions of one pass. Each is carried out by compare-and-set; a conflict skips that action.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Available leases to try, in order, until `take_count` of them were taken.
+    pub take_candidates: Vec<LeaseKey>,
+    /// How many leases to take.
+    pub take_count: usize,
+    /// Handoff requests to write: `(lease, its current owner)`.
+    pub claims: Vec<(LeaseKey, WorkerId)>,
+    /// Leases `me` owns to hand over: `(lease, claimant)`.
+    pub handoffs: Vec<(LeaseKey, WorkerId)>,
+    /// Claims on `me`'s leases to clear (not worth honouring, or the claimant is dead).
+    pub clear_claims: Vec<LeaseKey>,
+    /// Leases `me` claimed whose owner did not answer in time: take them by compare-and-set.
+    pub take_over: Vec<LeaseKey>,
+}
+
+impl Plan {
+    /// Whether the plan does nothing.
+    pub fn is_empty(&self) -> bool {
+        self.take_count == 0
+            && self.claims.is_empty()
+            && self.handoffs.is_empty()
+            && self.clear_claims.is_empty()
+            && self.take_over.is_empty()
+    }
+}
+
+/// A lease-distribution policy. The greedy one is the default.
+pub trait Balancer: Send + Sync + Debug {
+    /// The actions of one pass for `snapshot.me`.
+    fn plan(&self, snapshot: &Snapshot) -> Plan;
+}
+
+/// Whether `lease` counts toward shares: not finished, and every parent finished or gone.
+pub fn is_active(lease: &Lease, all: &std::collections::HashMap<&LeaseKey, &Lease>) -> bool {
+    !lease.is_finished()
+        && lease.parents.iter().all(|p| all.get(p).is_none_or(|parent| parent.is_finished()))
+}

@@ -1,0 +1,141 @@
+//! Persisting how far a lease has got, fenced by the lease's epoch.
+//!
+//! The default [`StoreCheckpointer`] keeps positions inside the lease record and writes them with
+//! the store's compare-and-set, so a worker that lost its lease (a zombie) can never move a
+//! checkpoint. Users who want effectively-once output can implement [`Checkpointer`] on their own
+//! database and write the position in the same transaction as their output, checking the epoch.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::lease::{Lease, LeaseKey, LeaseToken, Version, VersionedLease};
+use crate::position::Position;
+use crate::store::LeaseStore;
+
+/// Persists positions for leases.
+#[async_trait]
+pub trait Checkpointer: Send + Sync + Debug {
+    /// Records that everything up to `position` is processed. Fails with `Error::LeaseLost` when
+    /// `token` is no longer the current owner and epoch, and with `Error::InvalidInput` when the
+    /// position would move the checkpoint backwards.
+    async fn checkpoint(&self, token: &LeaseToken, position: &Position) -> Result<()>;
+
+    /// The last recorded position, if any.
+    async fn fetch(&self, key: &LeaseKey) -> Result<Option<Position>>;
+
+    /// A hint from the runtime: it has just read or written this lease at this version. A
+    /// checkpointer that caches records can use it to skip a read; the default ignores it.
+    fn observe(&self, _lease: &Lease, _version: Version) {}
+
+    /// Whether positions live in the lease record itself (the runtime then need not copy
+    /// `ShardEnd` into the lease when a shard finishes).
+    fn stores_in_lease(&self) -> bool {
+        false
+    }
+}
+
+/// How many times a checkpoint re-reads after a conflict that did not change ownership
+/// (a claim written by a peer, say) before giving up with a retryable error.
+const MAX_CONFLICT_RETRIES: usize = 16;
+
+/// The default checkpointer: positions live in the lease record, written by compare-and-set.
+#[derive(Debug)]
+pub struct StoreCheckpointer {
+    store: Arc<dyn LeaseStore>,
+    cache: Mutex<HashMap<LeaseKey, VersionedLease>>,
+}
+
+impl StoreCheckpointer {
+    /// A checkpointer writing through `store`.
+    pub fn new(store: Arc<dyn LeaseStore>) -> Self {
+        StoreCheckpointer { store, cache: Mutex::new(HashMap::new()) }
+    }
+
+    fn cached(&self, key: &LeaseKey) -> Option<VersionedLease> {
+        self.cache.lock().ok().and_then(|c| c.get(key).cloned())
+    }
+
+    fn remember(&self, key: &LeaseKey, value: Option<VersionedLease>) {
+        if let Ok(mut c) = self.cache.lock() {
+            match value {
+                Some(v) => {
+                    c.insert(key.clone(), v);
+                }
+                None => {
+                    c.remove(key);
+                }
+            }
+        }
+    }
+
+    async fn current(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        if let Some(v) = self.cached(key) {
+            return Ok(Some(v));
+        }
+        let read = self.store.get_lease(key).await?;
+        self.remember(key, read.clone());
+        Ok(read)
+    }
+}
+
+#[async_trait]
+impl Checkpointer for StoreCheckpointer {
+    async fn checkpoint(&self, token: &LeaseToken, position: &Position) -> Result<()> {
+        let lost = || Error::LeaseLost { key: token.key.clone(), epoch: token.epoch };
+        for _ in 0..MAX_CONFLICT_RETRIES {
+            let Some((lease, version)) = self.current(&token.key).await? else {
+                return Err(lost());
+            };
+            if !token.matches(&lease) {
+                return Err(lost());
+            }
+            if lease.checkpoint.would_regress_to(position) {
+                return Err(Error::InvalidInput(format!(
+                    "checkpoint of {} would move backwards from {} to {position}",
+                    token.key, lease.checkpoint
+                )));
+            }
+            if &lease.checkpoint == position {
+                return Ok(());
+            }
+            let next = Lease { checkpoint: position.clone(), ..lease };
+            match self.store.update_lease(&next, version).await {
+                Ok(v) => {
+                    self.remember(&token.key, Some((next, v)));
+                    return Ok(());
+                }
+                Err(Error::Conflict { current, .. }) => {
+                    let current = current.map(|b| *b);
+                    if current.is_none() {
+                        self.remember(&token.key, None);
+                        return Err(lost());
+                    }
+                    self.remember(&token.key, current);
+                }
+                Err(e) => {
+                    self.remember(&token.key, None);
+                    return Err(e);
+                }
+            }
+        }
+        Err(Error::retryable(format!("checkpoint of {} kept conflicting", token.key)))
+    }
+
+    async fn fetch(&self, key: &LeaseKey) -> Result<Option<Position>> {
+        let read = self.store.get_lease(key).await?;
+        self.remember(key, read.clone());
+        Ok(read.map(|(l, _)| l.checkpoint))
+    }
+
+    fn observe(&self, lease: &Lease, version: Version) {
+        self.remember(&lease.key, Some((lease.clone(), version)));
+    }
+
+    fn stores_in_lease(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,95 @@
+//! The one public error type of shardlease.
+//!
+//! Every backend maps its native errors into [`Error`]; the runtime decides what to retry by
+//! looking only at this enum. `Conflict` (someone else wrote the record first: re-read and decide
+//! again) and `LeaseLost` (the caller no longer owns the lease: stop) are deliberately different
+//! variants, because confusing them is how lease libraries end up with two owners.
+
+use crate::lease::{LeaseKey, VersionedLease};
+
+/// A boxed error from a backend, a source or a record processor.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result alias used throughout shardlease.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in shardlease.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A compare-and-set failed: the record changed (or vanished) since it was read.
+    /// `current` is the record as the store holds it now, when the store could return it.
+    #[error("conflict on lease {key}: the record changed since it was read")]
+    Conflict {
+        /// The lease whose write was rejected.
+        key: LeaseKey,
+        /// The record as it is now (`None` when it no longer exists).
+        current: Option<Box<VersionedLease>>,
+    },
+    /// The caller's lease token is stale: another owner (or a release) moved the epoch on.
+    #[error("lease {key} lost: epoch {epoch} is no longer current")]
+    LeaseLost {
+        /// The lease that was lost.
+        key: LeaseKey,
+        /// The epoch the caller held.
+        epoch: u64,
+    },
+    /// A stored record could not be decoded. Reported for that record only.
+    #[error("record {key} is corrupt: {reason}")]
+    Corrupt {
+        /// The store key of the record.
+        key: String,
+        /// Why it could not be decoded.
+        reason: String,
+    },
+    /// Invalid configuration, detected when a worker or store is built.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Invalid input from the caller (a malformed sequence number, a checkpoint that moves back).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A failure of the store, the shard source or the network.
+    #[error("backend error ({}): {message}", if *.retryable { "retryable" } else { "permanent" })]
+    Backend {
+        /// Whether repeating the call may succeed.
+        retryable: bool,
+        /// What was being done, free of secrets.
+        message: String,
+        /// The underlying error.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The worker is shutting down; the operation was abandoned.
+    #[error("shutting down")]
+    Shutdown,
+}
+
+impl Error {
+    /// A retryable backend error with a message and no source.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Error::Backend { retryable: true, message: message.into(), source: None }
+    }
+
+    /// A permanent backend error with a message and no source.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Error::Backend { retryable: false, message: message.into(), source: None }
+    }
+
+    /// A backend error wrapping `source`.
+    pub fn backend(
+        retryable: bool,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Backend { retryable, message: message.into(), source: Some(source.into()) }
+    }
+
+    /// Whether repeating the failed operation may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Backend { retryable, .. } => *retryable,
+            Error::Conflict { .. } => true,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The lease record: who owns a shard, under which fencing epoch, and how far it has got.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::ids::{LeaseKey, WorkerId};
+use crate::position::Position;
+
+/// An opaque store-assigned token naming one version of a record, used for compare-and-set.
+/// Stores map it to a counter column, an etcd `mod_revision`, a DynamoDB attribute, ...
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Version(pub u64);
+
+/// A handoff request: `by` asks the owner to hand the lease over. Valid only while the lease's
+/// epoch is still `at` (any change of owner makes it stale).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// The worker that wants the lease.
+    pub by: WorkerId,
+    /// The lease epoch the claim was made against.
+    pub at: u64,
+}
+
+/// One lease: the unit of work a worker holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The shard (or `stream/shard`) this lease is for.
+    pub key: LeaseKey,
+    /// The worker holding it, if any.
+    pub owner: Option<WorkerId>,
+    /// Fencing token: incremented on every change of owner, including a release.
+    pub epoch: u64,
+    /// How far processing has got. `ShardEnd` means the lease is finished.
+    pub checkpoint: Position,
+    /// Parent shards that must be finished (or gone) before this one may be processed.
+    #[serde(default)]
+    pub parents: Vec<LeaseKey>,
+    /// A pending handoff request.
+    #[serde(default)]
+    pub claim: Option<Claim>,
+    /// Extension fields (throughput, hash range, ...), kept verbatim by every store.
+    #[serde(default)]
+    pub attributes: BTreeMap<String, String>,
+}
+
+impl Lease {
+    /// A new, unowned lease at `checkpoint`.
+    pub fn new(key: impl Into<LeaseKey>, checkpoint: Position) -> Self {
+        Lease {
+            key: key.into(),
+            owner: None,
+            epoch: 0,
+            checkpoint,
+            parents: Vec::new(),
+            claim: None,
+            attributes: BTreeMap::new(),
+        }
+    }
+
+    /// Sets the parents (builder style).
+    pub fn with_parents(mut self, parents: impl IntoIterator<Item = LeaseKey>) -> Self {
+        self.parents = parents.into_iter().collect();
+        self
+    }
+
+    /// Whether the shard has been processed to its end.
+    pub fn is_finished(&self) -> bool {
+        self.checkpoint.is_shard_end()
+    }
+
+    /// Whether `worker` owns this lease.
+    pub fn is_owned_by(&self, worker: &WorkerId) -> bool {
+        self.owner.as_ref() == Some(worker)
+    }
+
+    /// The claim, if it is still valid for the current epoch.
+    pub fn live_claim(&self) -> Option<&Claim> {
+        self.claim.as_ref().filter(|c| c.at == self.epoch)
+    }
+
+    /// This lease with a new owner (or none): epoch + 1, claim cleared, checkpoint kept.
+    pub fn transferred_to(&self, owner: Option<WorkerId>) -> Lease {
+        Lease { owner, epoch: self.epoch + 1, claim: None, ..self.clone() }
+    }
+
+    /// The token proving ownership at the current epoch, if owned.
+    pub fn token(&self) -> Option<LeaseToken> {
+        self.owner.clone().map(|owner| LeaseToken {
+            key: self.key.clone(),
+            owner,
+            epoch: self.epoch,
+        })
+    }
+}
+
+/// A lease together with the version it was read at.
+pub type VersionedLease = (Lease, Version);
+
+/// Proof of ownership handed to processors and checkpointers: fenced writes compare all three.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LeaseToken {
+    /// The lease.
+    pub key: LeaseKey,
+    /// The owner.
+    pub owner: WorkerId,
+    /// The epoch of ownership. Downstream sinks can fence their own writes with it.
+    pub epoch: u64,
+}
+
+impl LeaseToken {
+    /// Whether `lease` is still owned under this token.
+    pub fn matches(&self, lease: &Lease) -> bool {
+        lease.key == self.key && lease.is_owned_by(&self.owner) && lease.epoch == self.epoch
+    }
+}

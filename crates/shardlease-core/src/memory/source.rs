@@ -1,0 +1,4 @@
+//! STUB
+/// STUB
+#[derive(Debug, Clone, Default)]
+pub struct MemorySource;

@@ -1,0 +1,171 @@
+//! User code: one [`RecordProcessor`] per held lease, made by a [`ProcessorFactory`].
+//!
+//! The processor decides when to checkpoint through the [`CheckpointHandle`] it is given; the
+//! handle carries the lease's fencing token, so a checkpoint after the lease moved on is refused
+//! with `Error::LeaseLost`. For simple cases [`processor_fn`] turns an async closure into a factory
+//! whose processors checkpoint after every batch the closure accepted.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::checkpointer::Checkpointer;
+use crate::error::{BoxError, Result};
+use crate::lease::{LeaseKey, LeaseToken};
+use crate::position::Position;
+use crate::source::Batch;
+
+/// What a processor knows about the lease it serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseContext {
+    /// The ownership token (key, owner, epoch). Downstream sinks can fence on the epoch.
+    pub token: LeaseToken,
+    /// Where reading starts.
+    pub start: Position,
+    /// The parent shards, all finished before this processor was created.
+    pub parents: Vec<LeaseKey>,
+}
+
+impl LeaseContext {
+    /// The lease (shard) key.
+    pub fn key(&self) -> &LeaseKey {
+        &self.token.key
+    }
+    /// The fencing epoch.
+    pub fn epoch(&self) -> u64 {
+        self.token.epoch
+    }
+}
+
+/// A fenced checkpointer bound to one lease at one epoch.
+#[derive(Clone, Debug)]
+pub struct CheckpointHandle {
+    checkpointer: Arc<dyn Checkpointer>,
+    token: LeaseToken,
+}
+
+impl CheckpointHandle {
+    /// A handle writing through `checkpointer` under `token`.
+    pub fn new(checkpointer: Arc<dyn Checkpointer>, token: LeaseToken) -> Self {
+        CheckpointHandle { checkpointer, token }
+    }
+
+    /// Records that everything up to `position` is processed.
+    /// `Error::LeaseLost` means the lease moved on: stop writing for this shard.
+    pub async fn checkpoint(&self, position: Position) -> Result<()> {
+        self.checkpointer.checkpoint(&self.token, &position).await
+    }
+
+    /// Checkpoints after the last record of `batch` (nothing if it is empty).
+    pub async fn checkpoint_batch(&self, batch: &Batch) -> Result<()> {
+        match batch.last_position() {
+            Some(p) => self.checkpoint(p).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The ownership token.
+    pub fn token(&self) -> &LeaseToken {
+        &self.token
+    }
+}
+
+/// Processes the records of one shard while its lease is held.
+///
+/// An error returned from a method is retried with backoff (nothing is skipped); a panic is
+/// contained, the lease released, and the shard resumes from its last checkpoint.
+#[async_trait]
+pub trait RecordProcessor: Send {
+    /// Called once before the first batch.
+    async fn initialize(&mut self, _ctx: &LeaseContext) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// Processes one batch. Checkpoint through `checkpointer` when the work is durable.
+    async fn process_records(
+        &mut self,
+        batch: &Batch,
+        checkpointer: &CheckpointHandle,
+    ) -> Result<(), BoxError>;
+
+    /// The lease was lost (taken over, or this worker fenced itself). Checkpointing is no longer
+    /// possible; release resources.
+    async fn lease_lost(&mut self) {}
+
+    /// The shard is closed and fully read. The default checkpoints `ShardEnd`; an override must do
+    /// so too, or the runtime will not let the children start.
+    async fn shard_ended(&mut self, checkpointer: &CheckpointHandle) -> Result<(), BoxError> {
+        checkpointer.checkpoint(Position::ShardEnd).await?;
+        Ok(())
+    }
+
+    /// The lease is being handed over or the worker is shutting down: checkpoint what is done.
+    async fn shutdown_requested(
+        &mut self,
+        _checkpointer: &CheckpointHandle,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+/// Makes one processor per lease.
+pub trait ProcessorFactory: Send + Sync {
+    /// A processor for the lease described by `ctx`.
+    fn create(&self, ctx: &LeaseContext) -> Box<dyn RecordProcessor>;
+}
+
+impl<F> ProcessorFactory for F
+where
+    F: Fn(&LeaseContext) -> Box<dyn RecordProcessor> + Send + Sync,
+{
+    fn create(&self, ctx: &LeaseContext) -> Box<dyn RecordProcessor> {
+        self(ctx)
+    }
+}
+
+/// A factory from an async closure `(context, batch) -> Result<(), BoxError>`. After the closure
+/// returns `Ok` for a batch, the processor checkpoints after its last record; an `Err` is retried.
+pub fn processor_fn<F, Fut>(f: F) -> Arc<dyn ProcessorFactory>
+where
+    F: Fn(Arc<LeaseContext>, Batch) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    Arc::new(FnFactory { f: Arc::new(f) })
+}
+
+struct FnFactory<F> {
+    f: Arc<F>,
+}
+
+impl<F, Fut> ProcessorFactory for FnFactory<F>
+where
+    F: Fn(Arc<LeaseContext>, Batch) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    fn create(&self, ctx: &LeaseContext) -> Box<dyn RecordProcessor> {
+        Box::new(FnProcessor { f: self.f.clone(), ctx: Arc::new(ctx.clone()) })
+    }
+}
+
+struct FnProcessor<F> {
+    f: Arc<F>,
+    ctx: Arc<LeaseContext>,
+}
+
+#[async_trait]
+impl<F, Fut> RecordProcessor for FnProcessor<F>
+where
+    F: Fn(Arc<LeaseContext>, Batch) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    async fn process_records(
+        &mut self,
+        batch: &Batch,
+        checkpointer: &CheckpointHandle,
+    ) -> Result<(), BoxError> {
+        (self.f)(self.ctx.clone(), batch.clone()).await?;
+        checkpointer.checkpoint_batch(batch).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,5 @@
+//! STUB
+/// STUB
+pub struct Worker;
+/// STUB
+pub struct WorkerHandle;

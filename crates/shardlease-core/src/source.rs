@@ -1,0 +1,92 @@
+//! Where records come from: a sharded stream, listed and read shard by shard.
+//!
+//! Throttling and retries of the stream's API live in the reader; the runtime only sees batches,
+//! and learns at shard end which children continue the stream.
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::error::Result;
+use crate::lease::LeaseKey;
+use crate::position::{Position, SequenceNumber};
+
+/// The hash-key range a shard covers (inclusive), as decimal strings up to 2^128 - 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HashRange {
+    /// First hash key.
+    pub start: u128,
+    /// Last hash key.
+    pub end: u128,
+}
+
+/// A shard as the source lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardInfo {
+    /// The shard id (the lease key).
+    pub id: LeaseKey,
+    /// One parent after a split, two after a merge, none for an original shard.
+    pub parents: Vec<LeaseKey>,
+    /// The hash range, when the source has one.
+    pub hash_range: Option<HashRange>,
+    /// Whether the shard no longer receives records.
+    pub closed: bool,
+}
+
+/// One record of a shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The record's sequence number.
+    pub seq: SequenceNumber,
+    /// The index inside a de-aggregated KPL record; 0 otherwise.
+    pub sub: u64,
+    /// The partition key.
+    pub partition_key: String,
+    /// The payload.
+    pub data: Bytes,
+    /// When the stream accepted the record, milliseconds since the Unix epoch.
+    pub arrival_millis: i64,
+}
+
+impl Record {
+    /// The checkpoint position just after this record.
+    pub fn position(&self) -> Position {
+        Position::Sequence { seq: self.seq.clone(), sub: self.sub }
+    }
+}
+
+/// What one read of a shard returned.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// The records, in order. May be empty.
+    pub records: Vec<Record>,
+    /// How far behind the tip of the shard this read is, when known.
+    pub millis_behind: Option<u64>,
+    /// `Some(children)` when the shard is closed and fully read: the shards that continue it.
+    pub end: Option<Vec<ShardInfo>>,
+}
+
+impl Batch {
+    /// The position after the last record of the batch, if it has records.
+    pub fn last_position(&self) -> Option<Position> {
+        self.records.last().map(Record::position)
+    }
+}
+
+/// Reads one shard forward from a position.
+#[async_trait]
+pub trait ShardReader: Send {
+    /// The next batch. An empty batch without `end` means "nothing new yet".
+    async fn next_batch(&mut self) -> Result<Batch>;
+}
+
+/// A sharded stream.
+#[async_trait]
+pub trait ShardSource: Send + Sync + Debug {
+    /// Every shard the stream still lists (paging internally).
+    async fn list_shards(&self) -> Result<Vec<ShardInfo>>;
+
+    /// Opens a reader on `shard` that yields records after `from`.
+    async fn open(&self, shard: &LeaseKey, from: &Position) -> Result<Box<dyn ShardReader>>;
+}
