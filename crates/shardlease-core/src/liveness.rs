@@ -1,1 +1,169 @@
-//! STUB
+//! Judging which workers are alive without comparing clocks across machines.
+//!
+//! Each observer remembers, per worker, the last heartbeat counter it saw and *when it first saw
+//! that value* on its own monotonic clock. A worker is dead once its counter has not moved for the
+//! failover timeout. Wall-clock skew between machines therefore cannot make a live worker look dead
+//! (or a dead one alive). An owner named by a lease but with no worker record is timed the same way,
+//! from when this observer first noticed the absence.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ids::WorkerId;
+use crate::worker_record::WorkerRecord;
+
+#[derive(Clone, Debug)]
+struct Seen {
+    beat: u64,
+    since: Instant,
+}
+
+/// What changed in one observation of the worker records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LivenessChange {
+    /// Workers seen for the first time.
+    pub appeared: Vec<WorkerId>,
+    /// Workers whose beat has now stood still for the failover timeout.
+    pub newly_dead: Vec<WorkerId>,
+    /// Workers whose record disappeared (a clean leave, normally).
+    pub vanished: Vec<WorkerId>,
+}
+
+impl LivenessChange {
+    /// Whether a balance pass should run at once (someone left or died).
+    pub fn needs_balance(&self) -> bool {
+        !self.newly_dead.is_empty() || !self.vanished.is_empty()
+    }
+}
+
+/// One observer's view of who is alive.
+#[derive(Clone, Debug)]
+pub struct Liveness {
+    failover_timeout: Duration,
+    workers: BTreeMap<WorkerId, Seen>,
+    dead: BTreeSet<WorkerId>,
+    absent_owners: BTreeMap<WorkerId, Instant>,
+}
+
+impl Liveness {
+    /// A tracker judging dead after `failover_timeout` without a changed beat.
+    pub fn new(failover_timeout: Duration) -> Self {
+        Liveness {
+            failover_timeout,
+            workers: BTreeMap::new(),
+            dead: BTreeSet::new(),
+            absent_owners: BTreeMap::new(),
+        }
+    }
+
+    /// Records a listing of worker records taken at `now`.
+    pub fn observe(&mut self, records: &[WorkerRecord], now: Instant) -> LivenessChange {
+        let mut change = LivenessChange::default();
+        let listed: BTreeSet<&WorkerId> = records.iter().map(|r| &r.id).collect();
+        let gone: Vec<WorkerId> =
+            self.workers.keys().filter(|id| !listed.contains(id)).cloned().collect();
+        for id in gone {
+            self.workers.remove(&id);
+            self.dead.remove(&id);
+            self.absent_owners.insert(id.clone(), now);
+            change.vanished.push(id);
+        }
+        for r in records {
+            self.absent_owners.remove(&r.id);
+            match self.workers.get_mut(&r.id) {
+                Some(seen) if seen.beat == r.beat => {}
+                Some(seen) => {
+                    *seen = Seen { beat: r.beat, since: now };
+                    self.dead.remove(&r.id);
+                }
+                None => {
+                    self.workers.insert(r.id.clone(), Seen { beat: r.beat, since: now });
+                    change.appeared.push(r.id.clone());
+                }
+            }
+        }
+        for (id, seen) in &self.workers {
+            if now.saturating_duration_since(seen.since) >= self.failover_timeout
+                && self.dead.insert(id.clone())
+            {
+                change.newly_dead.push(id.clone());
+            }
+        }
+        change
+    }
+
+    /// Whether `id` counts as alive at `now`. An id never listed is timed from this call on (it
+    /// may be the owner of a lease whose record this observer has not seen yet).
+    pub fn is_alive(&mut self, id: &WorkerId, now: Instant) -> bool {
+        if let Some(seen) = self.workers.get(id) {
+            return now.saturating_duration_since(seen.since) < self.failover_timeout;
+        }
+        let since = *self.absent_owners.entry(id.clone()).or_insert(now);
+        now.saturating_duration_since(since) < self.failover_timeout
+    }
+
+    /// The workers with a record that are alive at `now`.
+    pub fn live_workers(&self, now: Instant) -> BTreeSet<WorkerId> {
+        self.workers
+            .iter()
+            .filter(|(_, s)| now.saturating_duration_since(s.since) < self.failover_timeout)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Forgets absent owners that no lease names any more.
+    pub fn retain_absent(&mut self, still_named: &BTreeSet<&WorkerId>) {
+        self.absent_owners.retain(|id, _| still_named.contains(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, beat: u64) -> WorkerRecord {
+        WorkerRecord::new(WorkerId::new(id), beat)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frozen_beat_dies_after_the_failover_timeout() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(Duration::from_secs(10));
+        let c = l.observe(&[rec("a", 1), rec("b", 7)], t0);
+        assert_eq!(c.appeared.len(), 2);
+        let a = WorkerId::new("a");
+        assert!(l.is_alive(&a, t0));
+        // a keeps beating, b is frozen
+        let c = l.observe(&[rec("a", 2), rec("b", 7)], t0 + Duration::from_secs(6));
+        assert!(c.newly_dead.is_empty());
+        let c = l.observe(&[rec("a", 3), rec("b", 7)], t0 + Duration::from_secs(10));
+        assert_eq!(c.newly_dead, vec![WorkerId::new("b")]);
+        assert!(c.needs_balance());
+        assert_eq!(l.live_workers(t0 + Duration::from_secs(10)), [a.clone()].into());
+        // reported once only
+        let c = l.observe(&[rec("a", 4), rec("b", 7)], t0 + Duration::from_secs(11));
+        assert!(c.newly_dead.is_empty());
+        // b comes back
+        let c = l.observe(&[rec("a", 5), rec("b", 8)], t0 + Duration::from_secs(12));
+        assert!(c.newly_dead.is_empty());
+        assert!(l.is_alive(&WorkerId::new("b"), t0 + Duration::from_secs(12)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_vanished_record_is_reported_and_its_owner_timed_from_then() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(Duration::from_secs(10));
+        l.observe(&[rec("a", 1), rec("b", 1)], t0);
+        let c = l.observe(&[rec("a", 2)], t0 + Duration::from_secs(1));
+        assert_eq!(c.vanished, vec![WorkerId::new("b")]);
+        let b = WorkerId::new("b");
+        assert!(l.is_alive(&b, t0 + Duration::from_secs(5)));
+        assert!(!l.is_alive(&b, t0 + Duration::from_secs(11)));
+        // an owner never seen is timed from first sight
+        let z = WorkerId::new("z");
+        assert!(l.is_alive(&z, t0 + Duration::from_secs(20)));
+        assert!(!l.is_alive(&z, t0 + Duration::from_secs(30)));
+    }
+}

@@ -1,5 +1,258 @@
-//! STUB
-/// STUB
-pub struct Worker;
-/// STUB
-pub struct WorkerHandle;
+//! The worker runtime: builds a worker from a store, a source and a processor factory, runs its
+//! loops (heartbeat + watchdog, balance, shard sync) and one task per held lease, and shuts it
+//! down gracefully (or, for tests and benchmarks, crashes it).
+
+mod balance;
+mod heartbeat;
+mod lease_task;
+mod shard_sync;
+mod shared;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use tokio::task::JoinHandle;
+use tracing::{info, warn, Instrument};
+
+use crate::balancer::{Balancer, GreedyBalancer};
+use crate::checkpointer::{Checkpointer, StoreCheckpointer};
+use crate::config::Config;
+use crate::error::Result;
+use crate::ids::WorkerId;
+use crate::lease::LeaseKey;
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::store::LeaseStore;
+use shared::{lock, Shared, StopReason};
+
+/// A configured worker, ready to [`start`](Worker::start).
+pub struct Worker {
+    shared: Arc<Shared>,
+}
+
+/// Builds a [`Worker`]; see [`Worker::builder`].
+pub struct WorkerBuilder {
+    config: Config,
+    store: Arc<dyn LeaseStore>,
+    source: Arc<dyn ShardSource>,
+    factory: Arc<dyn ProcessorFactory>,
+    checkpointer: Option<Arc<dyn Checkpointer>>,
+    balancer: Arc<dyn Balancer>,
+}
+
+impl WorkerBuilder {
+    /// Uses a custom checkpointer (positions in your own database) instead of the lease record.
+    pub fn checkpointer(mut self, c: Arc<dyn Checkpointer>) -> Self {
+        self.checkpointer = Some(c);
+        self
+    }
+
+    /// Uses a custom balancer instead of the greedy one.
+    pub fn balancer(mut self, b: Arc<dyn Balancer>) -> Self {
+        self.balancer = b;
+        self
+    }
+
+    /// Validates the configuration and builds the worker.
+    pub fn build(self) -> Result<Worker> {
+        self.config.validate()?;
+        let checkpointer = self
+            .checkpointer
+            .unwrap_or_else(|| Arc::new(StoreCheckpointer::new(self.store.clone())));
+        Ok(Worker {
+            shared: Arc::new(Shared::new(
+                self.config,
+                self.store,
+                self.source,
+                self.factory,
+                checkpointer,
+                self.balancer,
+            )),
+        })
+    }
+}
+
+impl Worker {
+    /// A builder for a worker that reads `source`, coordinates through `store` and processes with
+    /// processors from `factory`.
+    pub fn builder(
+        config: Config,
+        store: Arc<dyn LeaseStore>,
+        source: Arc<dyn ShardSource>,
+        factory: Arc<dyn ProcessorFactory>,
+    ) -> WorkerBuilder {
+        WorkerBuilder {
+            config,
+            store,
+            source,
+            factory,
+            checkpointer: None,
+            balancer: Arc::new(GreedyBalancer::default()),
+        }
+    }
+
+    /// This worker's id.
+    pub fn id(&self) -> &WorkerId {
+        &self.shared.id
+    }
+
+    /// Starts the worker's loops on the current tokio runtime.
+    pub fn start(self) -> WorkerHandle {
+        let shared = self.shared;
+        let span = tracing::info_span!("worker", id = %shared.id, namespace = %shared.cfg.namespace);
+        info!(parent: &span, "worker starting");
+        let loops = vec![
+            tokio::spawn(heartbeat::heartbeat_loop(shared.clone()).instrument(span.clone())),
+            tokio::spawn(heartbeat::watchdog(shared.clone()).instrument(span.clone())),
+            tokio::spawn(balance::balance_loop(shared.clone()).instrument(span.clone())),
+            tokio::spawn(shard_sync::shard_sync_loop(shared.clone()).instrument(span.clone())),
+        ];
+        WorkerHandle { shared, loops: Mutex::new(loops), shutdown: tokio::sync::Mutex::new(false) }
+    }
+}
+
+/// Counters describing what a worker has done so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerStats {
+    /// Balance passes run.
+    pub passes: u64,
+    /// Leases taken (available leases and stuck claims).
+    pub taken: u64,
+    /// Handoff requests written.
+    pub claims: u64,
+    /// Leases handed over to a claimant.
+    pub handoffs: u64,
+    /// Leases lost to a refused fenced write.
+    pub lost: u64,
+    /// Times this worker fenced itself.
+    pub fenced: u64,
+    /// Records processed successfully.
+    pub records: u64,
+    /// Successful heartbeats.
+    pub heartbeats: u64,
+}
+
+/// Controls a running worker.
+pub struct WorkerHandle {
+    shared: Arc<Shared>,
+    loops: Mutex<Vec<JoinHandle<()>>>,
+    shutdown: tokio::sync::Mutex<bool>,
+}
+
+impl std::fmt::Debug for WorkerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerHandle").field("id", &self.shared.id).finish_non_exhaustive()
+    }
+}
+
+impl WorkerHandle {
+    /// This worker's id.
+    pub fn id(&self) -> &WorkerId {
+        &self.shared.id
+    }
+
+    /// The leases this worker is processing now.
+    pub fn held_leases(&self) -> Vec<LeaseKey> {
+        self.shared.held()
+    }
+
+    /// Whether the worker has fenced itself and not yet recovered.
+    pub fn is_fenced(&self) -> bool {
+        self.shared.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Whether the worker is still running (not shut down or crashed).
+    pub fn is_running(&self) -> bool {
+        !self.shared.cancel.is_cancelled()
+    }
+
+    /// What the worker has done so far.
+    pub fn stats(&self) -> WorkerStats {
+        let s = &self.shared.stats;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        WorkerStats {
+            passes: get(&s.passes),
+            taken: get(&s.taken),
+            claims: get(&s.claims),
+            handoffs: get(&s.handoffs),
+            lost: get(&s.lost),
+            fenced: get(&s.fenced),
+            records: get(&s.records),
+            heartbeats: get(&s.heartbeats),
+        }
+    }
+
+    /// Runs one balance pass now (normally the balance loop does this on its own).
+    pub async fn balance_now(&self) {
+        balance::pass(&self.shared).await;
+    }
+
+    /// Runs one shard sync now (normally the sync loop does this on its own).
+    pub async fn sync_shards(&self) -> Result<()> {
+        shard_sync::sync(&self.shared).await
+    }
+
+    /// Graceful shutdown: stop taking, stop readers, let every processor checkpoint
+    /// (`shutdown_requested`), release every lease (epoch + 1, checkpoint kept) and remove the
+    /// worker record, all within `shutdown_timeout`. Idempotent.
+    pub async fn shutdown(&self) -> Result<()> {
+        let mut done = self.shutdown.lock().await;
+        if *done || self.shared.cancel.is_cancelled() {
+            *done = true;
+            return Ok(());
+        }
+        let shared = &self.shared;
+        info!(worker = %shared.id, "shutting down");
+        shared.stop_taking.cancel();
+        let tasks: Vec<_> = std::mem::take(&mut *lock(&shared.tasks)).into_iter().collect();
+        for (_, t) in &tasks {
+            if t.stop.borrow().is_none() {
+                t.stop.send_replace(Some(StopReason::Shutdown));
+            }
+        }
+        let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
+        for (key, t) in tasks {
+            let abort = t.join.abort_handle();
+            if tokio::time::timeout_at(deadline, t.join).await.is_err() {
+                abort.abort();
+                warn!(key = %key, "lease task did not stop in time; releasing its lease anyway");
+                let token = crate::lease::LeaseToken {
+                    key: key.clone(),
+                    owner: shared.id.clone(),
+                    epoch: t.epoch,
+                };
+                lease_task::transfer(shared, &token, None).await;
+            }
+        }
+        shared.cancel.cancel();
+        for l in std::mem::take(&mut *lock(&self.loops)) {
+            let _ = l.await;
+        }
+        let removed = shared.store.remove_worker(&shared.id).await;
+        *done = true;
+        removed
+    }
+
+    /// Stops everything at once without releasing leases or removing the worker record, as if the
+    /// process had died. For tests and benchmarks.
+    pub fn crash(&self) {
+        self.shared.stop_taking.cancel();
+        self.shared.cancel.cancel();
+        for l in lock(&self.loops).drain(..) {
+            l.abort();
+        }
+        for (_, t) in std::mem::take(&mut *lock(&self.shared.tasks)) {
+            t.join.abort();
+        }
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        if !self.shared.cancel.is_cancelled() {
+            warn!(worker = %self.shared.id, "WorkerHandle dropped without shutdown(); stopping without releasing leases");
+            self.crash();
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The balance loop: list the leases, reconcile the running lease tasks with what the store says,
+//! ask the balancer for a plan, and carry it out with compare-and-set writes.
+//!
+//! Every write here is a CAS against the version just listed, so two workers acting on the same
+//! snapshot can never both win; the loser simply skips to its next candidate.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::lease_task;
+use super::shared::{lock, Shared, StopReason};
+use crate::balancer::{is_active, Plan, Snapshot};
+use crate::error::Error;
+use crate::lease::{Claim, Lease, LeaseKey, Version, VersionedLease};
+
+pub(crate) async fn balance_loop(shared: Arc<Shared>) {
+    // Step 6 of the design: first pass one heartbeat after the first heartbeat, so workers that
+    // start together see each other and split the shards without churn.
+    let mut ok = shared.heartbeat_ok.subscribe();
+    tokio::select! {
+        r = ok.wait_for(Option::is_some) => if r.is_err() { return },
+        _ = shared.stop_taking.cancelled() => return,
+    }
+    if !shared.sleep_or_cancel(shared.cfg.heartbeat_interval).await {
+        return;
+    }
+    loop {
+        if shared.stop_taking.is_cancelled() {
+            return;
+        }
+        if !shared.fenced.load(Ordering::SeqCst) {
+            pass(&shared).await;
+        }
+        let d = shared.jittered(shared.cfg.balance_interval);
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = shared.balance_now.notified() => {}
+            _ = shared.stop_taking.cancelled() => return,
+        }
+    }
+}
+
+/// One balance pass.
+pub(crate) async fn pass(shared: &Arc<Shared>) {
+    let listing = match shared.store.list_leases().await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %e, "listing leases failed; skipping this balance pass");
+            return;
+        }
+    };
+    report_corrupt(shared, &listing.corrupt);
+    let now = Instant::now();
+    let leases = listing.items;
+    let live = live_set(shared, &leases, now);
+    reconcile(shared, &leases);
+    let expired = expired_claims(shared, &leases, now);
+    let snapshot = Snapshot {
+        me: shared.id.clone(),
+        leases: leases.iter().map(|(l, _)| l.clone()).collect(),
+        live_workers: live,
+        max_leases_per_worker: shared.cfg.max_leases_per_worker,
+        max_claims_per_pass: shared.cfg.max_claims_per_pass,
+        expired_claims: expired,
+        seed: shared.random(),
+    };
+    let plan = shared.balancer.plan(&snapshot);
+    shared.bump(&shared.stats.passes, 1);
+    metrics::counter!("shardlease_balance_passes_total").increment(1);
+    if plan.is_empty() {
+        return;
+    }
+    debug!(
+        take = plan.take_count,
+        claims = plan.claims.len(),
+        handoffs = plan.handoffs.len(),
+        "balance plan"
+    );
+    let by_key: BTreeMap<&LeaseKey, &VersionedLease> = leases.iter().map(|v| (&v.0.key, v)).collect();
+    execute(shared, &plan, &by_key).await;
+}
+
+fn report_corrupt(shared: &Shared, corrupt: &[crate::store::CorruptRecord]) {
+    if corrupt.is_empty() {
+        return;
+    }
+    metrics::counter!("shardlease_corrupt_records_total").increment(corrupt.len() as u64);
+    let mut reported = lock(&shared.reported_corrupt);
+    for c in corrupt {
+        if reported.insert(c.key.clone()) {
+            warn!(key = %c.key, reason = %c.reason, "corrupt lease record skipped; the other leases go on");
+        }
+    }
+}
+
+/// Workers judged alive: those with a moving heartbeat, owners whose record this worker has not
+/// seen for less than the failover timeout, and this worker itself.
+fn live_set(shared: &Shared, leases: &[VersionedLease], now: Instant) -> BTreeSet<crate::WorkerId> {
+    let mut liveness = lock(&shared.liveness);
+    let mut live = liveness.live_workers(now);
+    live.insert(shared.id.clone());
+    let owners: BTreeSet<&crate::WorkerId> = leases.iter().filter_map(|(l, _)| l.owner.as_ref()).collect();
+    for owner in &owners {
+        if !live.contains(*owner) && liveness.is_alive(owner, now) {
+            live.insert((*owner).clone());
+        }
+    }
+    liveness.retain_absent(&owners);
+    live
+}
+
+/// Stops tasks whose lease moved on; starts tasks for active leases this worker owns but is not
+/// running (a handoff to it, or a restart after a fence).
+fn reconcile(shared: &Arc<Shared>, leases: &[VersionedLease]) {
+    let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
+    {
+        let tasks = lock(&shared.tasks);
+        for (key, task) in tasks.iter() {
+            let still_mine = by_key
+                .get(key)
+                .is_some_and(|l| l.is_owned_by(&shared.id) && l.epoch == task.epoch);
+            if !still_mine && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
+                info!(key = %key, "lease moved on; stopping its task");
+                task.stop.send_replace(Some(StopReason::LeaseLost));
+            }
+        }
+    }
+    {
+        let mut retired = lock(&shared.retired);
+        retired.retain(|k, e| by_key.get(k).is_some_and(|l| l.epoch <= *e));
+    }
+    if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
+        return;
+    }
+    let by_ref: std::collections::HashMap<&LeaseKey, &Lease> = by_key.clone().into_iter().collect();
+    let retired = lock(&shared.retired).clone();
+    for (lease, version) in leases {
+        if !lease.is_owned_by(&shared.id) || !is_active(lease, &by_ref) {
+            continue;
+        }
+        if retired.get(&lease.key).is_some_and(|e| lease.epoch <= *e) {
+            continue;
+        }
+        if lease_task::spawn(shared, lease.clone(), *version) {
+            info!(key = %lease.key, epoch = lease.epoch, "resuming a lease this worker owns");
+        }
+    }
+}
+
+/// This worker's claims still standing, pruned; returns those older than the claim timeout.
+fn expired_claims(shared: &Shared, leases: &[VersionedLease], now: Instant) -> BTreeSet<LeaseKey> {
+    let standing: BTreeSet<&LeaseKey> = leases
+        .iter()
+        .filter(|(l, _)| l.live_claim().is_some_and(|c| c.by == shared.id) && !l.is_owned_by(&shared.id))
+        .map(|(l, _)| &l.key)
+        .collect();
+    let mut mine = lock(&shared.my_claims);
+    mine.retain(|k, _| standing.contains(k));
+    mine.iter()
+        .filter(|(_, at)| now.saturating_duration_since(**at) >= shared.cfg.claim_timeout)
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey, &VersionedLease>) {
+    // Take up to take_count available leases, with bounded concurrency; a conflict skips to the
+    // next candidate, so one pass reaches full share even when peers race for the same leases.
+    let mut taken = 0;
+    let mut candidates = plan.take_candidates.iter();
+    while taken < plan.take_count && !shared.stop_taking.is_cancelled() {
+        let want = (plan.take_count - taken).min(shared.cfg.take_concurrency);
+        let chunk: Vec<&LeaseKey> = candidates.by_ref().take(want).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        let results = join_all(chunk.into_iter().filter_map(|k| by_key.get(k)).map(|v| take(shared, v))).await;
+        taken += results.into_iter().filter(|ok| *ok).count();
+    }
+    if taken > 0 {
+        shared.bump(&shared.stats.taken, taken as u64);
+        metrics::counter!("shardlease_leases_taken_total").increment(taken as u64);
+        info!(taken, "took leases");
+    }
+    for key in &plan.take_over {
+        if let Some(v) = by_key.get(key) {
+            if take(shared, v).await {
+                info!(key = %key, "owner did not hand over a claimed lease in time; took it");
+            }
+        }
+    }
+    for (key, owner) in &plan.claims {
+        let Some((lease, version)) = by_key.get(key).map(|v| (&v.0, v.1)) else { continue };
+        let next = Lease { claim: Some(Claim { by: shared.id.clone(), at: lease.epoch }), ..lease.clone() };
+        match shared.store.update_lease(&next, version).await {
+            Ok(_) => {
+                lock(&shared.my_claims).insert(key.clone(), Instant::now());
+                shared.bump(&shared.stats.claims, 1);
+                metrics::counter!("shardlease_claims_total").increment(1);
+                debug!(key = %key, from = %owner, "claimed");
+            }
+            Err(Error::Conflict { .. }) => {}
+            Err(e) => warn!(key = %key, error = %e, "claiming failed"),
+        }
+    }
+    for (key, to) in &plan.handoffs {
+        let running = {
+            let tasks = lock(&shared.tasks);
+            match tasks.get(key) {
+                Some(t) => {
+                    if t.stop.borrow().is_none() {
+                        t.stop.send_replace(Some(StopReason::Handoff(to.clone())));
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        if !running {
+            if let Some(token) = by_key.get(key).and_then(|v| v.0.token()) {
+                lease_task::transfer(shared, &token, Some(to.clone())).await;
+            }
+        }
+    }
+    for key in &plan.clear_claims {
+        let Some((lease, version)) = by_key.get(key).map(|v| (&v.0, v.1)) else { continue };
+        let next = Lease { claim: None, ..lease.clone() };
+        match shared.store.update_lease(&next, version).await {
+            Ok(v) => shared.checkpointer.observe(&next, v),
+            Err(Error::Conflict { .. }) => {}
+            Err(e) => warn!(key = %key, error = %e, "clearing a claim failed"),
+        }
+    }
+}
+
+/// Takes one lease by CAS (owner = me, epoch + 1) and starts its task. False on conflict/error.
+async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool {
+    if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
+        return false;
+    }
+    let next = lease.transferred_to(Some(shared.id.clone()));
+    match shared.store.update_lease(&next, *version).await {
+        Ok(v) => {
+            if !lease_task::spawn(shared, next.clone(), v) {
+                debug!(key = %next.key, "a task for this lease is still running");
+            }
+            true
+        }
+        Err(Error::Conflict { .. }) => false,
+        Err(e) => {
+            warn!(key = %lease.key, error = %e, "taking a lease failed");
+            false
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! The heartbeat loop, peer liveness, and self-fencing.
+//!
+//! One write per worker per interval (never one per lease), then one listing of worker records to
+//! update the liveness view; a peer that died or left triggers a balance pass at once. The watchdog
+//! fences this worker when no heartbeat has succeeded for `failover_timeout − heartbeat_interval`
+//! since the last successful one was *sent*: every lease task stops before any peer can judge this
+//! worker dead and take its leases.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::time::{timeout, Instant};
+use tracing::{debug, error, info, warn};
+
+use super::shared::{lock, Shared, StopReason};
+use crate::worker_record::WorkerRecord;
+
+pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
+    let hb = shared.cfg.heartbeat_interval;
+    let mut beat: u64 = 0;
+    loop {
+        beat += 1;
+        let sent = Instant::now();
+        let mut record = WorkerRecord::new(shared.id.clone(), beat);
+        record.lease_count = lock(&shared.tasks).len() as u32;
+        record.capacity = shared.cfg.max_leases_per_worker.map(|m| m as u32);
+        match timeout(hb, shared.store.heartbeat(&record)).await {
+            Ok(Ok(())) => {
+                shared.bump(&shared.stats.heartbeats, 1);
+                if shared.fenced.swap(false, Ordering::SeqCst) {
+                    info!("heartbeat succeeded again; resuming as a fresh worker");
+                }
+                shared.heartbeat_ok.send_replace(Some(sent));
+            }
+            Ok(Err(e)) => warn!(error = %e, beat, "heartbeat failed"),
+            Err(_) => warn!(beat, ?hb, "heartbeat timed out"),
+        }
+        match timeout(hb, shared.store.list_workers()).await {
+            Ok(Ok(listing)) => {
+                for c in &listing.corrupt {
+                    warn!(key = %c.key, reason = %c.reason, "corrupt worker record skipped");
+                }
+                let change = lock(&shared.liveness).observe(&listing.items, Instant::now());
+                for w in &change.newly_dead {
+                    info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
+                }
+                for w in &change.vanished {
+                    info!(worker = %w, "peer left");
+                }
+                metrics::gauge!("shardlease_live_workers").set(listing.items.len() as f64);
+                if change.needs_balance() {
+                    shared.balance_now.notify_one();
+                }
+            }
+            Ok(Err(e)) => warn!(error = %e, "listing workers failed"),
+            Err(_) => warn!("listing workers timed out"),
+        }
+        metrics::gauge!("shardlease_leases_held").set(lock(&shared.tasks).len() as f64);
+        let next = sent + shared.jittered(hb);
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = shared.cancel.cancelled() => return,
+        }
+    }
+}
+
+/// Fences the worker when heartbeats stop succeeding, before peers may judge it dead.
+pub(crate) async fn watchdog(shared: Arc<Shared>) {
+    let limit = shared.cfg.failover_timeout.saturating_sub(shared.cfg.heartbeat_interval);
+    let mut rx = shared.heartbeat_ok.subscribe();
+    loop {
+        let last = *rx.borrow_and_update();
+        let Some(sent) = last else {
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return },
+                _ = shared.cancel.cancelled() => return,
+            }
+            continue;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(sent + limit) => {
+                if *rx.borrow() == Some(sent) && !shared.fenced.load(Ordering::SeqCst) {
+                    fence(&shared).await;
+                }
+                tokio::select! {
+                    r = rx.changed() => if r.is_err() { return },
+                    _ = shared.cancel.cancelled() => return,
+                }
+            }
+            r = rx.changed() => if r.is_err() { return },
+            _ = shared.cancel.cancelled() => return,
+        }
+    }
+}
+
+/// Stops every lease task (they write nothing), forgets pending claims, and pauses balancing
+/// until a heartbeat succeeds again.
+pub(crate) async fn fence(shared: &Shared) {
+    shared.fenced.store(true, Ordering::SeqCst);
+    shared.bump(&shared.stats.fenced, 1);
+    metrics::counter!("shardlease_self_fenced_total").increment(1);
+    let tasks: Vec<_> = std::mem::take(&mut *lock(&shared.tasks)).into_values().collect();
+    error!(
+        leases = tasks.len(),
+        "no successful heartbeat for failover_timeout − heartbeat_interval: stopping every lease \
+         before peers can judge this worker dead"
+    );
+    for t in &tasks {
+        t.stop.send_replace(Some(StopReason::Fenced));
+    }
+    let grace = shared.cfg.heartbeat_interval / 2;
+    for t in tasks {
+        let abort = t.join.abort_handle();
+        if timeout(grace, t.join).await.is_err() {
+            abort.abort();
+        }
+    }
+    lock(&shared.my_claims).clear();
+    debug!("fenced");
+}

@@ -1,0 +1,459 @@
+//! One task per held lease: open the shard, feed batches to the processor, handle shard end, and
+//! on the way out either write nothing (lease lost, fenced) or hand the lease over / release it by
+//! a fenced compare-and-set (handoff, shutdown, processor panic).
+//!
+//! Processor errors are retried with backoff, never skipped. A panic is caught: the lease is
+//! released so the shard resumes from its last checkpoint. Abrupt stops (lease lost, self-fence)
+//! abandon in-flight processing at once; graceful ones (handoff, shutdown) let the current batch
+//! finish and give the processor a chance to checkpoint.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn, Instrument};
+
+use super::shared::{lock, LeaseTask, Shared, StopReason};
+use crate::checkpointer::{Checkpointer, StoreCheckpointer};
+use crate::error::{BoxError, Error};
+use crate::ids::WorkerId;
+use crate::lease::{Lease, LeaseKey, LeaseToken, Version};
+use crate::position::Position;
+use crate::processor::{CheckpointHandle, LeaseContext, RecordProcessor};
+use crate::source::{Batch, ShardInfo, ShardReader};
+
+/// Starts a task for `lease` (owned by this worker at `version`) unless one is running.
+/// Returns false when a task for the key already exists.
+pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> bool {
+    let Some(token) = lease.token() else { return false };
+    let mut tasks = lock(&shared.tasks);
+    if tasks.contains_key(&lease.key) {
+        return false;
+    }
+    shared.checkpointer.observe(&lease, version);
+    let (tx, rx) = watch::channel(None);
+    let span = tracing::info_span!("lease", key = %lease.key, epoch = lease.epoch);
+    let join = tokio::spawn(run(shared.clone(), lease.clone(), rx).instrument(span));
+    tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, join });
+    true
+}
+
+/// How a lease task ended.
+enum Exit {
+    Finished,
+    Stopped(StopReason),
+    Lost,
+    Panicked(String),
+}
+
+/// The outcome of one step that may be interrupted.
+enum Step<T> {
+    Done(T),
+    Exit(Exit),
+}
+
+async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<StopReason>>) {
+    let Some(token) = lease.token() else { return };
+    let cp = CheckpointHandle::new(shared.checkpointer.clone(), token.clone());
+    let mut task = Task { shared: shared.clone(), token: token.clone(), cp, stop, processor: None };
+    debug!("lease task started");
+    let exit = task.drive(&lease).await;
+    match exit {
+        Exit::Finished => {
+            info!("shard finished");
+            shared.balance_now.notify_one();
+        }
+        Exit::Lost => {
+            shared.bump(&shared.stats.lost, 1);
+            metrics::counter!("shardlease_leases_lost_total").increment(1);
+            shared.retire(&token.key, token.epoch);
+            warn!("lease lost (a fenced write was refused)");
+            shared.balance_now.notify_one();
+        }
+        Exit::Stopped(StopReason::Handoff(to)) => {
+            transfer(&shared, &token, Some(to)).await;
+        }
+        Exit::Stopped(StopReason::Shutdown) => transfer(&shared, &token, None).await,
+        Exit::Stopped(StopReason::LeaseLost) => {
+            shared.retire(&token.key, token.epoch);
+            debug!("lease task stopped: the lease moved on");
+        }
+        Exit::Stopped(reason) => debug!(?reason, "lease task stopped"),
+        Exit::Panicked(msg) => {
+            error!(panic = %msg, "record processor panicked; releasing the lease so the shard resumes from its checkpoint");
+            metrics::counter!("shardlease_processor_panics_total").increment(1);
+            transfer(&shared, &token, None).await;
+        }
+    }
+    let mut tasks = lock(&shared.tasks);
+    if tasks.get(&token.key).is_some_and(|t| t.epoch == token.epoch) {
+        tasks.remove(&token.key);
+    }
+}
+
+/// Hands the lease to `to` (if its claim is still standing) or releases it, by compare-and-set.
+/// Only acts while `token` is still current: a lease that moved on is left alone. Afterwards the
+/// lease is retired (never restarted from an older listing) unless the write could not be made.
+pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>) {
+    if transfer_once(shared, token, to).await {
+        shared.retire(&token.key, token.epoch);
+    }
+}
+
+/// Returns false when the store kept failing until the shutdown timeout.
+async fn transfer_once(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>) -> bool {
+    let mut backoff = shared.backoff();
+    let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
+    loop {
+        let read = match shared.store.get_lease(&token.key).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "reading the lease to hand it over failed");
+                if tokio::time::Instant::now() >= deadline {
+                    return false;
+                }
+                tokio::time::sleep(backoff.next(shared)).await;
+                continue;
+            }
+        };
+        let Some((lease, version)) = read else { return true };
+        if !token.matches(&lease) {
+            return true;
+        }
+        let next_owner = to.clone().filter(|w| lease.live_claim().is_some_and(|c| &c.by == w));
+        let next = lease.transferred_to(next_owner.clone());
+        match shared.store.update_lease(&next, version).await {
+            Ok(v) => {
+                shared.checkpointer.observe(&next, v);
+                match next_owner {
+                    Some(w) => {
+                        shared.bump(&shared.stats.handoffs, 1);
+                        metrics::counter!("shardlease_handoffs_total").increment(1);
+                        info!(to = %w, epoch = next.epoch, "lease handed over");
+                    }
+                    None => info!(epoch = next.epoch, "lease released"),
+                }
+                return true;
+            }
+            Err(Error::Conflict { .. }) => continue,
+            Err(e) => {
+                warn!(error = %e, "handing the lease over failed");
+                if tokio::time::Instant::now() >= deadline {
+                    return false;
+                }
+                tokio::time::sleep(backoff.next(shared)).await;
+            }
+        }
+    }
+}
+
+enum Hook<'a> {
+    Initialize(&'a LeaseContext),
+    Process(&'a Batch),
+    ShardEnded,
+}
+
+impl Hook<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Hook::Initialize(_) => "initialize",
+            Hook::Process(_) => "process_records",
+            Hook::ShardEnded => "shard_ended",
+        }
+    }
+}
+
+struct Task {
+    shared: Arc<Shared>,
+    token: LeaseToken,
+    cp: CheckpointHandle,
+    stop: watch::Receiver<Option<StopReason>>,
+    processor: Option<Box<dyn RecordProcessor>>,
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
+
+fn is_lease_lost(e: &BoxError) -> bool {
+    matches!(e.downcast_ref::<Error>(), Some(Error::LeaseLost { .. }))
+}
+
+impl Task {
+    fn key(&self) -> &LeaseKey {
+        &self.token.key
+    }
+
+    /// The stop requested so far, if any.
+    fn pending_stop(&self) -> Option<StopReason> {
+        self.stop.borrow().clone()
+    }
+
+    /// Waits for any stop request. A dropped sender (the worker is gone) counts as fenced.
+    async fn any_stop(stop: &mut watch::Receiver<Option<StopReason>>) -> StopReason {
+        loop {
+            if let Some(r) = stop.borrow_and_update().clone() {
+                return r;
+            }
+            if stop.changed().await.is_err() {
+                return StopReason::Fenced;
+            }
+        }
+    }
+
+    /// Waits for an abrupt stop request (lease lost or fenced).
+    async fn abrupt_stop(stop: &mut watch::Receiver<Option<StopReason>>) -> StopReason {
+        loop {
+            if let Some(r) = stop.borrow_and_update().clone() {
+                if r.is_abrupt() {
+                    return r;
+                }
+            }
+            if stop.changed().await.is_err() {
+                return StopReason::Fenced;
+            }
+        }
+    }
+
+    /// Sleeps for `d` unless a stop arrives first.
+    async fn pause(&mut self, d: std::time::Duration) -> Option<StopReason> {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => None,
+            r = Self::any_stop(&mut self.stop) => Some(r),
+        }
+    }
+
+    async fn drive(&mut self, lease: &Lease) -> Exit {
+        match self.drive_inner(lease).await {
+            Step::Done(()) => Exit::Finished,
+            Step::Exit(Exit::Stopped(reason)) => self.on_stop(reason).await,
+            Step::Exit(Exit::Lost) => {
+                self.tell_lost().await;
+                Exit::Lost
+            }
+            Step::Exit(e) => e,
+        }
+    }
+
+    async fn drive_inner(&mut self, lease: &Lease) -> Step<()> {
+        let start = match self.start_position(lease).await {
+            Step::Done(p) => p,
+            Step::Exit(e) => return Step::Exit(e),
+        };
+        if start.is_shard_end() {
+            return Step::Done(());
+        }
+        let ctx =
+            LeaseContext { token: self.token.clone(), start: start.clone(), parents: lease.parents.clone() };
+        let factory = self.shared.factory.clone();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| factory.create(&ctx))) {
+            Ok(p) => self.processor = Some(p),
+            Err(p) => return Step::Exit(Exit::Panicked(panic_message(p))),
+        }
+        if let Step::Exit(e) = self.call(Hook::Initialize(&ctx)).await {
+            return Step::Exit(e);
+        }
+        let mut position = start;
+        let mut reader: Option<Box<dyn ShardReader>> = None;
+        let mut backoff = self.shared.backoff();
+        loop {
+            if let Some(r) = self.pending_stop() {
+                return Step::Exit(Exit::Stopped(r));
+            }
+            let mut current = match reader.take() {
+                Some(r) => r,
+                None => match self.shared.source.open(self.key(), &position).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        warn!(error = %e, %position, "opening the shard failed; retrying");
+                        let d = backoff.next(&self.shared);
+                        if let Some(r) = self.pause(d).await {
+                            return Step::Exit(Exit::Stopped(r));
+                        }
+                        continue;
+                    }
+                },
+            };
+            let read = tokio::select! {
+                b = current.next_batch() => b,
+                r = Self::any_stop(&mut self.stop) => return Step::Exit(Exit::Stopped(r)),
+            };
+            let batch = match read {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!(error = %e, "reading the shard failed; reopening after a pause");
+                    let d = backoff.next(&self.shared);
+                    if let Some(r) = self.pause(d).await {
+                        return Step::Exit(Exit::Stopped(r));
+                    }
+                    continue;
+                }
+            };
+            backoff = self.shared.backoff();
+            reader = Some(current);
+            if let Some(last) = batch.last_position() {
+                if let Step::Exit(e) = self.call(Hook::Process(&batch)).await {
+                    return Step::Exit(e);
+                }
+                let n = batch.records.len() as u64;
+                self.shared.bump(&self.shared.stats.records, n);
+                metrics::counter!("shardlease_records_processed_total").increment(n);
+                position = last;
+            }
+            if let Some(children) = batch.end {
+                return self.shard_end(children).await;
+            }
+            if batch.records.is_empty() {
+                let d = self.shared.jittered(self.shared.cfg.idle_poll_interval);
+                if let Some(r) = self.pause(d).await {
+                    return Step::Exit(Exit::Stopped(r));
+                }
+            }
+        }
+    }
+
+    /// Where to start: the lease's own checkpoint, or the custom checkpointer's record of it.
+    async fn start_position(&mut self, lease: &Lease) -> Step<Position> {
+        if self.shared.checkpointer.stores_in_lease() {
+            return Step::Done(lease.checkpoint.clone());
+        }
+        let mut backoff = self.shared.backoff();
+        loop {
+            match self.shared.checkpointer.fetch(self.key()).await {
+                Ok(p) => return Step::Done(p.unwrap_or_else(|| lease.checkpoint.clone())),
+                Err(e) => {
+                    warn!(error = %e, "fetching the checkpoint failed; retrying");
+                    let d = backoff.next(&self.shared);
+                    if let Some(r) = self.pause(d).await {
+                        return Step::Exit(Exit::Stopped(r));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls a processor hook until it succeeds, the lease is lost, a stop arrives or it panics.
+    async fn call(&mut self, hook: Hook<'_>) -> Step<()> {
+        let mut backoff = self.shared.backoff();
+        loop {
+            let Some(p) = self.processor.as_mut() else { return Step::Done(()) };
+            let cp = &self.cp;
+            let fut = AssertUnwindSafe(async {
+                match &hook {
+                    Hook::Initialize(ctx) => p.initialize(ctx).await,
+                    Hook::Process(batch) => p.process_records(batch, cp).await,
+                    Hook::ShardEnded => p.shard_ended(cp).await,
+                }
+            })
+            .catch_unwind();
+            let result = tokio::select! {
+                r = fut => r,
+                r = Self::abrupt_stop(&mut self.stop) => return Step::Exit(Exit::Stopped(r)),
+            };
+            match result {
+                Ok(Ok(())) => return Step::Done(()),
+                Ok(Err(e)) if is_lease_lost(&e) => return Step::Exit(Exit::Lost),
+                Ok(Err(e)) => {
+                    metrics::counter!("shardlease_processor_errors_total").increment(1);
+                    warn!(hook = hook.name(), error = %e, "record processor failed; retrying the same input");
+                }
+                Err(p) => return Step::Exit(Exit::Panicked(panic_message(p))),
+            }
+            let d = backoff.next(&self.shared);
+            if let Some(r) = self.pause(d).await {
+                return Step::Exit(Exit::Stopped(r));
+            }
+        }
+    }
+
+    /// The shard is closed and read: create the children, let the processor checkpoint
+    /// `ShardEnd`, and refuse to finish until it has.
+    async fn shard_end(&mut self, children: Vec<ShardInfo>) -> Step<()> {
+        let mut backoff = self.shared.backoff();
+        for child in &children {
+            let lease = Lease::new(child.id.clone(), Position::TrimHorizon)
+                .with_parents(child.parents.iter().cloned());
+            loop {
+                match self.shared.store.create_lease(&lease).await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        warn!(child = %child.id, error = %e, "creating a child lease failed; retrying");
+                        let d = backoff.next(&self.shared);
+                        if let Some(r) = self.pause(d).await {
+                            return Step::Exit(Exit::Stopped(r));
+                        }
+                    }
+                }
+            }
+        }
+        loop {
+            if let Step::Exit(e) = self.call(Hook::ShardEnded).await {
+                return Step::Exit(e);
+            }
+            match self.shared.checkpointer.fetch(self.key()).await {
+                Ok(Some(Position::ShardEnd)) => break,
+                Ok(other) => error!(
+                    checkpoint = ?other,
+                    "shard_ended returned without checkpointing ShardEnd; the shard cannot finish \
+                     and its children stay blocked until it does"
+                ),
+                Err(e) => warn!(error = %e, "reading the checkpoint at shard end failed"),
+            }
+            let d = backoff.next(&self.shared);
+            if let Some(r) = self.pause(d).await {
+                return Step::Exit(Exit::Stopped(r));
+            }
+        }
+        if !self.shared.checkpointer.stores_in_lease() {
+            // Positions live elsewhere: mark the lease itself finished so the children unblock.
+            let marker = StoreCheckpointer::new(self.shared.store.clone());
+            loop {
+                match marker.checkpoint(&self.token, &Position::ShardEnd).await {
+                    Ok(()) => break,
+                    Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
+                    Err(e) => {
+                        warn!(error = %e, "marking the lease finished failed; retrying");
+                        let d = backoff.next(&self.shared);
+                        if let Some(r) = self.pause(d).await {
+                            return Step::Exit(Exit::Stopped(r));
+                        }
+                    }
+                }
+            }
+        }
+        Step::Done(())
+    }
+
+    /// Tells the processor why it stops: lost (write nothing) or a graceful stop (checkpoint).
+    async fn on_stop(&mut self, reason: StopReason) -> Exit {
+        if reason.is_abrupt() {
+            self.tell_lost().await;
+            return Exit::Stopped(reason);
+        }
+        if let Some(p) = self.processor.as_mut() {
+            let limit = self.shared.cfg.shutdown_timeout;
+            let fut = AssertUnwindSafe(p.shutdown_requested(&self.cp)).catch_unwind();
+            match tokio::time::timeout(limit, fut).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => warn!(error = %e, "shutdown_requested failed"),
+                Ok(Err(p)) => {
+                    error!(panic = %panic_message(p), "shutdown_requested panicked")
+                }
+                Err(_) => warn!(?limit, "shutdown_requested did not finish in time"),
+            }
+        }
+        Exit::Stopped(reason)
+    }
+
+    async fn tell_lost(&mut self) {
+        if let Some(p) = self.processor.as_mut() {
+            if let Err(p) = AssertUnwindSafe(p.lease_lost()).catch_unwind().await {
+                error!(panic = %panic_message(p), "lease_lost panicked");
+            }
+        }
+    }
+}

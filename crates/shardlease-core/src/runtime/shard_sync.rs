@@ -1,0 +1,177 @@
+//! Shard sync: create a lease for every shard the stream lists and the namespace lacks, and delete
+//! finished leases once their children have moved past their start.
+//!
+//! Creation is idempotent (`create_lease` is create-if-absent), so every worker may run it. Parents
+//! are created before their children, so a balancer never sees a child whose parent lease does not
+//! exist yet (it would count as "gone" and the child would start too early).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use tracing::{debug, info, warn};
+
+use super::shared::Shared;
+use crate::error::{Error, Result};
+use crate::lease::{Lease, LeaseKey};
+use crate::position::Position;
+use crate::source::ShardInfo;
+
+pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
+    let empty = match shared.store.list_leases().await {
+        Ok(l) => l.items.is_empty() && l.corrupt.is_empty(),
+        Err(_) => true,
+    };
+    if empty {
+        if let Err(e) = sync(&shared).await {
+            warn!(error = %e, "initial shard sync failed; retrying at the next interval");
+        }
+    }
+    loop {
+        let d = shared.jittered(shared.cfg.shard_sync_interval);
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = shared.stop_taking.cancelled() => return,
+        }
+        if let Err(e) = sync(&shared).await {
+            warn!(error = %e, "shard sync failed");
+        }
+    }
+}
+
+/// Orders shards so every parent comes before its children.
+fn parents_first(shards: &[ShardInfo]) -> Vec<&ShardInfo> {
+    let ids: BTreeSet<&LeaseKey> = shards.iter().map(|s| &s.id).collect();
+    let mut placed: BTreeSet<&LeaseKey> = BTreeSet::new();
+    let mut out = Vec::with_capacity(shards.len());
+    let mut rest: Vec<&ShardInfo> = shards.iter().collect();
+    while !rest.is_empty() {
+        let before = rest.len();
+        rest.retain(|s| {
+            let ready = s.parents.iter().all(|p| !ids.contains(p) || placed.contains(p));
+            if ready {
+                placed.insert(&s.id);
+                out.push(*s);
+            }
+            !ready
+        });
+        if rest.len() == before {
+            // A cycle in the source's parent links: create the rest as they come.
+            out.append(&mut rest);
+        }
+    }
+    out
+}
+
+/// One sync pass.
+pub(crate) async fn sync(shared: &Shared) -> Result<()> {
+    let shards = shared.source.list_shards().await?;
+    let listing = shared.store.list_leases().await?;
+    let mut existing: BTreeSet<String> =
+        listing.items.iter().map(|(l, _)| l.key.as_str().to_owned()).collect();
+    existing.extend(listing.corrupt.iter().map(|c| c.key.clone()));
+    let mut children: BTreeMap<&LeaseKey, Vec<&LeaseKey>> = BTreeMap::new();
+    for s in &shards {
+        for p in &s.parents {
+            children.entry(p).or_default().push(&s.id);
+        }
+    }
+    let mut finished_now: BTreeSet<&LeaseKey> = BTreeSet::new();
+    let mut created = 0usize;
+    for shard in parents_first(&shards) {
+        if existing.contains(shard.id.as_str()) {
+            continue;
+        }
+        let kids = children.get(&shard.id).map(Vec::as_slice).unwrap_or(&[]);
+        if shard.closed && kids.iter().any(|k| existing.contains(k.as_str())) {
+            // Processing has already moved past this shard (its lease was finished and deleted).
+            continue;
+        }
+        let checkpoint = initial_checkpoint(shared, shard, kids, &existing, &finished_now);
+        if checkpoint.is_shard_end() {
+            finished_now.insert(&shard.id);
+        }
+        let lease = Lease::new(shard.id.clone(), checkpoint).with_parents(shard.parents.iter().cloned());
+        if let crate::store::CreateOutcome::Created(_) = shared.store.create_lease(&lease).await? {
+            created += 1;
+        }
+        existing.insert(shard.id.as_str().to_owned());
+    }
+    if created > 0 {
+        info!(created, shards = shards.len(), "shard sync created leases");
+        shared.balance_now.notify_one();
+    }
+    collect_finished(shared, &listing.items, &children).await;
+    Ok(())
+}
+
+/// Where a new shard's lease starts.
+fn initial_checkpoint(
+    shared: &Shared,
+    shard: &ShardInfo,
+    kids: &[&LeaseKey],
+    existing: &BTreeSet<String>,
+    finished_now: &BTreeSet<&LeaseKey>,
+) -> Position {
+    let initial = &shared.cfg.initial_position;
+    if matches!(initial, Position::TrimHorizon) {
+        return Position::TrimHorizon;
+    }
+    // LATEST / AT_TIMESTAMP: history before "now" is skipped. A closed shard that already has
+    // children is history, so it is created finished.
+    if shard.closed && !kids.is_empty() {
+        return Position::ShardEnd;
+    }
+    // A shard whose parent is (or will be) processed continues where the parent ends.
+    let parent_leads_in = shard
+        .parents
+        .iter()
+        .any(|p| existing.contains(p.as_str()) && !finished_now.contains(p));
+    if parent_leads_in {
+        Position::TrimHorizon
+    } else {
+        initial.clone()
+    }
+}
+
+/// Deletes finished leases whose children all exist and have a checkpoint past their start.
+async fn collect_finished(
+    shared: &Shared,
+    leases: &[(Lease, crate::lease::Version)],
+    children_listed: &BTreeMap<&LeaseKey, Vec<&LeaseKey>>,
+) {
+    let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
+    let mut lease_children: BTreeMap<&LeaseKey, Vec<&LeaseKey>> = BTreeMap::new();
+    for (l, _) in leases {
+        for p in &l.parents {
+            lease_children.entry(p).or_default().push(&l.key);
+        }
+    }
+    for (lease, version) in leases {
+        if !lease.is_finished() {
+            continue;
+        }
+        let kids: BTreeSet<&LeaseKey> = children_listed
+            .get(&lease.key)
+            .into_iter()
+            .chain(lease_children.get(&lease.key))
+            .flatten()
+            .copied()
+            .collect();
+        if kids.is_empty() {
+            continue;
+        }
+        let all_moved_on = kids.iter().all(|k| {
+            by_key.get(k).is_some_and(|c| {
+                matches!(c.checkpoint, Position::Sequence { .. } | Position::ShardEnd)
+            })
+        });
+        if !all_moved_on {
+            continue;
+        }
+        match shared.store.delete_lease(&lease.key, *version).await {
+            Ok(()) => debug!(key = %lease.key, "deleted a finished lease whose children moved on"),
+            Err(Error::Conflict { .. }) => {}
+            Err(e) => warn!(key = %lease.key, error = %e, "deleting a finished lease failed"),
+        }
+    }
+}

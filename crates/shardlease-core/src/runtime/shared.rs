@@ -1,0 +1,195 @@
+//! State shared by a worker's loops and lease tasks, plus the small timing helpers they all use
+//! (jittered intervals and retry backoff drawn from one seedable RNG, so simulations replay).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::balancer::Balancer;
+use crate::checkpointer::Checkpointer;
+use crate::config::Config;
+use crate::ids::WorkerId;
+use crate::lease::LeaseKey;
+use crate::liveness::Liveness;
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::store::LeaseStore;
+
+/// Why a lease task is asked to stop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StopReason {
+    /// Someone else owns the lease now: tell the processor, write nothing.
+    LeaseLost,
+    /// This worker fenced itself: tell the processor the lease is lost, write nothing.
+    Fenced,
+    /// Hand the lease to a claimant: let the processor checkpoint, then transfer.
+    Handoff(WorkerId),
+    /// Graceful shutdown: let the processor checkpoint, then release.
+    Shutdown,
+}
+
+impl StopReason {
+    /// Whether in-flight processing may be abandoned (the lease is gone anyway).
+    pub(crate) fn is_abrupt(&self) -> bool {
+        matches!(self, StopReason::LeaseLost | StopReason::Fenced)
+    }
+}
+
+/// A running lease task.
+pub(crate) struct LeaseTask {
+    pub epoch: u64,
+    pub stop: watch::Sender<Option<StopReason>>,
+    pub join: JoinHandle<()>,
+}
+
+/// Counters a worker keeps about itself (also exported through the `metrics` facade).
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub passes: AtomicU64,
+    pub taken: AtomicU64,
+    pub claims: AtomicU64,
+    pub handoffs: AtomicU64,
+    pub lost: AtomicU64,
+    pub fenced: AtomicU64,
+    pub records: AtomicU64,
+    pub heartbeats: AtomicU64,
+}
+
+/// Everything a worker's tasks share.
+pub(crate) struct Shared {
+    pub cfg: Config,
+    pub id: WorkerId,
+    pub store: Arc<dyn LeaseStore>,
+    pub source: Arc<dyn ShardSource>,
+    pub factory: Arc<dyn ProcessorFactory>,
+    pub checkpointer: Arc<dyn Checkpointer>,
+    pub balancer: Arc<dyn Balancer>,
+    /// Cancelled when the worker stops (gracefully or by crash).
+    pub cancel: CancellationToken,
+    /// Cancelled when taking new work must stop (start of a shutdown).
+    pub stop_taking: CancellationToken,
+    pub tasks: Mutex<BTreeMap<LeaseKey, LeaseTask>>,
+    pub liveness: Mutex<Liveness>,
+    pub my_claims: Mutex<BTreeMap<LeaseKey, Instant>>,
+    /// Leases this worker stopped holding, with the epoch at which it did: a listing taken before
+    /// the hand-over must not restart them.
+    pub retired: Mutex<BTreeMap<LeaseKey, u64>>,
+    /// Corrupt records already reported (reported once, then counted quietly).
+    pub reported_corrupt: Mutex<std::collections::BTreeSet<String>>,
+    pub balance_now: Notify,
+    /// Set after the first successful heartbeat since start (or since a fence).
+    pub heartbeat_ok: watch::Sender<Option<Instant>>,
+    pub fenced: AtomicBool,
+    pub stats: Stats,
+    rng: Mutex<StdRng>,
+}
+
+/// Locks a std mutex, recovering the data if a panicking thread poisoned it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cfg: Config,
+        store: Arc<dyn LeaseStore>,
+        source: Arc<dyn ShardSource>,
+        factory: Arc<dyn ProcessorFactory>,
+        checkpointer: Arc<dyn Checkpointer>,
+        balancer: Arc<dyn Balancer>,
+    ) -> Self {
+        let rng = match cfg.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        };
+        Shared {
+            id: cfg.worker_id.clone(),
+            liveness: Mutex::new(Liveness::new(cfg.failover_timeout)),
+            cfg,
+            store,
+            source,
+            factory,
+            checkpointer,
+            balancer,
+            cancel: CancellationToken::new(),
+            stop_taking: CancellationToken::new(),
+            tasks: Mutex::new(BTreeMap::new()),
+            my_claims: Mutex::new(BTreeMap::new()),
+            retired: Mutex::new(BTreeMap::new()),
+            reported_corrupt: Mutex::new(Default::default()),
+            balance_now: Notify::new(),
+            heartbeat_ok: watch::channel(None).0,
+            fenced: AtomicBool::new(false),
+            stats: Stats::default(),
+            rng: Mutex::new(rng),
+        }
+    }
+
+    /// A random u64 from the worker's RNG.
+    pub(crate) fn random(&self) -> u64 {
+        lock(&self.rng).random()
+    }
+
+    /// `d` moved at random by up to ± the configured jitter fraction.
+    pub(crate) fn jittered(&self, d: Duration) -> Duration {
+        let j = self.cfg.jitter;
+        if j <= 0.0 {
+            return d;
+        }
+        let factor: f64 = lock(&self.rng).random_range(1.0 - j..=1.0 + j);
+        d.mul_f64(factor)
+    }
+
+    /// A fresh exponential backoff using the configured delays.
+    pub(crate) fn backoff(&self) -> Backoff {
+        Backoff { next: self.cfg.retry_min_delay, max: self.cfg.retry_max_delay }
+    }
+
+    /// Sleeps for `d` or until the worker is cancelled; false when cancelled.
+    pub(crate) async fn sleep_or_cancel(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            _ = self.cancel.cancelled() => false,
+        }
+    }
+
+    /// The keys of the leases this worker is running.
+    pub(crate) fn held(&self) -> Vec<LeaseKey> {
+        lock(&self.tasks).keys().cloned().collect()
+    }
+
+    /// Remembers that this worker stopped holding `key` at `epoch`.
+    pub(crate) fn retire(&self, key: &LeaseKey, epoch: u64) {
+        let mut r = lock(&self.retired);
+        let e = r.entry(key.clone()).or_insert(epoch);
+        *e = (*e).max(epoch);
+    }
+
+    pub(crate) fn bump(&self, counter: &AtomicU64, by: u64) {
+        counter.fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+/// Exponential backoff with jitter, doubling from the minimum to the maximum delay.
+pub(crate) struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// The next delay (jittered by the worker's RNG).
+    pub(crate) fn next(&mut self, shared: &Shared) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        shared.jittered(d)
+    }
+}
