@@ -1,1 +1,31 @@
-//! x
+//! # shardlease-testkit
+//!
+//! Test support shared by every shardlease backend, so that "the store works" means the same
+//! thing for all of them:
+//!
+//! - [`suite`]: the conformance suite of the [`LeaseStore`](shardlease_core::LeaseStore)
+//!   contract, one public async fn per case, [`suite::run_all`], and the
+//!   [`store_conformance_tests!`] macro that turns the suite into one `#[test]` per case;
+//! - [`faults`]: a fault-injecting store wrapper (errors, lost answers, latency, per-worker
+//!   partitions, corrupt records) for simulations and resilience tests;
+//! - [`MemoryFactory`]: the suite's factory over the in-memory store of `shardlease-core`.
+//!
+//! A backend crate proves itself with a few lines in one of its tests:
+//!
+//! ```ignore
+//! shardlease_testkit::store_conformance_tests!(MyFactory::new());
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod audit;
+pub mod cluster;
+pub mod faults;
+mod macros;
+mod memory_factory;
+pub mod recorder;
+pub mod suite;
+
+pub use faults::{Faults, FaultyStore};
+pub use memory_factory::MemoryFactory;
+pub use suite::{fresh_namespace, StoreFactory};

@@ -1,5 +1,16 @@
-//! In-memory store and source (being written).
+//! In-memory implementations of the two external dependencies of a worker: a coordination store
+//! ([`MemoryStore`], over a [`MemoryBackend`] holding many namespaces) and a sharded stream
+//! ([`MemorySource`]).
+//!
+//! They exist so the whole runtime can be run, tested and demonstrated in one process with no
+//! external service: unit and conformance tests, simulations that reshard a stream while workers
+//! consume it, the quickstart and `memory://` URLs. They follow the same contracts as the real
+//! backends (compare-and-set with never-reused versions; big, strictly increasing sequence
+//! numbers; closed shards that report their children), so code tested against them behaves the
+//! same against DynamoDB or Kinesis.
+
 mod source;
 mod store;
-pub use source::MemorySource;
+
+pub use source::{MemorySource, DEFAULT_BATCH_LIMIT, FIRST_SEQUENCE};
 pub use store::{MemoryBackend, MemoryStore};

@@ -1,7 +1,419 @@
-//! STUB
-/// STUB
-#[derive(Debug, Clone, Default)]
-pub struct MemoryBackend;
-/// STUB
-#[derive(Debug, Clone, Default)]
-pub struct MemoryStore;
+//! An in-memory [`LeaseStore`]: the reference implementation of the store contract.
+//!
+//! It exists so that unit tests, the demo, simulations and single-process deployments can run the
+//! whole lease algorithm without any external service, and so the conformance suite has a store
+//! whose behaviour is obviously right to compare the real backends against.
+//!
+//! A [`MemoryBackend`] is one "server": it holds many namespaces and hands out one version counter
+//! that only grows, so a version is never reused, not even after a delete and re-create (no ABA).
+//! A [`MemoryStore`] is a handle on one namespace of a backend. Every operation takes one
+//! `std::sync::Mutex` (never held across an `.await`), which makes each record linearizable.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::ids::{Namespace, WorkerId};
+use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
+use crate::store::{CreateOutcome, LeaseStore, Listing};
+use crate::worker_record::WorkerRecord;
+
+/// The namespace [`MemoryStore::new`] uses.
+const DEFAULT_NAMESPACE: &str = "default";
+
+/// The records of one namespace.
+#[derive(Default)]
+struct NamespaceState {
+    leases: BTreeMap<LeaseKey, VersionedLease>,
+    workers: BTreeMap<WorkerId, WorkerRecord>,
+}
+
+/// What a backend shares between its handles.
+struct BackendInner {
+    /// The last version handed out; versions start at 1 and only grow.
+    last_version: AtomicU64,
+    namespaces: Mutex<HashMap<Namespace, Arc<Mutex<NamespaceState>>>>,
+}
+
+impl BackendInner {
+    fn next_version(&self) -> Version {
+        Version(self.last_version.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+}
+
+/// An in-memory coordination "server" holding any number of namespaces.
+///
+/// Cheap to clone: clones share the same data. Use [`MemoryBackend::global`] for the process-wide
+/// instance behind `memory://` URLs, or [`MemoryBackend::new`] for an isolated one (tests).
+#[derive(Clone)]
+pub struct MemoryBackend {
+    inner: Arc<BackendInner>,
+}
+
+impl MemoryBackend {
+    /// A new, empty backend, isolated from every other.
+    pub fn new() -> Self {
+        MemoryBackend {
+            inner: Arc::new(BackendInner {
+                last_version: AtomicU64::new(0),
+                namespaces: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The process-wide shared backend (what `memory://` URLs connect to). Every call returns a
+    /// handle on the same data.
+    pub fn global() -> MemoryBackend {
+        static GLOBAL: OnceLock<MemoryBackend> = OnceLock::new();
+        GLOBAL.get_or_init(MemoryBackend::new).clone()
+    }
+
+    /// A store for `namespace` in this backend. Stores for the same namespace share their records;
+    /// stores for different namespaces never see each other's.
+    pub fn store(&self, namespace: impl Into<Namespace>) -> MemoryStore {
+        let namespace = namespace.into();
+        let state = {
+            let mut namespaces = lock(&self.inner.namespaces);
+            Arc::clone(namespaces.entry(namespace.clone()).or_default())
+        };
+        MemoryStore { backend: self.clone(), namespace, state }
+    }
+
+    /// The namespaces that have been opened in this backend, sorted.
+    pub fn namespaces(&self) -> Vec<Namespace> {
+        let mut names: Vec<Namespace> = lock(&self.inner.namespaces).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Whether `self` and `other` are handles on the same backend.
+    pub fn same_as(&self, other: &MemoryBackend) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryBackend::new()
+    }
+}
+
+impl fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("last_version", &self.inner.last_version.load(Ordering::SeqCst))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`LeaseStore`] over one namespace of a [`MemoryBackend`].
+///
+/// Cheap to clone: clones share the same records.
+#[derive(Clone)]
+pub struct MemoryStore {
+    backend: MemoryBackend,
+    namespace: Namespace,
+    state: Arc<Mutex<NamespaceState>>,
+}
+
+impl MemoryStore {
+    /// The `"default"` namespace of a fresh, private backend.
+    pub fn new() -> Self {
+        MemoryBackend::new().store(DEFAULT_NAMESPACE)
+    }
+
+    /// The namespace this store reads and writes.
+    pub fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    /// The backend this store belongs to.
+    pub fn backend(&self) -> &MemoryBackend {
+        &self.backend
+    }
+
+    /// How many leases the namespace holds.
+    pub fn lease_count(&self) -> usize {
+        self.lock().leases.len()
+    }
+
+    /// How many worker records the namespace holds.
+    pub fn worker_count(&self) -> usize {
+        self.lock().workers.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, NamespaceState> {
+        lock(&self.state)
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it (every critical section
+/// below leaves the state consistent before anything can panic).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn conflict(key: &LeaseKey, current: Option<&VersionedLease>) -> Error {
+    Error::Conflict { key: key.clone(), current: current.cloned().map(Box::new) }
+}
+
+#[async_trait]
+impl LeaseStore for MemoryStore {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        let mut state = self.lock();
+        if state.leases.contains_key(&lease.key) {
+            return Ok(CreateOutcome::AlreadyExists);
+        }
+        let version = self.backend.inner.next_version();
+        state.leases.insert(lease.key.clone(), (lease.clone(), version));
+        Ok(CreateOutcome::Created(version))
+    }
+
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        Ok(self.lock().leases.get(key).cloned())
+    }
+
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        Ok(Listing::ok(self.lock().leases.values().cloned().collect()))
+    }
+
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        let mut state = self.lock();
+        match state.leases.get_mut(&lease.key) {
+            Some(current) if current.1 == expected => {
+                let version = self.backend.inner.next_version();
+                *current = (lease.clone(), version);
+                Ok(version)
+            }
+            current => Err(conflict(&lease.key, current.as_deref())),
+        }
+    }
+
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        let mut state = self.lock();
+        match state.leases.get(key) {
+            Some(current) if current.1 == expected => {
+                state.leases.remove(key);
+                Ok(())
+            }
+            current => Err(conflict(key, current)),
+        }
+    }
+
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        self.lock().workers.insert(record.id.clone(), record.clone());
+        Ok(())
+    }
+
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        Ok(Listing::ok(self.lock().workers.values().cloned().collect()))
+    }
+
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        self.lock().workers.remove(id);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::position::Position;
+
+    fn lease(key: &str) -> Lease {
+        Lease::new(key, Position::TrimHorizon)
+    }
+
+    fn created(outcome: CreateOutcome) -> Version {
+        match outcome {
+            CreateOutcome::Created(v) => v,
+            CreateOutcome::AlreadyExists => panic!("expected Created"),
+        }
+    }
+
+    #[tokio::test]
+    async fn create_is_idempotent() {
+        let store = MemoryStore::new();
+        let v = created(store.create_lease(&lease("a")).await.unwrap());
+        let mut other = lease("a");
+        other.epoch = 7;
+        assert_eq!(store.create_lease(&other).await.unwrap(), CreateOutcome::AlreadyExists);
+        let (got, gv) = store.get_lease(&"a".into()).await.unwrap().unwrap();
+        assert_eq!((got, gv), (lease("a"), v));
+        assert_eq!(store.lease_count(), 1);
+        assert!(store.get_lease(&"missing".into()).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn update_is_compare_and_set() {
+        let store = MemoryStore::new();
+        let v1 = created(store.create_lease(&lease("a")).await.unwrap());
+        let owned = lease("a").transferred_to(Some("w1".into()));
+        let v2 = store.update_lease(&owned, v1).await.unwrap();
+        assert!(v2 > v1);
+
+        // A stale version conflicts and reports the current record.
+        let stale = lease("a").transferred_to(Some("w2".into()));
+        match store.update_lease(&stale, v1).await {
+            Err(Error::Conflict { key, current: Some(current) }) => {
+                assert_eq!(key, LeaseKey::from("a"));
+                assert_eq!(*current, (owned.clone(), v2));
+            }
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        assert_eq!(store.get_lease(&"a".into()).await.unwrap(), Some((owned, v2)));
+
+        // A missing record conflicts with no current record.
+        match store.update_lease(&lease("nope"), v1).await {
+            Err(Error::Conflict { key, current: None }) => assert_eq!(key.as_str(), "nope"),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        assert_eq!(store.lease_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn delete_is_compare_and_set() {
+        let store = MemoryStore::new();
+        let v1 = created(store.create_lease(&lease("a")).await.unwrap());
+        let v2 = store.update_lease(&lease("a"), v1).await.unwrap();
+        match store.delete_lease(&"a".into(), v1).await {
+            Err(Error::Conflict { current: Some(current), .. }) => assert_eq!(current.1, v2),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        store.delete_lease(&"a".into(), v2).await.unwrap();
+        assert!(store.get_lease(&"a".into()).await.unwrap().is_none());
+        assert!(matches!(
+            store.delete_lease(&"a".into(), v2).await,
+            Err(Error::Conflict { current: None, .. })
+        ));
+        assert_eq!(store.lease_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn versions_are_never_reused() {
+        let store = MemoryStore::new();
+        let v1 = created(store.create_lease(&lease("a")).await.unwrap());
+        store.delete_lease(&"a".into(), v1).await.unwrap();
+        let v2 = created(store.create_lease(&lease("a")).await.unwrap());
+        assert_ne!(v1, v2, "a re-created record must not get its old version back (ABA)");
+        // The old version cannot write the new record.
+        assert!(matches!(
+            store.update_lease(&lease("a"), v1).await,
+            Err(Error::Conflict { current: Some(_), .. })
+        ));
+        // The counter is shared by the namespaces of a backend.
+        let other = store.backend().store("other");
+        let v3 = created(other.create_lease(&lease("a")).await.unwrap());
+        assert!(v3 > v2);
+    }
+
+    #[tokio::test]
+    async fn namespaces_are_isolated() {
+        let backend = MemoryBackend::new();
+        let a = backend.store("app-a");
+        let b = backend.store("app-b");
+        let a2 = backend.store("app-a");
+        a.create_lease(&lease("shard")).await.unwrap();
+        a.heartbeat(&WorkerRecord::new("w".into(), 1)).await.unwrap();
+        assert_eq!(a2.lease_count(), 1, "same namespace, same records");
+        assert_eq!(b.lease_count(), 0);
+        assert!(b.list_workers().await.unwrap().items.is_empty());
+        assert_eq!(a.namespace().as_str(), "app-a");
+        assert_eq!(backend.namespaces(), vec![Namespace::from("app-a"), "app-b".into()]);
+        // A separate backend shares nothing.
+        assert_eq!(MemoryBackend::new().store("app-a").lease_count(), 0);
+        assert_eq!(MemoryStore::new().namespace().as_str(), "default");
+    }
+
+    #[tokio::test]
+    async fn global_backend_is_shared() {
+        let ns = format!("global-test-{}", rand::random::<u64>());
+        MemoryBackend::global().store(ns.as_str()).create_lease(&lease("x")).await.unwrap();
+        assert_eq!(MemoryBackend::global().store(ns.as_str()).lease_count(), 1);
+        assert!(MemoryBackend::global().same_as(&MemoryBackend::global()));
+        assert!(!MemoryBackend::new().same_as(&MemoryBackend::global()));
+    }
+
+    #[tokio::test]
+    async fn heartbeat_upserts_and_remove_is_idempotent() {
+        let store = MemoryStore::new();
+        store.heartbeat(&WorkerRecord::new("w2".into(), 1)).await.unwrap();
+        store.heartbeat(&WorkerRecord::new("w1".into(), 1)).await.unwrap();
+        store.heartbeat(&WorkerRecord::new("w2".into(), 2)).await.unwrap();
+        let workers = store.list_workers().await.unwrap().items;
+        let beats: Vec<(&str, u64)> = workers.iter().map(|w| (w.id.as_str(), w.beat)).collect();
+        assert_eq!(beats, vec![("w1", 1), ("w2", 2)]);
+        store.remove_worker(&"w1".into()).await.unwrap();
+        store.remove_worker(&"w1".into()).await.unwrap();
+        store.remove_worker(&"never".into()).await.unwrap();
+        assert_eq!(store.worker_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn listings_are_sorted_by_key() {
+        let store = MemoryStore::new();
+        for key in ["c", "a", "b"] {
+            store.create_lease(&lease(key)).await.unwrap();
+        }
+        let listing = store.list_leases().await.unwrap();
+        let keys: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+        assert_eq!(keys, vec!["a", "b", "c"]);
+        assert!(listing.corrupt.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_writers_exactly_one_wins() {
+        let store = MemoryStore::new();
+        let v = created(store.create_lease(&lease("a")).await.unwrap());
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut l = lease("a").transferred_to(Some(format!("w{i}").as_str().into()));
+                l.epoch = i;
+                store.update_lease(&l, v).await.is_ok()
+            }));
+        }
+        let mut wins = 0;
+        for t in tasks {
+            wins += usize::from(t.await.unwrap());
+        }
+        assert_eq!(wins, 1);
+
+        let creators: Vec<_> = (0..16)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move { store.create_lease(&lease("b")).await.unwrap() })
+            })
+            .collect();
+        let mut created_count = 0;
+        for t in creators {
+            created_count += usize::from(matches!(t.await.unwrap(), CreateOutcome::Created(_)));
+        }
+        assert_eq!(created_count, 1);
+    }
+
+    #[test]
+    fn debug_does_not_dump_records() {
+        let store = MemoryStore::new();
+        let s = format!("{store:?}");
+        assert!(s.contains("default"), "{s}");
+        assert!(format!("{:?}", store.backend()).contains("MemoryBackend"));
+    }
+}

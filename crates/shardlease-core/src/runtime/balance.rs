@@ -81,7 +81,8 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
         handoffs = plan.handoffs.len(),
         "balance plan"
     );
-    let by_key: BTreeMap<&LeaseKey, &VersionedLease> = leases.iter().map(|v| (&v.0.key, v)).collect();
+    let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
+        leases.iter().map(|v| (&v.0.key, v)).collect();
     execute(shared, &plan, &by_key).await;
 }
 
@@ -104,7 +105,8 @@ fn live_set(shared: &Shared, leases: &[VersionedLease], now: Instant) -> BTreeSe
     let mut liveness = lock(&shared.liveness);
     let mut live = liveness.live_workers(now);
     live.insert(shared.id.clone());
-    let owners: BTreeSet<&crate::WorkerId> = leases.iter().filter_map(|(l, _)| l.owner.as_ref()).collect();
+    let owners: BTreeSet<&crate::WorkerId> =
+        leases.iter().filter_map(|(l, _)| l.owner.as_ref()).collect();
     for owner in &owners {
         if !live.contains(*owner) && liveness.is_alive(owner, now) {
             live.insert((*owner).clone());
@@ -121,9 +123,8 @@ fn reconcile(shared: &Arc<Shared>, leases: &[VersionedLease]) {
     {
         let tasks = lock(&shared.tasks);
         for (key, task) in tasks.iter() {
-            let still_mine = by_key
-                .get(key)
-                .is_some_and(|l| l.is_owned_by(&shared.id) && l.epoch == task.epoch);
+            let still_mine =
+                by_key.get(key).is_some_and(|l| l.is_owned_by(&shared.id) && l.epoch == task.epoch);
             if !still_mine && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
                 info!(key = %key, "lease moved on; stopping its task");
                 task.stop.send_replace(Some(StopReason::LeaseLost));
@@ -152,19 +153,30 @@ fn reconcile(shared: &Arc<Shared>, leases: &[VersionedLease]) {
     }
 }
 
-/// This worker's claims still standing, pruned; returns those older than the claim timeout.
+/// This worker's claims still standing, pruned; returns those whose lease record has not changed
+/// for the claim timeout (the owner is alive but stuck: it neither answers nor checkpoints).
 fn expired_claims(shared: &Shared, leases: &[VersionedLease], now: Instant) -> BTreeSet<LeaseKey> {
-    let standing: BTreeSet<&LeaseKey> = leases
+    let standing: BTreeMap<&LeaseKey, Version> = leases
         .iter()
-        .filter(|(l, _)| l.live_claim().is_some_and(|c| c.by == shared.id) && !l.is_owned_by(&shared.id))
-        .map(|(l, _)| &l.key)
+        .filter(|(l, _)| {
+            l.live_claim().is_some_and(|c| c.by == shared.id) && !l.is_owned_by(&shared.id)
+        })
+        .map(|(l, v)| (&l.key, *v))
         .collect();
     let mut mine = lock(&shared.my_claims);
-    mine.retain(|k, _| standing.contains(k));
-    mine.iter()
-        .filter(|(_, at)| now.saturating_duration_since(**at) >= shared.cfg.claim_timeout)
-        .map(|(k, _)| k.clone())
-        .collect()
+    mine.retain(|k, _| standing.contains_key(k));
+    let mut expired = BTreeSet::new();
+    for (key, (since, seen)) in mine.iter_mut() {
+        let Some(current) = standing.get(key) else { continue };
+        if current != seen {
+            // The owner wrote since (a checkpoint): it is not stuck; restart the clock.
+            *since = now;
+            *seen = *current;
+        } else if now.saturating_duration_since(*since) >= shared.cfg.claim_timeout {
+            expired.insert(key.clone());
+        }
+    }
+    expired
 }
 
 async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey, &VersionedLease>) {
@@ -178,10 +190,13 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
         if chunk.is_empty() {
             break;
         }
-        let results = join_all(chunk.into_iter().filter_map(|k| by_key.get(k)).map(|v| take(shared, v))).await;
+        let results =
+            join_all(chunk.into_iter().filter_map(|k| by_key.get(k)).map(|v| take(shared, v)))
+                .await;
         taken += results.into_iter().filter(|ok| *ok).count();
     }
     if taken > 0 {
+        shared.bump(&shared.stats.taking_passes, 1);
         shared.bump(&shared.stats.taken, taken as u64);
         metrics::counter!("shardlease_leases_taken_total").increment(taken as u64);
         info!(taken, "took leases");
@@ -195,10 +210,13 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
     }
     for (key, owner) in &plan.claims {
         let Some((lease, version)) = by_key.get(key).map(|v| (&v.0, v.1)) else { continue };
-        let next = Lease { claim: Some(Claim { by: shared.id.clone(), at: lease.epoch }), ..lease.clone() };
+        let next = Lease {
+            claim: Some(Claim { by: shared.id.clone(), at: lease.epoch }),
+            ..lease.clone()
+        };
         match shared.store.update_lease(&next, version).await {
-            Ok(_) => {
-                lock(&shared.my_claims).insert(key.clone(), Instant::now());
+            Ok(v) => {
+                lock(&shared.my_claims).insert(key.clone(), (Instant::now(), v));
                 shared.bump(&shared.stats.claims, 1);
                 metrics::counter!("shardlease_claims_total").increment(1);
                 debug!(key = %key, from = %owner, "claimed");
@@ -227,12 +245,34 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
         }
     }
     for key in &plan.clear_claims {
-        let Some((lease, version)) = by_key.get(key).map(|v| (&v.0, v.1)) else { continue };
+        if let Some(v) = by_key.get(key) {
+            clear_claim(shared, v).await;
+        }
+    }
+}
+
+/// Clears a claim on a lease this worker owns. The owner checkpoints all the time, so the listed
+/// version is often stale: on a conflict, re-decide from the current record (a claim left standing
+/// would let the claimant take the lease after the claim timeout).
+async fn clear_claim(shared: &Shared, listed: &VersionedLease) {
+    let (mut lease, mut version) = listed.clone();
+    let claim = lease.live_claim().cloned();
+    for _ in 0..8 {
+        if !lease.is_owned_by(&shared.id) || lease.live_claim() != claim.as_ref() {
+            return;
+        }
         let next = Lease { claim: None, ..lease.clone() };
         match shared.store.update_lease(&next, version).await {
-            Ok(v) => shared.checkpointer.observe(&next, v),
-            Err(Error::Conflict { .. }) => {}
-            Err(e) => warn!(key = %key, error = %e, "clearing a claim failed"),
+            Ok(v) => {
+                shared.checkpointer.observe(&next, v);
+                return;
+            }
+            Err(Error::Conflict { current: Some(current), .. }) => (lease, version) = *current,
+            Err(Error::Conflict { current: None, .. }) => return,
+            Err(e) => {
+                warn!(key = %lease.key, error = %e, "clearing a claim failed");
+                return;
+            }
         }
     }
 }

@@ -247,8 +247,11 @@ impl Task {
         if start.is_shard_end() {
             return Step::Done(());
         }
-        let ctx =
-            LeaseContext { token: self.token.clone(), start: start.clone(), parents: lease.parents.clone() };
+        let ctx = LeaseContext {
+            token: self.token.clone(),
+            start: start.clone(),
+            parents: lease.parents.clone(),
+        };
         let factory = self.shared.factory.clone();
         match std::panic::catch_unwind(AssertUnwindSafe(|| factory.create(&ctx))) {
             Ok(p) => self.processor = Some(p),
@@ -375,19 +378,9 @@ impl Task {
     async fn shard_end(&mut self, children: Vec<ShardInfo>) -> Step<()> {
         let mut backoff = self.shared.backoff();
         for child in &children {
-            let lease = Lease::new(child.id.clone(), Position::TrimHorizon)
-                .with_parents(child.parents.iter().cloned());
-            loop {
-                match self.shared.store.create_lease(&lease).await {
-                    Ok(_) => break,
-                    Err(e) => {
-                        warn!(child = %child.id, error = %e, "creating a child lease failed; retrying");
-                        let d = backoff.next(&self.shared);
-                        if let Some(r) = self.pause(d).await {
-                            return Step::Exit(Exit::Stopped(r));
-                        }
-                    }
-                }
+            match self.create_child(child).await {
+                Step::Done(()) => {}
+                Step::Exit(e) => return Step::Exit(e),
             }
         }
         loop {
@@ -426,6 +419,43 @@ impl Task {
             }
         }
         Step::Done(())
+    }
+
+    /// Creates the lease of a child shard, unless another parent of it has no lease yet: that
+    /// parent is still to come (its own parent has not ended), and a child created now would see
+    /// it as "gone" and start too early. The last parent to end, or the shard sync, creates it.
+    async fn create_child(&mut self, child: &ShardInfo) -> Step<()> {
+        let mut backoff = self.shared.backoff();
+        let store = self.shared.store.clone();
+        let me = self.key().clone();
+        loop {
+            let attempt: crate::error::Result<bool> = async {
+                for p in child.parents.iter().filter(|p| **p != me) {
+                    if store.get_lease(p).await?.is_none() {
+                        return Ok(false);
+                    }
+                }
+                let lease = Lease::new(child.id.clone(), Position::TrimHorizon)
+                    .with_parents(child.parents.iter().cloned());
+                store.create_lease(&lease).await?;
+                Ok(true)
+            }
+            .await;
+            match attempt {
+                Ok(true) => return Step::Done(()),
+                Ok(false) => {
+                    debug!(child = %child.id, "another parent has no lease yet; leaving the child to it");
+                    return Step::Done(());
+                }
+                Err(e) => {
+                    warn!(child = %child.id, error = %e, "creating a child lease failed; retrying");
+                    let d = backoff.next(&self.shared);
+                    if let Some(r) = self.pause(d).await {
+                        return Step::Exit(Exit::Stopped(r));
+                    }
+                }
+            }
+        }
     }
 
     /// Tells the processor why it stops: lost (write nothing) or a graceful stop (checkpoint).

@@ -96,10 +96,17 @@ impl Worker {
         &self.shared.id
     }
 
+    /// Creates leases for the source's shards now, before starting (the worker also does this at
+    /// start when the namespace is empty, and every `shard_sync_interval`).
+    pub async fn sync_shards(&self) -> Result<()> {
+        shard_sync::sync(&self.shared).await
+    }
+
     /// Starts the worker's loops on the current tokio runtime.
     pub fn start(self) -> WorkerHandle {
         let shared = self.shared;
-        let span = tracing::info_span!("worker", id = %shared.id, namespace = %shared.cfg.namespace);
+        let span =
+            tracing::info_span!("worker", id = %shared.id, namespace = %shared.cfg.namespace);
         info!(parent: &span, "worker starting");
         let loops = vec![
             tokio::spawn(heartbeat::heartbeat_loop(shared.clone()).instrument(span.clone())),
@@ -117,6 +124,8 @@ impl Worker {
 pub struct WorkerStats {
     /// Balance passes run.
     pub passes: u64,
+    /// Balance passes that took at least one lease.
+    pub taking_passes: u64,
     /// Leases taken (available leases and stuck claims).
     pub taken: u64,
     /// Handoff requests written.
@@ -173,6 +182,7 @@ impl WorkerHandle {
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         WorkerStats {
             passes: get(&s.passes),
+            taking_passes: get(&s.taking_passes),
             taken: get(&s.taken),
             claims: get(&s.claims),
             handoffs: get(&s.handoffs),
@@ -226,7 +236,8 @@ impl WorkerHandle {
             }
         }
         shared.cancel.cancel();
-        for l in std::mem::take(&mut *lock(&self.loops)) {
+        let loops = std::mem::take(&mut *lock(&self.loops));
+        for l in loops {
             let _ = l.await;
         }
         let removed = shared.store.remove_worker(&shared.id).await;

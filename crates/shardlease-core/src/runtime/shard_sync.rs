@@ -82,15 +82,17 @@ pub(crate) async fn sync(shared: &Shared) -> Result<()> {
             continue;
         }
         let kids = children.get(&shard.id).map(Vec::as_slice).unwrap_or(&[]);
-        if shard.closed && kids.iter().any(|k| existing.contains(k.as_str())) {
-            // Processing has already moved past this shard (its lease was finished and deleted).
+        if shard.closed && has_leased_descendant(&shard.id, &children, &existing) {
+            // Processing has already moved past this shard (its lease was finished and deleted
+            // once its children moved on): recreating it would process it all over again.
             continue;
         }
         let checkpoint = initial_checkpoint(shared, shard, kids, &existing, &finished_now);
         if checkpoint.is_shard_end() {
             finished_now.insert(&shard.id);
         }
-        let lease = Lease::new(shard.id.clone(), checkpoint).with_parents(shard.parents.iter().cloned());
+        let lease =
+            Lease::new(shard.id.clone(), checkpoint).with_parents(shard.parents.iter().cloned());
         if let crate::store::CreateOutcome::Created(_) = shared.store.create_lease(&lease).await? {
             created += 1;
         }
@@ -102,6 +104,26 @@ pub(crate) async fn sync(shared: &Shared) -> Result<()> {
     }
     collect_finished(shared, &listing.items, &children).await;
     Ok(())
+}
+
+/// Whether any shard descending from `id` (children, grandchildren, ...) has a lease.
+fn has_leased_descendant(
+    id: &LeaseKey,
+    children: &BTreeMap<&LeaseKey, Vec<&LeaseKey>>,
+    existing: &BTreeSet<String>,
+) -> bool {
+    let mut stack: Vec<&LeaseKey> = children.get(id).cloned().unwrap_or_default();
+    let mut seen: BTreeSet<&LeaseKey> = BTreeSet::new();
+    while let Some(k) = stack.pop() {
+        if !seen.insert(k) {
+            continue;
+        }
+        if existing.contains(k.as_str()) {
+            return true;
+        }
+        stack.extend(children.get(k).into_iter().flatten().copied());
+    }
+    false
 }
 
 /// Where a new shard's lease starts.
@@ -122,10 +144,8 @@ fn initial_checkpoint(
         return Position::ShardEnd;
     }
     // A shard whose parent is (or will be) processed continues where the parent ends.
-    let parent_leads_in = shard
-        .parents
-        .iter()
-        .any(|p| existing.contains(p.as_str()) && !finished_now.contains(p));
+    let parent_leads_in =
+        shard.parents.iter().any(|p| existing.contains(p.as_str()) && !finished_now.contains(p));
     if parent_leads_in {
         Position::TrimHorizon
     } else {

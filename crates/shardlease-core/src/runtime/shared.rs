@@ -54,6 +54,7 @@ pub(crate) struct LeaseTask {
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
     pub passes: AtomicU64,
+    pub taking_passes: AtomicU64,
     pub taken: AtomicU64,
     pub claims: AtomicU64,
     pub handoffs: AtomicU64,
@@ -78,7 +79,10 @@ pub(crate) struct Shared {
     pub stop_taking: CancellationToken,
     pub tasks: Mutex<BTreeMap<LeaseKey, LeaseTask>>,
     pub liveness: Mutex<Liveness>,
-    pub my_claims: Mutex<BTreeMap<LeaseKey, Instant>>,
+    /// Claims this worker made: when, and the record version it last saw under the claim. The
+    /// claim timeout only runs while that version stands still (the owner writes nothing), so an
+    /// owner that is alive and checkpointing is never stolen from.
+    pub my_claims: Mutex<BTreeMap<LeaseKey, (Instant, crate::lease::Version)>>,
     /// Leases this worker stopped holding, with the epoch at which it did: a listing taken before
     /// the hand-over must not restart them.
     pub retired: Mutex<BTreeMap<LeaseKey, u64>>,

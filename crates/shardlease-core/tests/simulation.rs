@@ -1,0 +1,257 @@
+//! Deterministic simulation of a fleet under faults.
+//!
+//! Each seed builds a fresh world on a current-thread tokio runtime with paused time: an in-memory
+//! store seen by every worker through an auditing view and a fault injector (errors, lost answers,
+//! latency, partitions), an in-memory stream with a producer, and a random schedule of crashes,
+//! joins, graceful leaves, partitions, splits and merges. Invariants are checked throughout
+//! (no checkpoint from a non-owner, no checkpoint moving back, no epoch going down) and at the end
+//! (every record processed, no child record before its parents' last record, every active lease
+//! owned with shares within one).
+//!
+//! Replay one seed: `SHARDLEASE_SIM_SEED=1234 cargo test -p shardlease-core --test simulation`.
+//! Run more seeds: `SHARDLEASE_SIM_SEEDS=500 cargo test ...` (default 24; the first seed is
+//! `SHARDLEASE_SIM_FIRST_SEED`, default 1).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use shardlease_core::{
+    Config, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position, ShardSource, WorkerId,
+};
+use shardlease_testkit::audit::{AuditLog, AuditStore};
+use shardlease_testkit::cluster::{wait_until, Cluster};
+use shardlease_testkit::recorder::Recorder;
+use shardlease_testkit::{Faults, FaultyStore};
+
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn simulated_fleets_keep_every_invariant() {
+    let seeds: Vec<u64> = match env_u64("SHARDLEASE_SIM_SEED") {
+        Some(s) => vec![s],
+        None => {
+            let first = env_u64("SHARDLEASE_SIM_FIRST_SEED").unwrap_or(1);
+            let n = env_u64("SHARDLEASE_SIM_SEEDS").unwrap_or(24);
+            (first..first + n).collect()
+        }
+    };
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+    let mut failures = Vec::new();
+    for seed in seeds.iter().copied() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let outcome = rt.block_on(simulate(seed));
+        match outcome {
+            Ok(summary) => println!("seed {seed}: ok ({summary})"),
+            Err(e) => {
+                println!("seed {seed}: FAILED: {e}");
+                failures.push(format!(
+                    "seed {seed}: {e}\n  replay: SHARDLEASE_SIM_SEED={seed} cargo test -p shardlease-core --test simulation -- --nocapture"
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} seeds failed:\n{}",
+        failures.len(),
+        seeds.len(),
+        failures.join("\n")
+    );
+}
+
+#[derive(Debug)]
+enum Event {
+    Crash,
+    Join,
+    Leave,
+    Partition(Duration),
+    Split,
+    Merge,
+}
+
+async fn simulate(seed: u64) -> Result<String, String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let faults = Faults::new(seed);
+    let error_rate = rng.random_range(0.0..0.2);
+    faults.set_error_rate(error_rate);
+    faults.set_latency(Duration::from_millis(1), Duration::from_millis(rng.random_range(2..60)));
+    let audit = AuditLog::new();
+    let (b, f, a) = (base.clone(), faults.clone(), audit.clone());
+    let store_for = Arc::new(move |w: &WorkerId| -> Arc<dyn LeaseStore> {
+        let audited: Arc<dyn LeaseStore> =
+            Arc::new(AuditStore::new(b.clone(), Some(w.clone()), a.clone()));
+        Arc::new(FaultyStore::new(audited, f.clone(), Some(w.clone())))
+    });
+    let shards = rng.random_range(2..12);
+    let source = MemorySource::new(shards).with_batch_limit(rng.random_range(1..20));
+    let rec = Recorder::new();
+    let mut cfg =
+        Config::new("sim").with_heartbeat(HEARTBEAT).with_initial_position(Position::TrimHorizon);
+    cfg.rng_seed = Some(seed);
+    cfg.idle_poll_interval = Duration::from_millis(200);
+    let src: Arc<dyn ShardSource> = Arc::new(source.clone());
+    let mut cluster =
+        Cluster::with_store_per_worker(base.clone(), store_for, src, rec.factory(), cfg);
+
+    // The initial shard sync goes through a fault-free view; the workers' own syncs face faults.
+    let sync_store: Arc<dyn LeaseStore> = base.clone();
+    shardlease_core::Worker::builder(
+        Config::new("sim").with_worker_id("sync").with_initial_position(Position::TrimHorizon),
+        sync_store,
+        Arc::new(source.clone()),
+        rec.factory(),
+    )
+    .build()
+    .map_err(|e| e.to_string())?
+    .sync_shards()
+    .await
+    .map_err(|e| e.to_string())?;
+
+    let first_workers = rng.random_range(1..=4);
+    cluster.start_workers(first_workers).map_err(|e| e.to_string())?;
+
+    let producing = tokio_util::sync::CancellationToken::new();
+    let producer = {
+        let source = source.clone();
+        let stop = producing.clone();
+        let mut prng = StdRng::seed_from_u64(seed ^ 0x5eed);
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.is_cancelled() {
+                for _ in 0..prng.random_range(1..5) {
+                    i += 1;
+                    source.put(&format!("pk-{}", prng.random_range(0..10_000)), format!("r{i}"));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    let mut events = Vec::new();
+    let steps = rng.random_range(4..12);
+    for _ in 0..steps {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..8_000))).await;
+        let running = cluster.running();
+        let event = match rng.random_range(0..6) {
+            0 if running.len() > 1 => Event::Crash,
+            1 if running.len() < 6 => Event::Join,
+            2 if running.len() > 1 => Event::Leave,
+            3 => Event::Partition(Duration::from_millis(rng.random_range(500..15_000))),
+            4 => Event::Split,
+            5 => Event::Merge,
+            _ => Event::Join,
+        };
+        match &event {
+            Event::Crash => cluster.crash(&running[rng.random_range(0..running.len())]),
+            Event::Join => {
+                cluster.start_worker().map_err(|e| e.to_string())?;
+            }
+            Event::Leave => {
+                let w = running[rng.random_range(0..running.len())].clone();
+                cluster.shutdown(&w).await.ok();
+            }
+            Event::Partition(d) => {
+                if let Some(w) = running.get(rng.random_range(0..running.len().max(1))) {
+                    let (faults, w, d) = (faults.clone(), w.clone(), *d);
+                    faults.partition(&w);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(d).await;
+                        faults.heal(&w);
+                    });
+                }
+            }
+            Event::Split => {
+                let open = source.open_shards();
+                if open.len() < 16 {
+                    let s = &open[rng.random_range(0..open.len())];
+                    source.split(&s.id).map_err(|e| e.to_string())?;
+                }
+            }
+            Event::Merge => {
+                if let Some((a, b)) = adjacent_pair(&source, &mut rng) {
+                    source.merge(&a, &b).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        events.push(event);
+        let v = audit.violations();
+        if !v.is_empty() {
+            return Err(format!("invariant broken after {events:?}: {v:?}"));
+        }
+    }
+
+    // Faults stop; the fleet must converge and process everything.
+    producing.cancel();
+    producer.await.map_err(|e| e.to_string())?;
+    faults.clear();
+    if cluster.running().is_empty() {
+        cluster.start_worker().map_err(|e| e.to_string())?;
+    }
+    let produced = source.produced();
+    wait_until("every produced record processed", Duration::from_secs(300), HEARTBEAT, || async {
+        rec.distinct() as u64 == produced
+    })
+    .await
+    .map_err(|e| {
+        format!(
+            "{e}: {} of {produced} processed, missing {:?}; events {events:?}",
+            rec.distinct(),
+            rec.missing(&source).first()
+        )
+    })?;
+    let cov = cluster
+        .wait_balanced(Duration::from_secs(120), HEARTBEAT)
+        .await
+        .map_err(|e| format!("{e}; events {events:?}"))?;
+    let v = audit.violations();
+    if !v.is_empty() {
+        return Err(format!("invariant broken: {v:?}; events {events:?}"));
+    }
+    let order = rec.order_violations(&source);
+    if !order.is_empty() {
+        return Err(format!("parent/child order broken: {order:?}; events {events:?}"));
+    }
+    cluster.shutdown_all().await;
+    Ok(format!(
+        "{shards} shards → {} active, {} workers at the end, {produced} records, {} duplicates, error rate {error_rate:.2}, {} injected errors, events {events:?}",
+        cov.active,
+        cov.shares.len(),
+        rec.duplicates(),
+        faults.injected_errors()
+    ))
+}
+
+fn adjacent_pair(source: &MemorySource, rng: &mut StdRng) -> Option<(LeaseKey, LeaseKey)> {
+    let mut open = source.open_shards();
+    open.sort_by_key(|s| s.hash_range.as_ref().map(|r| r.start));
+    let pairs: Vec<_> = open
+        .windows(2)
+        .filter(|w| match (&w[0].hash_range, &w[1].hash_range) {
+            (Some(a), Some(b)) => a.end.checked_add(1) == Some(b.start),
+            _ => false,
+        })
+        .map(|w| (w[0].id.clone(), w[1].id.clone()))
+        .collect();
+    if pairs.is_empty() {
+        None
+    } else {
+        Some(pairs[rng.random_range(0..pairs.len())].clone())
+    }
+}

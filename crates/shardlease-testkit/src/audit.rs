@@ -1,0 +1,116 @@
+//! A store wrapper that checks the fencing invariants on every accepted write: a checkpoint only
+//! moves when its writer owns the lease at the same epoch, never moves backwards, and an epoch
+//! never goes down. Violations are collected in an [`AuditLog`] the test asserts empty.
+//!
+//! It reads the record before each update, so it is exact only over a store whose calls do not
+//! interleave between that read and the write: the in-memory store on a current-thread runtime,
+//! which is what simulations use.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use shardlease_core::{
+    CreateOutcome, Lease, LeaseKey, LeaseStore, Listing, Result, Version, VersionedLease, WorkerId,
+    WorkerRecord,
+};
+
+/// Violations found by [`AuditStore`] views.
+#[derive(Clone, Debug, Default)]
+pub struct AuditLog(Arc<Mutex<Vec<String>>>);
+
+impl AuditLog {
+    /// An empty log.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every violation so far.
+    pub fn violations(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn push(&self, v: String) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(v);
+    }
+}
+
+/// One worker's audited view of a store.
+#[derive(Debug, Clone)]
+pub struct AuditStore {
+    inner: Arc<dyn LeaseStore>,
+    writer: Option<WorkerId>,
+    log: AuditLog,
+}
+
+impl AuditStore {
+    /// Audits writes made through this view by `writer`.
+    pub fn new(inner: Arc<dyn LeaseStore>, writer: Option<WorkerId>, log: AuditLog) -> Self {
+        AuditStore { inner, writer, log }
+    }
+
+    fn check(&self, prev: &Lease, next: &Lease) {
+        let who = self.writer.as_ref().map(|w| w.as_str()).unwrap_or("<no worker>");
+        if next.epoch < prev.epoch {
+            self.log.push(format!(
+                "{who} moved the epoch of {} back: {} → {}",
+                prev.key, prev.epoch, next.epoch
+            ));
+        }
+        if next.owner != prev.owner && next.epoch == prev.epoch {
+            self.log.push(format!("{who} changed the owner of {} without a new epoch", prev.key));
+        }
+        if next.checkpoint != prev.checkpoint {
+            let owner_ok = prev.owner.is_some()
+                && prev.owner == self.writer
+                && next.owner == prev.owner
+                && next.epoch == prev.epoch;
+            if !owner_ok {
+                self.log.push(format!(
+                    "{who} moved the checkpoint of {} ({} → {}) without owning it (owner {:?}, epoch {} → {})",
+                    prev.key, prev.checkpoint, next.checkpoint, prev.owner, prev.epoch, next.epoch
+                ));
+            }
+            if prev.checkpoint.would_regress_to(&next.checkpoint) {
+                self.log.push(format!(
+                    "{who} moved the checkpoint of {} backwards: {} → {}",
+                    prev.key, prev.checkpoint, next.checkpoint
+                ));
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for AuditStore {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        self.inner.create_lease(lease).await
+    }
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        self.inner.get_lease(key).await
+    }
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        self.inner.list_leases().await
+    }
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        let prev = self.inner.get_lease(&lease.key).await.ok().flatten();
+        let v = self.inner.update_lease(lease, expected).await?;
+        if let Some((prev, pv)) = prev {
+            if pv == expected {
+                self.check(&prev, lease);
+            }
+        }
+        Ok(v)
+    }
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        self.inner.delete_lease(key, expected).await
+    }
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        self.inner.heartbeat(record).await
+    }
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        self.inner.list_workers().await
+    }
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        self.inner.remove_worker(id).await
+    }
+}

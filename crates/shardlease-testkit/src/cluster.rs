@@ -1,0 +1,235 @@
+//! A fleet of workers in one process, for lease-loop tests, simulations and benchmarks: start,
+//! stop, crash and add workers, and wait for conditions on the store (never on sleeps).
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardlease_core::balancer::is_active;
+use shardlease_core::{
+    Config, Lease, LeaseStore, ProcessorFactory, Result, ShardSource, Worker, WorkerHandle,
+    WorkerId,
+};
+
+/// Makes the store view a worker uses (the same store for all, or one fault-injecting view each).
+pub type StoreForWorker = Arc<dyn Fn(&WorkerId) -> Arc<dyn LeaseStore> + Send + Sync>;
+
+/// Polls `check` every `every` until it returns true or `timeout` passes.
+pub async fn wait_until<F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+) -> std::result::Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("timed out after {timeout:?} waiting for {what}"));
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Who owns what, as the store says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// Active leases (not finished, parents finished or gone).
+    pub active: usize,
+    /// Active leases with no owner or an owner that is not running.
+    pub uncovered: usize,
+    /// Active leases per running worker (zero included).
+    pub shares: BTreeMap<WorkerId, usize>,
+}
+
+impl Coverage {
+    /// Largest share minus smallest share.
+    pub fn spread(&self) -> usize {
+        let max = self.shares.values().max().copied().unwrap_or(0);
+        let min = self.shares.values().min().copied().unwrap_or(0);
+        max - min
+    }
+
+    /// Every active lease owned by a running worker and shares within one of each other.
+    pub fn is_balanced(&self) -> bool {
+        self.uncovered == 0 && self.spread() <= 1
+    }
+}
+
+/// A fleet of workers sharing one store and one source.
+pub struct Cluster {
+    store_for: StoreForWorker,
+    observer: Arc<dyn LeaseStore>,
+    source: Arc<dyn ShardSource>,
+    factory: Arc<dyn ProcessorFactory>,
+    template: Config,
+    workers: BTreeMap<WorkerId, WorkerHandle>,
+    started: u32,
+}
+
+impl Cluster {
+    /// A cluster whose workers all use `store`.
+    pub fn new(
+        store: Arc<dyn LeaseStore>,
+        source: Arc<dyn ShardSource>,
+        factory: Arc<dyn ProcessorFactory>,
+        template: Config,
+    ) -> Self {
+        let s = store.clone();
+        Self::with_store_per_worker(store, Arc::new(move |_| s.clone()), source, factory, template)
+    }
+
+    /// A cluster where each worker gets its own view of the store (fault injection, auditing);
+    /// `observer` is the test's own undisturbed view.
+    pub fn with_store_per_worker(
+        observer: Arc<dyn LeaseStore>,
+        store_for: StoreForWorker,
+        source: Arc<dyn ShardSource>,
+        factory: Arc<dyn ProcessorFactory>,
+        template: Config,
+    ) -> Self {
+        Cluster {
+            store_for,
+            observer,
+            source,
+            factory,
+            template,
+            workers: BTreeMap::new(),
+            started: 0,
+        }
+    }
+
+    /// The test's view of the store.
+    pub fn store(&self) -> &Arc<dyn LeaseStore> {
+        &self.observer
+    }
+
+    fn next_config(&mut self) -> Config {
+        self.started += 1;
+        let mut cfg = self.template.clone();
+        cfg.worker_id = WorkerId::new(format!("w{}", self.started));
+        cfg.rng_seed = self
+            .template
+            .rng_seed
+            .map(|s| s.wrapping_mul(31).wrapping_add(u64::from(self.started)));
+        cfg
+    }
+
+    /// Builds the next worker (id `w1`, `w2`, ...) without starting it.
+    pub fn build_worker(&mut self) -> Result<Worker> {
+        let cfg = self.next_config();
+        let store = (self.store_for)(&cfg.worker_id);
+        Worker::builder(cfg, store, self.source.clone(), self.factory.clone()).build()
+    }
+
+    /// Creates the leases for the source's shards now (through a worker that is never started).
+    pub async fn sync_shards(&mut self) -> Result<()> {
+        let w = self.build_worker()?;
+        self.started -= 1;
+        w.sync_shards().await
+    }
+
+    /// Starts one more worker and returns its id.
+    pub fn start_worker(&mut self) -> Result<WorkerId> {
+        let w = self.build_worker()?;
+        let h = w.start();
+        let id = h.id().clone();
+        self.workers.insert(id.clone(), h);
+        Ok(id)
+    }
+
+    /// Starts `n` more workers.
+    pub fn start_workers(&mut self, n: usize) -> Result<Vec<WorkerId>> {
+        (0..n).map(|_| self.start_worker()).collect()
+    }
+
+    /// The running workers.
+    pub fn running(&self) -> Vec<WorkerId> {
+        self.workers.keys().cloned().collect()
+    }
+
+    /// A running worker's handle.
+    pub fn handle(&self, id: &WorkerId) -> Option<&WorkerHandle> {
+        self.workers.get(id)
+    }
+
+    /// Shuts a worker down gracefully.
+    pub async fn shutdown(&mut self, id: &WorkerId) -> Result<()> {
+        match self.workers.remove(id) {
+            Some(h) => h.shutdown().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Crashes a worker (no release, record left behind).
+    pub fn crash(&mut self, id: &WorkerId) {
+        if let Some(h) = self.workers.remove(id) {
+            h.crash();
+        }
+    }
+
+    /// Shuts every worker down.
+    pub async fn shutdown_all(&mut self) {
+        let all: Vec<_> = std::mem::take(&mut self.workers).into_values().collect();
+        futures::future::join_all(all.iter().map(|h| h.shutdown())).await;
+    }
+
+    /// Every lease, as the store says.
+    pub async fn leases(&self) -> Result<Vec<Lease>> {
+        Ok(self.observer.list_leases().await?.items.into_iter().map(|(l, _)| l).collect())
+    }
+
+    /// Who owns what right now.
+    pub async fn coverage(&self) -> Result<Coverage> {
+        let leases = self.leases().await?;
+        let by_key: HashMap<_, _> = leases.iter().map(|l| (&l.key, l)).collect();
+        let mut cov = Coverage {
+            shares: self.workers.keys().map(|w| (w.clone(), 0)).collect(),
+            ..Coverage::default()
+        };
+        for l in &leases {
+            if !is_active(l, &by_key) {
+                continue;
+            }
+            cov.active += 1;
+            match l.owner.as_ref().and_then(|o| cov.shares.get_mut(o)) {
+                Some(n) => *n += 1,
+                None => cov.uncovered += 1,
+            }
+        }
+        Ok(cov)
+    }
+
+    /// Whether every active lease is owned by a running worker that is processing it, with
+    /// shares within one of each other.
+    pub async fn is_balanced(&self) -> bool {
+        let Ok(cov) = self.coverage().await else { return false };
+        cov.is_balanced()
+            && cov
+                .shares
+                .iter()
+                .all(|(w, n)| self.workers.get(w).is_some_and(|h| h.held_leases().len() == *n))
+    }
+
+    /// Waits until [`is_balanced`](Self::is_balanced), polling every `every`.
+    pub async fn wait_balanced(
+        &self,
+        timeout: Duration,
+        every: Duration,
+    ) -> std::result::Result<Coverage, String> {
+        let r =
+            wait_until("every active lease owned and shares within one", timeout, every, || {
+                self.is_balanced()
+            })
+            .await;
+        let cov = self.coverage().await.map_err(|e| e.to_string())?;
+        r.map(|()| cov.clone()).map_err(|e| format!("{e}; last coverage {cov:?}"))
+    }
+}

@@ -1,0 +1,330 @@
+//! A fault-injecting [`LeaseStore`] wrapper.
+//!
+//! The lease algorithm must stay safe when the store misbehaves the way real stores do: calls that
+//! fail, writes that were applied although the caller saw an error (the answer was lost), slow
+//! calls, a worker cut off from the store while its peers are not, and records that cannot be
+//! decoded. [`Faults`] holds those faults, shared by many [`FaultyStore`] views of one inner
+//! store (typically one view per simulated worker), and draws every random decision from one
+//! seeded RNG so a failing simulation can be replayed from its seed.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use shardlease_core::{
+    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Result, Version,
+    VersionedLease, WorkerId, WorkerRecord,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// The reason given for records marked corrupt with [`Faults::corrupt`].
+pub const INJECTED_CORRUPTION: &str = "injected corruption";
+
+/// Faults to inject into every [`FaultyStore`] built over it. Cheap to clone: clones share state,
+/// so a test can change the faults while workers keep running.
+///
+/// Each call through a view goes: sleep for the latency (if set), fail if the view's worker is
+/// partitioned (nothing applied), fail with probability `error_rate` (for writes, half of those
+/// failures happen *after* the write was applied), then apply corruption marks.
+#[derive(Clone)]
+pub struct Faults {
+    state: Arc<Mutex<State>>,
+}
+
+struct State {
+    seed: u64,
+    rng: StdRng,
+    error_rate: f64,
+    latency: Option<(Duration, Duration)>,
+    partitioned: HashSet<WorkerId>,
+    corrupt: HashSet<LeaseKey>,
+    injected_errors: u64,
+    lost_answers: u64,
+    partition_rejections: u64,
+}
+
+/// What the injector decided for one call, after latency.
+enum Decision {
+    /// Forward the call.
+    Pass,
+    /// Fail without forwarding.
+    FailBefore(Error),
+    /// Forward the call, then fail anyway (the answer was lost).
+    FailAfter(Error),
+}
+
+/// Whether an operation writes (and so may fail after being applied).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+}
+
+impl Faults {
+    /// No faults yet; every random decision will come from an RNG seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Faults {
+            state: Arc::new(Mutex::new(State {
+                seed,
+                rng: StdRng::seed_from_u64(seed),
+                error_rate: 0.0,
+                latency: None,
+                partitioned: HashSet::new(),
+                corrupt: HashSet::new(),
+                injected_errors: 0,
+                lost_answers: 0,
+                partition_rejections: 0,
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere while holding the lock leaves the state consistent (every update is
+        // a single assignment), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The seed the RNG was created with (print it when a simulation fails).
+    pub fn seed(&self) -> u64 {
+        self.lock().seed
+    }
+
+    /// Makes each call fail with probability `rate` (clamped to `0.0..=1.0`; NaN means 0) with a
+    /// retryable backend error. For writes (create, update, delete, heartbeat, remove worker),
+    /// half of these failures happen after the write was applied.
+    pub fn set_error_rate(&self, rate: f64) {
+        self.lock().error_rate = if rate.is_nan() { 0.0 } else { rate.clamp(0.0, 1.0) };
+    }
+
+    /// Sleeps (with `tokio::time::sleep`, so paused test time applies) for a uniformly random
+    /// duration between `min` and `max` (in either order) before each call.
+    pub fn set_latency(&self, min: Duration, max: Duration) {
+        let (lo, hi) = if min <= max { (min, max) } else { (max, min) };
+        self.lock().latency = if hi.is_zero() { None } else { Some((lo, hi)) };
+    }
+
+    /// Cuts `worker` off from the store: every call through its views fails with a retryable
+    /// error and nothing is applied. Views without a worker are never partitioned.
+    pub fn partition(&self, worker: &WorkerId) {
+        self.lock().partitioned.insert(worker.clone());
+    }
+
+    /// Reconnects `worker`.
+    pub fn heal(&self, worker: &WorkerId) {
+        self.lock().partitioned.remove(worker);
+    }
+
+    /// Reconnects every worker.
+    pub fn heal_all(&self) {
+        self.lock().partitioned.clear();
+    }
+
+    /// Whether `worker` is currently partitioned.
+    pub fn is_partitioned(&self, worker: &WorkerId) -> bool {
+        self.lock().partitioned.contains(worker)
+    }
+
+    /// Makes the lease `key` undecodable in every view: `get_lease` fails with `Error::Corrupt`,
+    /// `list_leases` reports it in [`Listing::corrupt`] instead of its items, and `update_lease` /
+    /// `delete_lease` of it fail with `Error::Corrupt` without writing. The inner record is kept.
+    pub fn corrupt(&self, key: &LeaseKey) {
+        self.lock().corrupt.insert(key.clone());
+    }
+
+    /// Makes the lease `key` decodable again.
+    pub fn uncorrupt(&self, key: &LeaseKey) {
+        self.lock().corrupt.remove(key);
+    }
+
+    /// Turns every fault off: no errors, no latency, no partitions, no corrupt records. The
+    /// counters and the RNG state are kept.
+    pub fn clear(&self) {
+        let mut s = self.lock();
+        s.error_rate = 0.0;
+        s.latency = None;
+        s.partitioned.clear();
+        s.corrupt.clear();
+    }
+
+    /// How many calls failed because of the error rate (including those applied before failing).
+    pub fn injected_errors(&self) -> u64 {
+        self.lock().injected_errors
+    }
+
+    /// How many of [`injected_errors`](Self::injected_errors) were writes applied before failing.
+    pub fn lost_answers(&self) -> u64 {
+        self.lock().lost_answers
+    }
+
+    /// How many calls were refused because their worker was partitioned.
+    pub fn partition_rejections(&self) -> u64 {
+        self.lock().partition_rejections
+    }
+
+    fn is_corrupt(&self, key: &LeaseKey) -> bool {
+        self.lock().corrupt.contains(key)
+    }
+
+    fn draw_latency(&self) -> Option<Duration> {
+        let mut s = self.lock();
+        let (lo, hi) = s.latency?;
+        let nanos = s.rng.random_range(lo.as_nanos()..=hi.as_nanos());
+        Some(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
+    }
+
+    fn decide(&self, worker: Option<&WorkerId>, op: &str, kind: Kind) -> Decision {
+        let mut s = self.lock();
+        if let Some(w) = worker.filter(|w| s.partitioned.contains(*w)) {
+            s.partition_rejections += 1;
+            return Decision::FailBefore(Error::retryable(format!(
+                "partitioned: worker {w} cannot reach the store ({op})"
+            )));
+        }
+        let rate = s.error_rate;
+        if rate <= 0.0 || !s.rng.random_bool(rate) {
+            return Decision::Pass;
+        }
+        s.injected_errors += 1;
+        if kind == Kind::Write && s.rng.random_bool(0.5) {
+            s.lost_answers += 1;
+            Decision::FailAfter(Error::retryable(format!(
+                "injected fault: {op} was applied but its answer was lost"
+            )))
+        } else {
+            Decision::FailBefore(Error::retryable(format!("injected fault: {op} failed")))
+        }
+    }
+}
+
+impl fmt::Debug for Faults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Faults")
+            .field("seed", &s.seed)
+            .field("error_rate", &s.error_rate)
+            .field("latency", &s.latency)
+            .field("partitioned", &s.partitioned)
+            .field("corrupt", &s.corrupt)
+            .field("injected_errors", &s.injected_errors)
+            .field("lost_answers", &s.lost_answers)
+            .field("partition_rejections", &s.partition_rejections)
+            .finish()
+    }
+}
+
+/// One view of an inner store through a set of [`Faults`], as seen by one worker (or by nobody
+/// in particular when `worker` is `None`, which is then never partitioned).
+#[derive(Clone, Debug)]
+pub struct FaultyStore {
+    inner: Arc<dyn LeaseStore>,
+    faults: Faults,
+    worker: Option<WorkerId>,
+}
+
+impl FaultyStore {
+    /// A view of `inner` subject to `faults`, on behalf of `worker`.
+    pub fn new(inner: Arc<dyn LeaseStore>, faults: Faults, worker: Option<WorkerId>) -> Self {
+        FaultyStore { inner, faults, worker }
+    }
+
+    /// The faults this view obeys.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    /// The store behind the faults.
+    pub fn inner(&self) -> &Arc<dyn LeaseStore> {
+        &self.inner
+    }
+
+    /// Runs `call` through latency, partitions and random errors.
+    async fn run<T, F>(&self, op: &str, kind: Kind, call: F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>>,
+    {
+        if let Some(delay) = self.faults.draw_latency() {
+            tokio::time::sleep(delay).await;
+        }
+        match self.faults.decide(self.worker.as_ref(), op, kind) {
+            Decision::Pass => call.await,
+            Decision::FailBefore(e) => Err(e),
+            Decision::FailAfter(e) => {
+                // Whatever the store answered (even a conflict), the caller never hears it.
+                let _ = call.await;
+                Err(e)
+            }
+        }
+    }
+
+    fn corrupt_error(key: &LeaseKey) -> Error {
+        Error::Corrupt { key: key.to_string(), reason: INJECTED_CORRUPTION.to_owned() }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for FaultyStore {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        self.run("create_lease", Kind::Write, self.inner.create_lease(lease)).await
+    }
+
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        let found = self.run("get_lease", Kind::Read, self.inner.get_lease(key)).await?;
+        if self.faults.is_corrupt(key) {
+            return Err(Self::corrupt_error(key));
+        }
+        Ok(found)
+    }
+
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        let mut listing = self.run("list_leases", Kind::Read, self.inner.list_leases()).await?;
+        let corrupt = self.faults.lock().corrupt.clone();
+        if !corrupt.is_empty() {
+            let (bad, good): (Vec<_>, Vec<_>) =
+                listing.items.into_iter().partition(|(lease, _)| corrupt.contains(&lease.key));
+            listing.items = good;
+            listing.corrupt.extend(bad.into_iter().map(|(lease, _)| CorruptRecord {
+                key: lease.key.to_string(),
+                reason: INJECTED_CORRUPTION.to_owned(),
+            }));
+        }
+        Ok(listing)
+    }
+
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        let call = async {
+            if self.faults.is_corrupt(&lease.key) {
+                return Err(Self::corrupt_error(&lease.key));
+            }
+            self.inner.update_lease(lease, expected).await
+        };
+        self.run("update_lease", Kind::Write, call).await
+    }
+
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        let call = async {
+            if self.faults.is_corrupt(key) {
+                return Err(Self::corrupt_error(key));
+            }
+            self.inner.delete_lease(key, expected).await
+        };
+        self.run("delete_lease", Kind::Write, call).await
+    }
+
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        self.run("heartbeat", Kind::Write, self.inner.heartbeat(record)).await
+    }
+
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        self.run("list_workers", Kind::Read, self.inner.list_workers()).await
+    }
+
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        self.run("remove_worker", Kind::Write, self.inner.remove_worker(id)).await
+    }
+}

@@ -1,0 +1,197 @@
+//! Unit tests of the fault injector, run against the in-memory store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardlease_core::{
+    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, MemoryStore, Position, WorkerId,
+    WorkerRecord,
+};
+
+use super::{Faults, FaultyStore, INJECTED_CORRUPTION};
+
+fn setup(seed: u64) -> (Arc<dyn LeaseStore>, Faults) {
+    (Arc::new(MemoryStore::new()), Faults::new(seed))
+}
+
+fn view(inner: &Arc<dyn LeaseStore>, faults: &Faults, worker: Option<&str>) -> FaultyStore {
+    FaultyStore::new(inner.clone(), faults.clone(), worker.map(WorkerId::from))
+}
+
+fn is_injected(e: &Error) -> bool {
+    matches!(e, Error::Backend { retryable: true, message, .. } if message.starts_with("injected fault"))
+}
+
+fn is_partitioned(e: &Error) -> bool {
+    matches!(e, Error::Backend { retryable: true, message, .. } if message.starts_with("partitioned"))
+}
+
+#[tokio::test]
+async fn without_faults_calls_pass_through() {
+    let (inner, faults) = setup(1);
+    let store = view(&inner, &faults, Some("w1"));
+    let lease = Lease::new("shard-1", Position::TrimHorizon);
+    let CreateOutcome::Created(v) = store.create_lease(&lease).await.unwrap() else {
+        panic!("expected Created");
+    };
+    assert_eq!(store.get_lease(&lease.key).await.unwrap(), Some((lease.clone(), v)));
+    assert_eq!(inner.get_lease(&lease.key).await.unwrap(), Some((lease.clone(), v)));
+    store.heartbeat(&WorkerRecord::new("w1".into(), 1)).await.unwrap();
+    assert_eq!(store.list_workers().await.unwrap().items.len(), 1);
+    store.delete_lease(&lease.key, v).await.unwrap();
+    assert!(inner.list_leases().await.unwrap().items.is_empty());
+    assert_eq!(faults.injected_errors(), 0);
+}
+
+#[tokio::test]
+async fn reads_fail_before_and_writes_fail_on_both_sides() {
+    let (inner, faults) = setup(7);
+    let store = view(&inner, &faults, None);
+    faults.set_error_rate(1.0);
+    for _ in 0..20 {
+        let e = store.list_leases().await.unwrap_err();
+        assert!(is_injected(&e), "{e}");
+    }
+    assert_eq!(faults.lost_answers(), 0, "reads never count as lost answers");
+    let n = 200;
+    for i in 0..n {
+        let e = store.create_lease(&Lease::new(format!("s-{i}"), Position::Latest)).await;
+        assert!(is_injected(e.as_ref().unwrap_err()), "{e:?}");
+    }
+    let applied = inner.list_leases().await.unwrap().items.len() as u64;
+    assert_eq!(faults.injected_errors(), 20 + n);
+    assert_eq!(applied, faults.lost_answers(), "exactly the lost answers were applied");
+    assert!((n / 4..=3 * n / 4).contains(&applied), "about half applied, got {applied}/{n}");
+
+    faults.set_error_rate(0.0);
+    assert_eq!(store.list_leases().await.unwrap().items.len() as u64, applied);
+}
+
+#[tokio::test]
+async fn error_rate_is_a_probability_and_replays_from_the_seed() {
+    async fn outcomes(seed: u64) -> Vec<bool> {
+        let (inner, faults) = setup(seed);
+        let store = view(&inner, &faults, None);
+        faults.set_error_rate(0.3);
+        let mut out = Vec::new();
+        for _ in 0..300 {
+            out.push(store.list_workers().await.is_ok());
+        }
+        out
+    }
+    let a = outcomes(42).await;
+    assert_eq!(a, outcomes(42).await, "same seed, same faults");
+    assert_ne!(a, outcomes(43).await, "another seed, other faults");
+    let failed = a.iter().filter(|ok| !**ok).count();
+    assert!((50..=130).contains(&failed), "about 30% of 300 calls should fail, got {failed}");
+}
+
+#[tokio::test]
+async fn a_partitioned_worker_reaches_nothing_and_others_are_unaffected() {
+    let (inner, faults) = setup(3);
+    let a = view(&inner, &faults, Some("a"));
+    let b = view(&inner, &faults, Some("b"));
+    let anon = view(&inner, &faults, None);
+    let wa = WorkerId::from("a");
+    faults.partition(&wa);
+    assert!(faults.is_partitioned(&wa));
+
+    let lease = Lease::new("shard-1", Position::TrimHorizon);
+    let e = a.create_lease(&lease).await.unwrap_err();
+    assert!(is_partitioned(&e), "{e}");
+    assert!(is_partitioned(&a.heartbeat(&WorkerRecord::new(wa.clone(), 1)).await.unwrap_err()));
+    assert!(is_partitioned(&a.list_leases().await.unwrap_err()));
+    assert!(inner.list_leases().await.unwrap().items.is_empty(), "nothing applied");
+    assert!(inner.list_workers().await.unwrap().items.is_empty(), "nothing applied");
+
+    assert!(matches!(b.create_lease(&lease).await.unwrap(), CreateOutcome::Created(_)));
+    assert_eq!(anon.list_leases().await.unwrap().items.len(), 1);
+    assert_eq!(faults.partition_rejections(), 3);
+    assert_eq!(faults.injected_errors(), 0);
+
+    faults.heal(&wa);
+    assert_eq!(a.list_leases().await.unwrap().items.len(), 1);
+    faults.partition(&wa);
+    faults.partition(&WorkerId::from("b"));
+    assert!(a.list_workers().await.is_err() && b.list_workers().await.is_err());
+    faults.heal_all();
+    assert!(a.list_workers().await.is_ok() && b.list_workers().await.is_ok());
+}
+
+#[tokio::test]
+async fn corrupt_records_are_reported_and_never_written() {
+    let (inner, faults) = setup(5);
+    let store = view(&inner, &faults, Some("w"));
+    let bad = Lease::new("bad", Position::TrimHorizon);
+    let good = Lease::new("good", Position::TrimHorizon);
+    let CreateOutcome::Created(v) = store.create_lease(&bad).await.unwrap() else {
+        panic!("expected Created");
+    };
+    store.create_lease(&good).await.unwrap();
+    faults.corrupt(&bad.key);
+
+    match store.get_lease(&bad.key).await {
+        Err(Error::Corrupt { key, reason }) => {
+            assert_eq!(key, "bad");
+            assert_eq!(reason, INJECTED_CORRUPTION);
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let listing = store.list_leases().await.unwrap();
+    assert_eq!(listing.items.len(), 1);
+    assert_eq!(listing.items[0].0.key, good.key);
+    assert_eq!(listing.corrupt.len(), 1);
+    assert_eq!(listing.corrupt[0].key, "bad");
+
+    let moved = bad.transferred_to(Some("w".into()));
+    assert!(matches!(store.update_lease(&moved, v).await, Err(Error::Corrupt { .. })));
+    assert!(matches!(store.delete_lease(&bad.key, v).await, Err(Error::Corrupt { .. })));
+    assert_eq!(inner.get_lease(&bad.key).await.unwrap(), Some((bad.clone(), v)), "untouched");
+
+    faults.uncorrupt(&bad.key);
+    assert_eq!(store.get_lease(&bad.key).await.unwrap(), Some((bad.clone(), v)));
+    assert!(store.list_leases().await.unwrap().corrupt.is_empty());
+    store.update_lease(&moved, v).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_uses_tokio_time_and_stays_in_bounds() {
+    let (inner, faults) = setup(11);
+    let store = view(&inner, &faults, None);
+    faults.set_latency(Duration::from_millis(100), Duration::from_millis(300));
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        let start = tokio::time::Instant::now();
+        store.list_leases().await.unwrap();
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(100) && took <= Duration::from_millis(301),
+            "{took:?}"
+        );
+        seen.push(took);
+    }
+    seen.sort();
+    assert!(seen[49] - seen[0] > Duration::from_millis(50), "latency should vary: {seen:?}");
+
+    faults.clear();
+    let start = tokio::time::Instant::now();
+    store.list_leases().await.unwrap();
+    assert!(start.elapsed() < Duration::from_millis(1));
+}
+
+#[tokio::test]
+async fn clear_turns_every_fault_off_but_keeps_counters() {
+    let (inner, faults) = setup(9);
+    let store = view(&inner, &faults, Some("w"));
+    faults.set_error_rate(1.0);
+    faults.partition(&WorkerId::from("w"));
+    faults.corrupt(&LeaseKey::from("k"));
+    assert!(store.list_leases().await.is_err());
+    faults.clear();
+    let lease = Lease::new("k", Position::Latest);
+    store.create_lease(&lease).await.unwrap();
+    assert!(store.get_lease(&lease.key).await.unwrap().is_some());
+    assert_eq!(faults.partition_rejections(), 1);
+    assert!(format!("{faults:?}").contains("seed: 9"));
+    assert_eq!(faults.seed(), 9);
+}

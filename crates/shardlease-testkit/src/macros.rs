@@ -1,0 +1,101 @@
+//! The macros that turn the conformance suite into tests.
+//!
+//! [`__conformance_cases!`](crate::__conformance_cases) holds the one list of case names; the
+//! test generator, [`STORE_CASES`](crate::suite::STORE_CASES) and
+//! [`run_all`](crate::suite::run_all) are all expanded from it, so adding a case to the suite is
+//! one `pub async fn(&dyn StoreFactory)` re-exported from `suite` plus one line in that list.
+
+/// The list of every conformance case: calls `callback! { args case_1 case_2 ... }`.
+///
+/// Each name is a `pub async fn name(factory: &dyn StoreFactory)` in
+/// [`shardlease_testkit::suite`](crate::suite). Add a new case here (one line).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_cases {
+    ([$($callback:tt)*] $args:tt) => {
+        $($callback)*! {
+            $args
+            create_and_get_round_trip
+            create_race_is_idempotent
+            update_is_compare_and_set
+            delete_is_compare_and_set
+            concurrent_increments
+            list_many_leases
+            namespaces_are_isolated
+            worker_records
+        }
+    };
+}
+
+/// Expands to one test fn per case (see [`store_conformance_tests!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_test_fns {
+    ($how:tt $($case:ident)*) => {
+        $( $crate::__conformance_test_fn! { $how $case } )*
+    };
+}
+
+/// Expands to the test fn of one case.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_test_fn {
+    ((sync $factory:expr) $case:ident) => {
+        #[test]
+        fn $case() {
+            $crate::suite::__run_test(async {
+                let factory = $factory;
+                $crate::suite::$case(&factory).await;
+            });
+        }
+    };
+    ((async $factory:expr) $case:ident) => {
+        #[test]
+        fn $case() {
+            $crate::suite::__run_test(async {
+                let factory = match $crate::suite::MaybeFactory::into_factory(($factory).await) {
+                    ::core::result::Result::Ok(factory) => factory,
+                    ::core::result::Result::Err(reason) => {
+                        $crate::suite::skip(::core::stringify!($case), &reason);
+                        return;
+                    }
+                };
+                $crate::suite::$case(&factory).await;
+            });
+        }
+    };
+}
+
+/// Generates the conformance suite as tests: one `#[test] fn <case>()` per case of
+/// [`STORE_CASES`](crate::suite::STORE_CASES), each running on a multi-threaded tokio runtime with
+/// 2 worker threads (like `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]`; the
+/// calling crate needs no tokio features of its own).
+///
+/// The factory expression is evaluated afresh inside each test, in async context (so it may
+/// contain `.await`):
+///
+/// ```ignore
+/// // The factory is always available:
+/// shardlease_testkit::store_conformance_tests!(MemoryFactory::new());
+///
+/// // The factory needs a server: an async expression giving an `Option<F>` (or a
+/// // `Result<F, String>`); `None` / `Err(reason)` skips the test with a printed line (and fails
+/// // it when `CI=true`).
+/// async fn postgres() -> Option<PgFactory> {
+///     let url = shardlease_testkit::suite::env_or_skip("SHARDLEASE_TEST_POSTGRES_URL")?;
+///     Some(PgFactory::connect(&url).await.expect("connect to PostgreSQL"))
+/// }
+/// shardlease_testkit::store_conformance_tests!(@async postgres());
+/// ```
+///
+/// The test fns are named after the cases, so invoke the macro once per module (wrap it in a
+/// `mod` to run the suite against several factories in one file).
+#[macro_export]
+macro_rules! store_conformance_tests {
+    (@async $factory:expr $(,)?) => {
+        $crate::__conformance_cases!([$crate::__conformance_test_fns] (async $factory));
+    };
+    ($factory:expr $(,)?) => {
+        $crate::__conformance_cases!([$crate::__conformance_test_fns] (sync $factory));
+    };
+}

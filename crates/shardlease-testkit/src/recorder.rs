@@ -1,0 +1,190 @@
+//! A record processor for tests that remembers every delivery, so a test can check the three
+//! promises of the runtime: nothing lost, nothing processed twice in a graceful handoff, and no
+//! child-shard record before every record of its parents.
+//!
+//! It checkpoints after every batch through the fenced handle, like a careful user would, and can
+//! be told to fail or panic on the next calls to exercise retries and panic containment.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use shardlease_core::{
+    Batch, BoxError, CheckpointHandle, LeaseContext, LeaseKey, MemorySource, ProcessorFactory,
+    RecordProcessor, SequenceNumber,
+};
+
+#[derive(Debug, Default)]
+struct State {
+    clock: u64,
+    /// (shard, seq) → (deliveries, first delivery time, last delivery time)
+    deliveries: BTreeMap<(LeaseKey, SequenceNumber), (u32, u64, u64)>,
+    fail_next: u32,
+    panic_next: u32,
+    errors_returned: u64,
+    panics: u64,
+    lost: u64,
+    shard_ends: u64,
+    shutdowns: u64,
+}
+
+/// Shared log of deliveries; clone it freely.
+#[derive(Clone, Debug, Default)]
+pub struct Recorder {
+    state: Arc<Mutex<State>>,
+}
+
+impl Recorder {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A factory whose processors log into this recorder.
+    pub fn factory(&self) -> Arc<dyn ProcessorFactory> {
+        let rec = self.clone();
+        Arc::new(move |_ctx: &LeaseContext| -> Box<dyn RecordProcessor> {
+            Box::new(RecordingProcessor { rec: rec.clone() })
+        })
+    }
+
+    /// The next `n` calls to `process_records` (any shard) return an error.
+    pub fn fail_next(&self, n: u32) {
+        self.lock().fail_next = n;
+    }
+
+    /// The next `n` calls to `process_records` (any shard) panic.
+    pub fn panic_next(&self, n: u32) {
+        self.lock().panic_next = n;
+    }
+
+    /// Distinct records delivered at least once.
+    pub fn distinct(&self) -> usize {
+        self.lock().deliveries.len()
+    }
+
+    /// Deliveries beyond the first, summed over all records.
+    pub fn duplicates(&self) -> u64 {
+        self.lock().deliveries.values().map(|(n, _, _)| u64::from(n.saturating_sub(1))).sum()
+    }
+
+    /// Errors returned by processors on request.
+    pub fn errors_returned(&self) -> u64 {
+        self.lock().errors_returned
+    }
+
+    /// Panics raised by processors on request.
+    pub fn panics(&self) -> u64 {
+        self.lock().panics
+    }
+
+    /// `lease_lost` calls seen.
+    pub fn lost(&self) -> u64 {
+        self.lock().lost
+    }
+
+    /// `shutdown_requested` calls seen.
+    pub fn shutdowns(&self) -> u64 {
+        self.lock().shutdowns
+    }
+
+    /// Records of `source` never delivered.
+    pub fn missing(&self, source: &MemorySource) -> Vec<(LeaseKey, SequenceNumber)> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for shard in source.shards() {
+            for r in source.records(&shard.id) {
+                let k = (shard.id.clone(), r.seq.clone());
+                if !st.deliveries.contains_key(&k) {
+                    out.push(k);
+                }
+            }
+        }
+        out
+    }
+
+    /// Children whose first record was delivered before the last delivery of a parent's record.
+    pub fn order_violations(&self, source: &MemorySource) -> Vec<String> {
+        let st = self.lock();
+        let mut first: BTreeMap<&LeaseKey, u64> = BTreeMap::new();
+        let mut last: BTreeMap<&LeaseKey, u64> = BTreeMap::new();
+        for ((shard, _), (_, f, l)) in &st.deliveries {
+            let e = first.entry(shard).or_insert(*f);
+            *e = (*e).min(*f);
+            let e = last.entry(shard).or_insert(*l);
+            *e = (*e).max(*l);
+        }
+        let mut out = Vec::new();
+        for shard in source.shards() {
+            let Some(child_first) = first.get(&shard.id) else { continue };
+            for p in &shard.parents {
+                if let Some(parent_last) = last.get(p) {
+                    if parent_last > child_first {
+                        out.push(format!(
+                            "child {} delivered a record (t={child_first}) before parent {p} finished (t={parent_last})",
+                            shard.id
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+struct RecordingProcessor {
+    rec: Recorder,
+}
+
+#[async_trait]
+impl RecordProcessor for RecordingProcessor {
+    async fn process_records(
+        &mut self,
+        batch: &Batch,
+        cp: &CheckpointHandle,
+    ) -> Result<(), BoxError> {
+        let key = cp.token().key.clone();
+        {
+            let mut st = self.rec.lock();
+            if st.panic_next > 0 {
+                st.panic_next -= 1;
+                st.panics += 1;
+                drop(st);
+                panic!("requested panic while processing {key}");
+            }
+            if st.fail_next > 0 {
+                st.fail_next -= 1;
+                st.errors_returned += 1;
+                return Err(format!("requested failure while processing {key}").into());
+            }
+            for r in &batch.records {
+                st.clock += 1;
+                let t = st.clock;
+                let e = st.deliveries.entry((key.clone(), r.seq.clone())).or_insert((0, t, t));
+                e.0 += 1;
+                e.2 = t;
+            }
+        }
+        cp.checkpoint_batch(batch).await?;
+        Ok(())
+    }
+
+    async fn lease_lost(&mut self) {
+        self.rec.lock().lost += 1;
+    }
+
+    async fn shard_ended(&mut self, cp: &CheckpointHandle) -> Result<(), BoxError> {
+        cp.checkpoint(shardlease_core::Position::ShardEnd).await?;
+        self.rec.lock().shard_ends += 1;
+        Ok(())
+    }
+
+    async fn shutdown_requested(&mut self, _cp: &CheckpointHandle) -> Result<(), BoxError> {
+        self.rec.lock().shutdowns += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! The suite must have teeth: stores with the bugs real backends tend to have must fail the case
+//! meant to catch them, and every namespace a failing case opened must still be cleaned up.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use shardlease_core::{
+    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, MemoryBackend, Result, Version,
+    VersionedLease, WorkerId, WorkerRecord,
+};
+use shardlease_testkit::{suite, StoreFactory};
+
+/// A bug to plant in a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bug {
+    /// Updates ignore the expected version.
+    LastWriterWins,
+    /// Conflicts do not say what the record is now.
+    ConflictWithoutCurrent,
+    /// A list misses its last record (a paging off-by-one).
+    ListDropsOne,
+    /// Every namespace is the same one.
+    SharedNamespace,
+    /// Removing a missing worker is an error.
+    RemoveMissingFails,
+}
+
+#[derive(Debug)]
+struct Broken {
+    inner: Arc<dyn LeaseStore>,
+    bug: Bug,
+}
+
+#[async_trait]
+impl LeaseStore for Broken {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        self.inner.create_lease(lease).await
+    }
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        self.inner.get_lease(key).await
+    }
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        let mut listing = self.inner.list_leases().await?;
+        if self.bug == Bug::ListDropsOne {
+            listing.items.pop();
+        }
+        Ok(listing)
+    }
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        let expected = match (self.bug, self.inner.get_lease(&lease.key).await?) {
+            (Bug::LastWriterWins, Some((_, current))) => current,
+            _ => expected,
+        };
+        match self.inner.update_lease(lease, expected).await {
+            Err(Error::Conflict { key, .. }) if self.bug == Bug::ConflictWithoutCurrent => {
+                Err(Error::Conflict { key, current: None })
+            }
+            other => other,
+        }
+    }
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        self.inner.delete_lease(key, expected).await
+    }
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        self.inner.heartbeat(record).await
+    }
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        self.inner.list_workers().await
+    }
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        if self.bug == Bug::RemoveMissingFails {
+            let listed = self.inner.list_workers().await?;
+            if !listed.items.iter().any(|w| &w.id == id) {
+                return Err(Error::permanent(format!("no such worker {id}")));
+            }
+        }
+        self.inner.remove_worker(id).await
+    }
+}
+
+struct BrokenFactory {
+    backend: MemoryBackend,
+    bug: Bug,
+    cleaned: Mutex<Vec<String>>,
+}
+
+impl BrokenFactory {
+    fn new(bug: Bug) -> Self {
+        BrokenFactory { backend: MemoryBackend::new(), bug, cleaned: Mutex::new(Vec::new()) }
+    }
+}
+
+#[async_trait]
+impl StoreFactory for BrokenFactory {
+    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+        let ns = if self.bug == Bug::SharedNamespace { "shared" } else { namespace };
+        Ok(Arc::new(Broken { inner: Arc::new(self.backend.store(ns)), bug: self.bug }))
+    }
+    async fn cleanup(&self, namespace: &str) -> Result<()> {
+        self.cleaned.lock().unwrap().push(namespace.to_owned());
+        Ok(())
+    }
+    fn name(&self) -> String {
+        format!("broken({:?})", self.bug)
+    }
+}
+
+async fn must_fail(what: &str, case: impl Future<Output = ()>) {
+    let outcome = AssertUnwindSafe(case).catch_unwind().await;
+    assert!(outcome.is_err(), "{what}: the suite should have caught the bug");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_bug_fails_its_case() {
+    let f = BrokenFactory::new(Bug::LastWriterWins);
+    must_fail("last writer wins", suite::update_is_compare_and_set(&f)).await;
+    must_fail("last writer wins", suite::delete_is_compare_and_set(&f)).await;
+
+    let f = BrokenFactory::new(Bug::ConflictWithoutCurrent);
+    must_fail("conflict without current", suite::update_is_compare_and_set(&f)).await;
+    must_fail("conflict without current", suite::concurrent_increments(&f)).await;
+
+    let f = BrokenFactory::new(Bug::ListDropsOne);
+    must_fail("list drops one", suite::list_many_leases_n(&f, 100)).await;
+
+    let f = BrokenFactory::new(Bug::SharedNamespace);
+    must_fail("shared namespace", suite::namespaces_are_isolated(&f)).await;
+
+    let f = BrokenFactory::new(Bug::RemoveMissingFails);
+    must_fail("remove missing fails", suite::worker_records(&f)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_case_still_cleans_up_every_namespace() {
+    let f = BrokenFactory::new(Bug::ListDropsOne);
+    must_fail("list drops one", suite::namespaces_are_isolated(&f)).await;
+    let cleaned = f.cleaned.lock().unwrap().clone();
+    assert_eq!(cleaned.len(), 2, "both namespaces cleaned: {cleaned:?}");
+    assert!(cleaned[1].starts_with(&cleaned[0]), "{cleaned:?}");
+
+    let f = BrokenFactory::new(Bug::ListDropsOne);
+    suite::worker_records(&f).await;
+    assert_eq!(f.cleaned.lock().unwrap().len(), 1, "a passing case cleans up too");
+}
