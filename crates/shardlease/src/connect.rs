@@ -1,0 +1,137 @@
+//! Connect-by-URL: one string picks the coordination store, so consumer code never names a
+//! backend type. A scheme whose backend was compiled out is reported with the feature to enable;
+//! a malformed URL is reported without ever echoing it (it may hold a password).
+
+use std::sync::Arc;
+
+use shardlease_core::{Error, LeaseStore, MemoryBackend, Namespace, Result};
+use url::Url;
+
+/// The namespace used when the URL names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Schemes known to shardlease, with the feature that enables each.
+const KNOWN: &[(&str, &str)] = &[
+    ("memory", "(always on)"),
+    ("sqlite", "sqlite"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
+    ("mysql", "mysql"),
+    ("mariadb", "mysql"),
+    ("redis", "redis"),
+    ("rediss", "redis"),
+    ("etcd", "etcd"),
+    ("dynamodb", "dynamodb"),
+];
+
+/// Opens the store named by `url`, in the namespace given by its `namespace` query parameter
+/// (default [`DEFAULT_NAMESPACE`]).
+pub async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>> {
+    let parsed = parse(url)?;
+    let namespace = parsed
+        .query_pairs()
+        .find(|(k, _)| k == "namespace")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+    open(url, &parsed, &namespace).await
+}
+
+/// Opens the store named by `url` in `namespace` (any `namespace` query parameter is ignored).
+pub async fn connect_namespace(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+    let parsed = parse(url)?;
+    open(url, &parsed, namespace).await
+}
+
+fn parse(url: &str) -> Result<Url> {
+    // `sqlite::memory:` is sqlx's spelling of an in-memory SQLite database; accept it as a URL.
+    let normalized = if url.starts_with("sqlite::memory:") { "sqlite://:memory:" } else { url };
+    Url::parse(normalized).map_err(|e| {
+        Error::Config(format!("malformed store URL ({e}); expected e.g. memory:// or redis://host:6379"))
+    })
+}
+
+async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+    if namespace.is_empty() {
+        return Err(Error::Config("namespace must not be empty".into()));
+    }
+    match url.scheme() {
+        "memory" => Ok(Arc::new(MemoryBackend::global().store(Namespace::new(namespace)))),
+        scheme => match KNOWN.iter().find(|(s, _)| *s == scheme) {
+            Some((_, feature)) => Err(Error::Config(format!(
+                "store scheme `{scheme}://` needs the `{feature}` feature of the shardlease crate \
+                 (features = [\"{feature}\"])"
+            ))),
+            None => Err(Error::Config(format!(
+                "unknown store scheme `{scheme}://`; known: {}",
+                KNOWN.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", ")
+            ))),
+        },
+    }
+}
+
+/// `url` with any password replaced by `***`, for logs and messages. A string that does not parse
+/// is replaced whole (it may hold a password in a shape we cannot find).
+pub fn redact_url(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "<unparseable URL>".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_error(r: Result<Arc<dyn LeaseStore>>) -> String {
+        match r {
+            Err(Error::Config(m)) => m,
+            Err(e) => panic!("expected a config error, got {e}"),
+            Ok(_) => panic!("expected a config error, got a store"),
+        }
+    }
+
+    #[tokio::test]
+    async fn memory_urls_share_one_process_wide_backend() {
+        let a = connect("memory://?namespace=facade-a").await.unwrap();
+        let b = connect_namespace("memory://", "facade-a").await.unwrap();
+        let lease = shardlease_core::Lease::new("k", shardlease_core::Position::Latest);
+        a.create_lease(&lease).await.unwrap();
+        assert!(b.get_lease(&"k".into()).await.unwrap().is_some());
+        let other = connect("memory://?namespace=facade-b").await.unwrap();
+        assert!(other.get_lease(&"k".into()).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn compiled_out_schemes_name_their_feature() {
+        let m = config_error(connect("redis://:hunter2@127.0.0.1:6379").await);
+        assert!(m.contains("`redis` feature"), "{m}");
+        assert!(!m.contains("hunter2"), "{m}");
+        let m = config_error(connect("postgresql://u:pw@localhost/db").await);
+        assert!(m.contains("`postgres` feature"), "{m}");
+        let m = config_error(connect("gopher://x").await);
+        assert!(m.contains("unknown store scheme"), "{m}");
+    }
+
+    #[tokio::test]
+    async fn malformed_urls_never_echo_a_password() {
+        for bad in ["redis://user:s3cr3t@[bad-host/", "not a url s3cr3t", "postgres://u:s3cr3t@host:99999/db"] {
+            let m = config_error(connect(bad).await);
+            assert!(m.contains("malformed store URL"), "{m}");
+            assert!(!m.contains("s3cr3t"), "{m}");
+        }
+        let m = config_error(connect("memory://?namespace=").await);
+        assert!(m.contains("namespace"), "{m}");
+    }
+
+    #[test]
+    fn redaction_hides_passwords() {
+        assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("memory://"), "memory://");
+        assert_eq!(redact_url("::nope pw"), "<unparseable URL>");
+    }
+}

@@ -1,0 +1,28 @@
+//! # shardlease
+//!
+//! Consume a sharded stream (Amazon Kinesis first) with a fleet of workers that share the shards
+//! through leases kept in a pluggable coordination store.
+//!
+//! This is the crate applications depend on. It re-exports everything from `shardlease-core`
+//! and adds [`connect`], which turns a URL into a store, so switching stores changes one string and
+//! no code. Each backend is behind a feature flag, off by default:
+//!
+//! | URL | store | feature |
+//! |---|---|---|
+//! | `memory://` | in-memory, process-wide (tests, demos) | always |
+//!
+//! Every URL may carry `?namespace=NAME` (default `default`); [`connect_namespace`] takes it as an
+//! argument instead.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> shardlease::Result<()> {
+//! let store = shardlease::connect("memory://?namespace=orders").await?;
+//! assert!(store.list_leases().await?.items.is_empty());
+//! # Ok(()) }
+//! ```
+
+pub use shardlease_core::*;
+
+mod connect;
+
+pub use connect::{connect, connect_namespace, redact_url, DEFAULT_NAMESPACE};
