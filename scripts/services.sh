@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Starts the local services the tests need, when they are not already running, and prints the
+# environment variables that point the tests at them (source it, or eval its output).
+#
+# Idempotent; binds 127.0.0.1 only; records the PIDs it started in $SHARDLEASE_RUN_DIR/pids so
+# scripts/stop-services.sh stops only those. Services already running are left alone.
+#
+#   eval "$(scripts/services.sh)"     # start what is missing, export SHARDLEASE_TEST_* variables
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+run_dir=${SHARDLEASE_RUN_DIR:-$root/target/services}
+mkdir -p "$run_dir"
+pids="$run_dir/pids"
+touch "$pids"
+
+log() { echo "services: $*" >&2; }
+
+need_pkg() { # need_pkg COMMAND PACKAGE...
+  command -v "$1" >/dev/null 2>&1 && return 0
+  log "installing $2 (for $1)"
+  if [ ! -f "$run_dir/apt-updated" ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 && touch "$run_dir/apt-updated"
+  fi
+  shift
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+
+wait_for() { # wait_for WHAT SECONDS COMMAND...
+  local what=$1 secs=$2; shift 2
+  for _ in $(seq 1 $((secs * 10))); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  log "$what did not become ready in ${secs}s"
+  return 1
+}
+
+start_postgres() {
+  if pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then return 0; fi
+  need_pkg pg_ctlcluster postgresql
+  local v
+  v=$(ls /etc/postgresql 2>/dev/null | head -n1)
+  if [ -z "$v" ]; then log "no PostgreSQL cluster found"; return 1; fi
+  pg_ctlcluster --skip-systemctl-redirect "$v" main start >&2 || true
+  wait_for PostgreSQL 30 pg_isready -h 127.0.0.1 -p 5432
+}
+
+start_mariadb() {
+  if mysqladmin -h 127.0.0.1 -P 3306 -uroot ping >/dev/null 2>&1; then return 0; fi
+  need_pkg mariadbd mariadb-server
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+  start-stop-daemon --start --oknodo --background --make-pidfile --pidfile "$run_dir/mariadb.pid" \
+    --exec /usr/sbin/mariadbd -- --bind-address=127.0.0.1 --port=3306 >&2
+  echo "mariadb $(cat "$run_dir/mariadb.pid" 2>/dev/null)" >>"$pids"
+  wait_for MariaDB 30 mysqladmin -h 127.0.0.1 -P 3306 -uroot ping
+  mysql -h 127.0.0.1 -P 3306 -uroot -e 'CREATE DATABASE IF NOT EXISTS test' >&2
+}
+
+start_redis() {
+  if redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then return 0; fi
+  need_pkg redis-server redis-server
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir "$run_dir" --pidfile "$run_dir/redis.pid" --logfile "$run_dir/redis.log" >&2
+  wait_for Redis 10 sh -c 'redis-cli -h 127.0.0.1 -p 6379 ping | grep -q PONG'
+  echo "redis $(cat "$run_dir/redis.pid" 2>/dev/null)" >>"$pids"
+}
+
+wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis}
+for s in $wanted; do
+  case $s in
+    postgres) start_postgres && echo "export SHARDLEASE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test" ;;
+    mariadb|mysql) start_mariadb && echo "export SHARDLEASE_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test" ;;
+    redis) start_redis && echo "export SHARDLEASE_TEST_REDIS_URL=redis://127.0.0.1:6379/" ;;
+    *) log "unknown service $s"; exit 2 ;;
+  esac
+done
