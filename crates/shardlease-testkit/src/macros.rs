@@ -23,6 +23,13 @@ macro_rules! __conformance_cases {
             list_many_leases
             namespaces_are_isolated
             worker_records
+            one_worker_takes_every_lease_in_one_pass
+            workers_share_leases_evenly
+            a_joining_worker_gets_its_share_without_duplicates
+            a_crashed_workers_leases_are_taken_over
+            a_graceful_leave_releases_leases_and_keeps_checkpoints
+            a_zombie_cannot_checkpoint
+            children_wait_for_their_parents
         }
     };
 }
