@@ -5,6 +5,11 @@
 //! failover timeout. Wall-clock skew between machines therefore cannot make a live worker look dead
 //! (or a dead one alive). An owner named by a lease but with no worker record is timed the same way,
 //! from when this observer first noticed the absence.
+//!
+//! Judgements are made at observation time only: a worker is dead when a listing shows its beat
+//! unchanged for the failover timeout since the beat was first seen. An observer whose own view is
+//! stale (it could not list for a while, as after a partition) therefore never judges a peer dead
+//! from old data; it waits for a fresh listing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -45,6 +50,7 @@ pub struct Liveness {
     workers: BTreeMap<WorkerId, Seen>,
     dead: BTreeSet<WorkerId>,
     absent_owners: BTreeMap<WorkerId, Instant>,
+    last_observed: Option<Instant>,
 }
 
 impl Liveness {
@@ -55,11 +61,13 @@ impl Liveness {
             workers: BTreeMap::new(),
             dead: BTreeSet::new(),
             absent_owners: BTreeMap::new(),
+            last_observed: None,
         }
     }
 
     /// Records a listing of worker records taken at `now`.
     pub fn observe(&mut self, records: &[WorkerRecord], now: Instant) -> LivenessChange {
+        self.last_observed = Some(now);
         let mut change = LivenessChange::default();
         let listed: BTreeSet<&WorkerId> = records.iter().map(|r| &r.id).collect();
         let gone: Vec<WorkerId> =
@@ -94,23 +102,21 @@ impl Liveness {
         change
     }
 
-    /// Whether `id` counts as alive at `now`. An id never listed is timed from this call on (it
-    /// may be the owner of a lease whose record this observer has not seen yet).
-    pub fn is_alive(&mut self, id: &WorkerId, now: Instant) -> bool {
-        if let Some(seen) = self.workers.get(id) {
-            return now.saturating_duration_since(seen.since) < self.failover_timeout;
+    /// Whether `id` counted as alive at the last observation. An owner with no worker record is
+    /// timed from the observation at which this observer first noticed it (it may be a worker whose
+    /// first heartbeat this observer has not listed yet).
+    pub fn is_alive(&mut self, id: &WorkerId) -> bool {
+        if self.workers.contains_key(id) {
+            return !self.dead.contains(id);
         }
-        let since = *self.absent_owners.entry(id.clone()).or_insert(now);
-        now.saturating_duration_since(since) < self.failover_timeout
+        let Some(observed) = self.last_observed else { return true };
+        let since = *self.absent_owners.entry(id.clone()).or_insert(observed);
+        observed.saturating_duration_since(since) < self.failover_timeout
     }
 
-    /// The workers with a record that are alive at `now`.
-    pub fn live_workers(&self, now: Instant) -> BTreeSet<WorkerId> {
-        self.workers
-            .iter()
-            .filter(|(_, s)| now.saturating_duration_since(s.since) < self.failover_timeout)
-            .map(|(id, _)| id.clone())
-            .collect()
+    /// The workers with a record that were alive at the last observation.
+    pub fn live_workers(&self) -> BTreeSet<WorkerId> {
+        self.workers.keys().filter(|id| !self.dead.contains(*id)).cloned().collect()
     }
 
     /// Forgets absent owners that no lease names any more.
@@ -134,21 +140,34 @@ mod tests {
         let c = l.observe(&[rec("a", 1), rec("b", 7)], t0);
         assert_eq!(c.appeared.len(), 2);
         let a = WorkerId::new("a");
-        assert!(l.is_alive(&a, t0));
+        assert!(l.is_alive(&a));
         // a keeps beating, b is frozen
         let c = l.observe(&[rec("a", 2), rec("b", 7)], t0 + Duration::from_secs(6));
         assert!(c.newly_dead.is_empty());
         let c = l.observe(&[rec("a", 3), rec("b", 7)], t0 + Duration::from_secs(10));
         assert_eq!(c.newly_dead, vec![WorkerId::new("b")]);
         assert!(c.needs_balance());
-        assert_eq!(l.live_workers(t0 + Duration::from_secs(10)), [a.clone()].into());
+        assert_eq!(l.live_workers(), [a.clone()].into());
         // reported once only
         let c = l.observe(&[rec("a", 4), rec("b", 7)], t0 + Duration::from_secs(11));
         assert!(c.newly_dead.is_empty());
         // b comes back
         let c = l.observe(&[rec("a", 5), rec("b", 8)], t0 + Duration::from_secs(12));
         assert!(c.newly_dead.is_empty());
-        assert!(l.is_alive(&WorkerId::new("b"), t0 + Duration::from_secs(12)));
+        assert!(l.is_alive(&WorkerId::new("b")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_view_never_makes_a_peer_dead() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(Duration::from_secs(10));
+        l.observe(&[rec("a", 1)], t0);
+        // No listing for a long time (this observer was partitioned): still alive.
+        assert!(l.is_alive(&WorkerId::new("a")));
+        // The next listing shows the beat moved on: alive.
+        let c = l.observe(&[rec("a", 40)], t0 + Duration::from_secs(60));
+        assert!(c.newly_dead.is_empty());
+        assert!(l.is_alive(&WorkerId::new("a")));
     }
 
     #[tokio::test(start_paused = true)]
@@ -159,11 +178,17 @@ mod tests {
         let c = l.observe(&[rec("a", 2)], t0 + Duration::from_secs(1));
         assert_eq!(c.vanished, vec![WorkerId::new("b")]);
         let b = WorkerId::new("b");
-        assert!(l.is_alive(&b, t0 + Duration::from_secs(5)));
-        assert!(!l.is_alive(&b, t0 + Duration::from_secs(11)));
-        // an owner never seen is timed from first sight
+        assert!(l.is_alive(&b));
+        l.observe(&[rec("a", 3)], t0 + Duration::from_secs(5));
+        assert!(l.is_alive(&b));
+        l.observe(&[rec("a", 4)], t0 + Duration::from_secs(11));
+        assert!(!l.is_alive(&b));
+        // an owner never seen is timed from the observation where it was first noticed
         let z = WorkerId::new("z");
-        assert!(l.is_alive(&z, t0 + Duration::from_secs(20)));
-        assert!(!l.is_alive(&z, t0 + Duration::from_secs(30)));
+        assert!(l.is_alive(&z));
+        l.observe(&[rec("a", 5)], t0 + Duration::from_secs(20));
+        assert!(l.is_alive(&z));
+        l.observe(&[rec("a", 6)], t0 + Duration::from_secs(21));
+        assert!(!l.is_alive(&z));
     }
 }

@@ -224,6 +224,12 @@ async fn simulate(seed: u64) -> Result<String, String> {
     if !v.is_empty() {
         return Err(format!("invariant broken: {v:?}; events {events:?}"));
     }
+    let overlaps = rec.overlaps();
+    if !overlaps.is_empty() {
+        return Err(format!(
+            "a shard was processed by two owners at once: {overlaps:?}; events {events:?}"
+        ));
+    }
     let order = rec.order_violations(&source);
     if !order.is_empty() {
         return Err(format!("parent/child order broken: {order:?}; events {events:?}"));

@@ -60,10 +60,17 @@ impl AuditStore {
             self.log.push(format!("{who} changed the owner of {} without a new epoch", prev.key));
         }
         if next.checkpoint != prev.checkpoint {
-            let owner_ok = prev.owner.is_some()
-                && prev.owner == self.writer
-                && next.owner == prev.owner
-                && next.epoch == prev.epoch;
+            // A worker that fenced itself comes back as `<id>.<n>`: the same writer.
+            let same_writer = match (&prev.owner, &self.writer) {
+                (Some(o), Some(w)) => {
+                    o == w
+                        || o.as_str()
+                            .strip_prefix(w.as_str())
+                            .is_some_and(|rest| rest.starts_with('.'))
+                }
+                _ => false,
+            };
+            let owner_ok = same_writer && next.owner == prev.owner && next.epoch == prev.epoch;
             if !owner_ok {
                 self.log.push(format!(
                     "{who} moved the checkpoint of {} ({} → {}) without owning it (owner {:?}, epoch {} → {})",

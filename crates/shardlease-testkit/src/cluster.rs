@@ -140,7 +140,7 @@ impl Cluster {
     pub fn start_worker(&mut self) -> Result<WorkerId> {
         let w = self.build_worker()?;
         let h = w.start();
-        let id = h.id().clone();
+        let id = h.id();
         self.workers.insert(id.clone(), h);
         Ok(id)
     }
@@ -190,6 +190,10 @@ impl Cluster {
     pub async fn coverage(&self) -> Result<Coverage> {
         let leases = self.leases().await?;
         let by_key: HashMap<_, _> = leases.iter().map(|l| (&l.key, l)).collect();
+        // Owners are named by a worker's current id, which changes when it fences itself and
+        // comes back as a new incarnation; shares are reported under the id it started with.
+        let current: HashMap<WorkerId, &WorkerId> =
+            self.workers.iter().map(|(base, h)| (h.id(), base)).collect();
         let mut cov = Coverage {
             shares: self.workers.keys().map(|w| (w.clone(), 0)).collect(),
             ..Coverage::default()
@@ -199,7 +203,8 @@ impl Cluster {
                 continue;
             }
             cov.active += 1;
-            match l.owner.as_ref().and_then(|o| cov.shares.get_mut(o)) {
+            match l.owner.as_ref().and_then(|o| current.get(o)).and_then(|b| cov.shares.get_mut(*b))
+            {
                 Some(n) => *n += 1,
                 None => cov.uncovered += 1,
             }

@@ -19,6 +19,8 @@ struct State {
     clock: u64,
     /// (shard, seq) → (deliveries, first delivery time, last delivery time)
     deliveries: BTreeMap<(LeaseKey, SequenceNumber), (u32, u64, u64)>,
+    /// shard → epoch → (first delivery time, last delivery time)
+    epochs: BTreeMap<LeaseKey, BTreeMap<u64, (u64, u64)>>,
     fail_next: u32,
     panic_next: u32,
     errors_returned: u64,
@@ -107,6 +109,26 @@ impl Recorder {
         out
     }
 
+    /// Shards processed by two owners at once: a delivery under an epoch after the first delivery
+    /// under a later epoch. Graceful handoffs, crashes and self-fencing never cause this.
+    pub fn overlaps(&self) -> Vec<String> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for (key, epochs) in &st.epochs {
+            let spans: Vec<(&u64, &(u64, u64))> = epochs.iter().collect();
+            for (i, (e1, (_, last))) in spans.iter().enumerate() {
+                for (e2, (first, _)) in &spans[i + 1..] {
+                    if last > first {
+                        out.push(format!(
+                            "{key}: epoch {e1} delivered at t={last} after epoch {e2} started at t={first}"
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Children whose first record was delivered before the last delivery of a parent's record.
     pub fn order_violations(&self, source: &MemorySource) -> Vec<String> {
         let st = self.lock();
@@ -161,9 +183,12 @@ impl RecordProcessor for RecordingProcessor {
                 st.errors_returned += 1;
                 return Err(format!("requested failure while processing {key}").into());
             }
+            let epoch = cp.token().epoch;
             for r in &batch.records {
                 st.clock += 1;
                 let t = st.clock;
+                let span = st.epochs.entry(key.clone()).or_default().entry(epoch).or_insert((t, t));
+                span.1 = t;
                 let e = st.deliveries.entry((key.clone(), r.seq.clone())).or_insert((0, t, t));
                 e.0 += 1;
                 e.2 = t;

@@ -16,7 +16,7 @@ use super::lease_task;
 use super::shared::{lock, Shared, StopReason};
 use crate::balancer::{is_active, Plan, Snapshot};
 use crate::error::Error;
-use crate::lease::{Claim, Lease, LeaseKey, Version, VersionedLease};
+use crate::lease::{Claim, Lease, LeaseKey, Version, VersionedLease, WorkerId};
 
 pub(crate) async fn balance_loop(shared: Arc<Shared>) {
     // Step 6 of the design: first pass one heartbeat after the first heartbeat, so workers that
@@ -57,11 +57,17 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     report_corrupt(shared, &listing.corrupt);
     let now = Instant::now();
     let leases = listing.items;
-    let live = live_set(shared, &leases, now);
-    reconcile(shared, &leases);
-    let expired = expired_claims(shared, &leases, now);
+    let me = shared.id();
+    let live = live_set(shared, &me, &leases);
+    let adopt = reconcile(shared, &me, &leases);
+    for v in &adopt {
+        if take(shared, v).await {
+            info!(key = %v.0.key, epoch = v.0.epoch + 1, "re-took a lease this worker owned but was not running");
+        }
+    }
+    let expired = expired_claims(shared, &me, &leases, now);
     let snapshot = Snapshot {
-        me: shared.id.clone(),
+        me: me.clone(),
         leases: leases.iter().map(|(l, _)| l.clone()).collect(),
         live_workers: live,
         max_leases_per_worker: shared.cfg.max_leases_per_worker,
@@ -101,14 +107,13 @@ fn report_corrupt(shared: &Shared, corrupt: &[crate::store::CorruptRecord]) {
 
 /// Workers judged alive: those with a moving heartbeat, owners whose record this worker has not
 /// seen for less than the failover timeout, and this worker itself.
-fn live_set(shared: &Shared, leases: &[VersionedLease], now: Instant) -> BTreeSet<crate::WorkerId> {
+fn live_set(shared: &Shared, me: &WorkerId, leases: &[VersionedLease]) -> BTreeSet<WorkerId> {
     let mut liveness = lock(&shared.liveness);
-    let mut live = liveness.live_workers(now);
-    live.insert(shared.id.clone());
-    let owners: BTreeSet<&crate::WorkerId> =
-        leases.iter().filter_map(|(l, _)| l.owner.as_ref()).collect();
+    let mut live = liveness.live_workers();
+    live.insert(me.clone());
+    let owners: BTreeSet<&WorkerId> = leases.iter().filter_map(|(l, _)| l.owner.as_ref()).collect();
     for owner in &owners {
-        if !live.contains(*owner) && liveness.is_alive(owner, now) {
+        if !live.contains(*owner) && liveness.is_alive(owner) {
             live.insert((*owner).clone());
         }
     }
@@ -116,15 +121,22 @@ fn live_set(shared: &Shared, leases: &[VersionedLease], now: Instant) -> BTreeSe
     live
 }
 
-/// Stops tasks whose lease moved on; starts tasks for active leases this worker owns but is not
-/// running (a handoff to it, or a restart after a fence).
-fn reconcile(shared: &Arc<Shared>, leases: &[VersionedLease]) {
+/// Stops tasks whose lease moved on, and returns the active leases this worker owns but is not
+/// running (handed to it, or left from before a self-fence or a restart). Those are re-taken by
+/// compare-and-set with a new epoch rather than simply resumed: after a fence a peer may have
+/// judged this worker dead from a listing older than its recovery and be taking the same leases,
+/// and the CAS makes exactly one of the two win.
+fn reconcile(
+    shared: &Arc<Shared>,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+) -> Vec<VersionedLease> {
     let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
     {
         let tasks = lock(&shared.tasks);
         for (key, task) in tasks.iter() {
             let still_mine =
-                by_key.get(key).is_some_and(|l| l.is_owned_by(&shared.id) && l.epoch == task.epoch);
+                by_key.get(key).is_some_and(|l| l.is_owned_by(me) && l.epoch == task.epoch);
             if !still_mine && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
                 info!(key = %key, "lease moved on; stopping its task");
                 task.stop.send_replace(Some(StopReason::LeaseLost));
@@ -136,31 +148,34 @@ fn reconcile(shared: &Arc<Shared>, leases: &[VersionedLease]) {
         retired.retain(|k, e| by_key.get(k).is_some_and(|l| l.epoch <= *e));
     }
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
-        return;
+        return Vec::new();
     }
     let by_ref: std::collections::HashMap<&LeaseKey, &Lease> = by_key.clone().into_iter().collect();
     let retired = lock(&shared.retired).clone();
-    for (lease, version) in leases {
-        if !lease.is_owned_by(&shared.id) || !is_active(lease, &by_ref) {
-            continue;
-        }
-        if retired.get(&lease.key).is_some_and(|e| lease.epoch <= *e) {
-            continue;
-        }
-        if lease_task::spawn(shared, lease.clone(), *version) {
-            info!(key = %lease.key, epoch = lease.epoch, "resuming a lease this worker owns");
-        }
-    }
+    let tasks = lock(&shared.tasks);
+    leases
+        .iter()
+        .filter(|(lease, _)| {
+            lease.owner.as_ref().is_some_and(|o| shared.is_me_or_former(o))
+                && is_active(lease, &by_ref)
+        })
+        .filter(|(lease, _)| !retired.get(&lease.key).is_some_and(|e| lease.epoch <= *e))
+        .filter(|(lease, _)| !tasks.contains_key(&lease.key))
+        .cloned()
+        .collect()
 }
 
 /// This worker's claims still standing, pruned; returns those whose lease record has not changed
 /// for the claim timeout (the owner is alive but stuck: it neither answers nor checkpoints).
-fn expired_claims(shared: &Shared, leases: &[VersionedLease], now: Instant) -> BTreeSet<LeaseKey> {
+fn expired_claims(
+    shared: &Shared,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+    now: Instant,
+) -> BTreeSet<LeaseKey> {
     let standing: BTreeMap<&LeaseKey, Version> = leases
         .iter()
-        .filter(|(l, _)| {
-            l.live_claim().is_some_and(|c| c.by == shared.id) && !l.is_owned_by(&shared.id)
-        })
+        .filter(|(l, _)| l.live_claim().is_some_and(|c| &c.by == me) && !l.is_owned_by(me))
         .map(|(l, v)| (&l.key, *v))
         .collect();
     let mut mine = lock(&shared.my_claims);
@@ -210,10 +225,8 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
     }
     for (key, owner) in &plan.claims {
         let Some((lease, version)) = by_key.get(key).map(|v| (&v.0, v.1)) else { continue };
-        let next = Lease {
-            claim: Some(Claim { by: shared.id.clone(), at: lease.epoch }),
-            ..lease.clone()
-        };
+        let next =
+            Lease { claim: Some(Claim { by: shared.id(), at: lease.epoch }), ..lease.clone() };
         match shared.store.update_lease(&next, version).await {
             Ok(v) => {
                 lock(&shared.my_claims).insert(key.clone(), (Instant::now(), v));
@@ -258,7 +271,7 @@ async fn clear_claim(shared: &Shared, listed: &VersionedLease) {
     let (mut lease, mut version) = listed.clone();
     let claim = lease.live_claim().cloned();
     for _ in 0..8 {
-        if !lease.is_owned_by(&shared.id) || lease.live_claim() != claim.as_ref() {
+        if !lease.is_owned_by(&shared.id()) || lease.live_claim() != claim.as_ref() {
             return;
         }
         let next = Lease { claim: None, ..lease.clone() };
@@ -282,7 +295,7 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
         return false;
     }
-    let next = lease.transferred_to(Some(shared.id.clone()));
+    let next = lease.transferred_to(Some(shared.id()));
     match shared.store.update_lease(&next, *version).await {
         Ok(v) => {
             if !lease_task::spawn(shared, next.clone(), v) {

@@ -21,14 +21,20 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
     loop {
         beat += 1;
         let sent = Instant::now();
-        let mut record = WorkerRecord::new(shared.id.clone(), beat);
+        let mut record = WorkerRecord::new(shared.id(), beat);
         record.lease_count = lock(&shared.tasks).len() as u32;
         record.capacity = shared.cfg.max_leases_per_worker.map(|m| m as u32);
         match timeout(hb, shared.store.heartbeat(&record)).await {
             Ok(Ok(())) => {
                 shared.bump(&shared.stats.heartbeats, 1);
                 if shared.fenced.swap(false, Ordering::SeqCst) {
-                    info!("heartbeat succeeded again; resuming as a fresh worker");
+                    info!(id = %record.id, "heartbeat succeeded again; resuming as a new incarnation");
+                    let former: Vec<_> = lock(&shared.former_ids).iter().cloned().collect();
+                    for old in former {
+                        if let Err(e) = shared.store.remove_worker(&old).await {
+                            debug!(error = %e, worker = %old, "removing the record of an earlier incarnation failed");
+                        }
+                    }
                 }
                 shared.heartbeat_ok.send_replace(Some(sent));
             }
@@ -116,5 +122,8 @@ pub(crate) async fn fence(shared: &Shared) {
         }
     }
     lock(&shared.my_claims).clear();
-    debug!("fenced");
+    // Start over as a new worker: peers that judged the old incarnation dead (possibly from a
+    // listing older than our recovery) must never mistake the new one for it.
+    let (old, new) = shared.reincarnate();
+    info!(%old, %new, "fenced; will come back as a new incarnation");
 }

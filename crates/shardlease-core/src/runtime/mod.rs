@@ -92,8 +92,8 @@ impl Worker {
     }
 
     /// This worker's id.
-    pub fn id(&self) -> &WorkerId {
-        &self.shared.id
+    pub fn id(&self) -> WorkerId {
+        self.shared.id()
     }
 
     /// Creates leases for the source's shards now, before starting (the worker also does this at
@@ -105,8 +105,7 @@ impl Worker {
     /// Starts the worker's loops on the current tokio runtime.
     pub fn start(self) -> WorkerHandle {
         let shared = self.shared;
-        let span =
-            tracing::info_span!("worker", id = %shared.id, namespace = %shared.cfg.namespace);
+        let span = tracing::info_span!("worker", id = %shared.cfg.worker_id, namespace = %shared.cfg.namespace);
         info!(parent: &span, "worker starting");
         let loops = vec![
             tokio::spawn(heartbeat::heartbeat_loop(shared.clone()).instrument(span.clone())),
@@ -151,14 +150,15 @@ pub struct WorkerHandle {
 
 impl std::fmt::Debug for WorkerHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerHandle").field("id", &self.shared.id).finish_non_exhaustive()
+        f.debug_struct("WorkerHandle").field("id", &self.shared.id()).finish_non_exhaustive()
     }
 }
 
 impl WorkerHandle {
-    /// This worker's id.
-    pub fn id(&self) -> &WorkerId {
-        &self.shared.id
+    /// This worker's current id: the configured one, or `<id>.<n>` after its n-th self-fence
+    /// (a worker that fenced itself comes back as a new incarnation).
+    pub fn id(&self) -> WorkerId {
+        self.shared.id()
     }
 
     /// The leases this worker is processing now.
@@ -213,7 +213,7 @@ impl WorkerHandle {
             return Ok(());
         }
         let shared = &self.shared;
-        info!(worker = %shared.id, "shutting down");
+        info!(worker = %shared.id(), "shutting down");
         shared.stop_taking.cancel();
         let tasks: Vec<_> = std::mem::take(&mut *lock(&shared.tasks)).into_iter().collect();
         for (_, t) in &tasks {
@@ -229,7 +229,7 @@ impl WorkerHandle {
                 warn!(key = %key, "lease task did not stop in time; releasing its lease anyway");
                 let token = crate::lease::LeaseToken {
                     key: key.clone(),
-                    owner: shared.id.clone(),
+                    owner: shared.id(),
                     epoch: t.epoch,
                 };
                 lease_task::transfer(shared, &token, None).await;
@@ -240,7 +240,7 @@ impl WorkerHandle {
         for l in loops {
             let _ = l.await;
         }
-        let removed = shared.store.remove_worker(&shared.id).await;
+        let removed = shared.store.remove_worker(&shared.id()).await;
         *done = true;
         removed
     }
@@ -262,7 +262,7 @@ impl WorkerHandle {
 impl Drop for WorkerHandle {
     fn drop(&mut self) {
         if !self.shared.cancel.is_cancelled() {
-            warn!(worker = %self.shared.id, "WorkerHandle dropped without shutdown(); stopping without releasing leases");
+            warn!(worker = %self.shared.id(), "WorkerHandle dropped without shutdown(); stopping without releasing leases");
             self.crash();
         }
     }

@@ -67,7 +67,12 @@ pub(crate) struct Stats {
 /// Everything a worker's tasks share.
 pub(crate) struct Shared {
     pub cfg: Config,
-    pub id: WorkerId,
+    /// The current incarnation's id: the configured id at first, `<id>.<n>` after the n-th
+    /// self-fence, so peers that judged the old incarnation dead never confuse it with this one.
+    id: Mutex<WorkerId>,
+    /// Ids of this process's earlier incarnations; their leases are re-taken by CAS.
+    pub former_ids: Mutex<std::collections::BTreeSet<WorkerId>>,
+    incarnation: AtomicU64,
     pub store: Arc<dyn LeaseStore>,
     pub source: Arc<dyn ShardSource>,
     pub factory: Arc<dyn ProcessorFactory>,
@@ -116,7 +121,9 @@ impl Shared {
             None => StdRng::from_os_rng(),
         };
         Shared {
-            id: cfg.worker_id.clone(),
+            id: Mutex::new(cfg.worker_id.clone()),
+            former_ids: Mutex::new(Default::default()),
+            incarnation: AtomicU64::new(0),
             liveness: Mutex::new(Liveness::new(cfg.failover_timeout)),
             cfg,
             store,
@@ -136,6 +143,25 @@ impl Shared {
             stats: Stats::default(),
             rng: Mutex::new(rng),
         }
+    }
+
+    /// This worker's current id.
+    pub(crate) fn id(&self) -> WorkerId {
+        lock(&self.id).clone()
+    }
+
+    /// Starts a new incarnation after a self-fence; returns (old id, new id).
+    pub(crate) fn reincarnate(&self) -> (WorkerId, WorkerId) {
+        let n = self.incarnation.fetch_add(1, Ordering::SeqCst) + 1;
+        let new = WorkerId::new(format!("{}.{n}", self.cfg.worker_id));
+        let old = std::mem::replace(&mut *lock(&self.id), new.clone());
+        lock(&self.former_ids).insert(old.clone());
+        (old, new)
+    }
+
+    /// Whether `owner` is this worker or one of its earlier incarnations.
+    pub(crate) fn is_me_or_former(&self, owner: &WorkerId) -> bool {
+        *owner == self.id() || lock(&self.former_ids).contains(owner)
     }
 
     /// A random u64 from the worker's RNG.

@@ -24,7 +24,8 @@ const POLL: Duration = Duration::from_millis(20);
 const DEADLINE: Duration = Duration::from_secs(60);
 
 fn config(ns: &str) -> Config {
-    let mut c = Config::new(ns).with_heartbeat(HEARTBEAT).with_initial_position(Position::TrimHorizon);
+    let mut c =
+        Config::new(ns).with_heartbeat(HEARTBEAT).with_initial_position(Position::TrimHorizon);
     c.idle_poll_interval = Duration::from_millis(20);
     c
 }
@@ -70,9 +71,17 @@ impl World {
         })
         .await;
         if let Err(e) = r {
-            panic!("{e}: {} of {produced} processed; first missing {:?}", rec.distinct(), rec.missing(&self.source).first());
+            panic!(
+                "{e}: {} of {produced} processed; first missing {:?}",
+                rec.distinct(),
+                rec.missing(&self.source).first()
+            );
         }
-        assert!(rec.missing(&self.source).is_empty(), "records never processed: {:?}", rec.missing(&self.source));
+        assert!(
+            rec.missing(&self.source).is_empty(),
+            "records never processed: {:?}",
+            rec.missing(&self.source)
+        );
     }
 
     async fn balanced(&self, what: &str) -> crate::cluster::Coverage {
@@ -154,7 +163,10 @@ pub async fn a_crashed_workers_leases_are_taken_over(factory: &dyn StoreFactory)
         assert_eq!(cov.shares.len(), 2);
         let after = ok(w.cluster.leases().await, "list");
         for old in before.iter().filter(|l| l.owner.as_ref() == Some(&victim)) {
-            let new = after.iter().find(|l| l.key == old.key).unwrap_or_else(|| panic!("{} vanished", old.key));
+            let new = after
+                .iter()
+                .find(|l| l.key == old.key)
+                .unwrap_or_else(|| panic!("{} vanished", old.key));
             assert_ne!(new.owner.as_ref(), Some(&victim), "{new:?}");
             assert!(new.epoch > old.epoch, "a takeover moves the epoch on: {old:?} → {new:?}");
         }
@@ -167,31 +179,51 @@ pub async fn a_crashed_workers_leases_are_taken_over(factory: &dyn StoreFactory)
 /// A graceful leave releases every lease (checkpoints kept, epoch moved on) and removes the worker
 /// record before `shutdown` returns; peers take the leases; nothing is processed twice.
 pub async fn a_graceful_leave_releases_leases_and_keeps_checkpoints(factory: &dyn StoreFactory) {
-    with_scope(factory, "a_graceful_leave_releases_leases_and_keeps_checkpoints", |scope| async move {
-        let (ns, store) = scope.fresh_store().await;
-        let mut w = World::new(&ns, store.clone(), 24).await;
-        w.produce();
-        let ids = ok(w.cluster.start_workers(3), "start three workers");
-        w.balanced("three workers").await;
-        let rec = w.recorder.clone();
-        ok(wait_until("some records processed", DEADLINE, POLL, || async { rec.distinct() > 200 }).await.map_err(shardlease_core::Error::InvalidInput), "progress");
-        let leaver = ids[1].clone();
-        let before = ok(w.cluster.leases().await, "list");
-        ok(w.cluster.shutdown(&leaver).await, "graceful shutdown");
-        let after = ok(w.cluster.leases().await, "list");
-        for old in before.iter().filter(|l| l.owner.as_ref() == Some(&leaver)) {
-            let new = after.iter().find(|l| l.key == old.key).unwrap_or_else(|| panic!("{} vanished", old.key));
-            assert_ne!(new.owner.as_ref(), Some(&leaver), "released: {new:?}");
-            assert!(new.epoch > old.epoch, "a release moves the epoch on: {old:?} → {new:?}");
-            assert!(!old.checkpoint.would_regress_to(&new.checkpoint), "checkpoint kept: {old:?} → {new:?}");
-        }
-        let workers = ok(store.list_workers().await, "list workers").items;
-        assert!(workers.iter().all(|r| r.id != leaver), "the worker record is removed: {workers:?}");
-        w.balanced("after the leave").await;
-        w.stop_producing_and_drain().await;
-        assert_eq!(w.recorder.duplicates(), 0, "a graceful leave processes nothing twice");
-        w.cluster.shutdown_all().await;
-    })
+    with_scope(
+        factory,
+        "a_graceful_leave_releases_leases_and_keeps_checkpoints",
+        |scope| async move {
+            let (ns, store) = scope.fresh_store().await;
+            let mut w = World::new(&ns, store.clone(), 24).await;
+            w.produce();
+            let ids = ok(w.cluster.start_workers(3), "start three workers");
+            w.balanced("three workers").await;
+            let rec = w.recorder.clone();
+            ok(
+                wait_until("some records processed", DEADLINE, POLL, || async {
+                    rec.distinct() > 200
+                })
+                .await
+                .map_err(shardlease_core::Error::InvalidInput),
+                "progress",
+            );
+            let leaver = ids[1].clone();
+            let before = ok(w.cluster.leases().await, "list");
+            ok(w.cluster.shutdown(&leaver).await, "graceful shutdown");
+            let after = ok(w.cluster.leases().await, "list");
+            for old in before.iter().filter(|l| l.owner.as_ref() == Some(&leaver)) {
+                let new = after
+                    .iter()
+                    .find(|l| l.key == old.key)
+                    .unwrap_or_else(|| panic!("{} vanished", old.key));
+                assert_ne!(new.owner.as_ref(), Some(&leaver), "released: {new:?}");
+                assert!(new.epoch > old.epoch, "a release moves the epoch on: {old:?} → {new:?}");
+                assert!(
+                    !old.checkpoint.would_regress_to(&new.checkpoint),
+                    "checkpoint kept: {old:?} → {new:?}"
+                );
+            }
+            let workers = ok(store.list_workers().await, "list workers").items;
+            assert!(
+                workers.iter().all(|r| r.id != leaver),
+                "the worker record is removed: {workers:?}"
+            );
+            w.balanced("after the leave").await;
+            w.stop_producing_and_drain().await;
+            assert_eq!(w.recorder.duplicates(), 0, "a graceful leave processes nothing twice");
+            w.cluster.shutdown_all().await;
+        },
+    )
     .await;
 }
 
@@ -204,7 +236,8 @@ pub async fn a_zombie_cannot_checkpoint(factory: &dyn StoreFactory) {
         let zombie = ok(w.cluster.start_worker(), "start the first worker");
         w.balanced("first worker").await;
         let leases = ok(w.cluster.leases().await, "list");
-        let token = leases[0].token().unwrap_or_else(|| panic!("owned lease expected: {:?}", leases[0]));
+        let token =
+            leases[0].token().unwrap_or_else(|| panic!("owned lease expected: {:?}", leases[0]));
         assert_eq!(token.owner, zombie);
         w.cluster.crash(&zombie);
         ok(w.cluster.start_worker(), "start a second worker");
@@ -213,9 +246,16 @@ pub async fn a_zombie_cannot_checkpoint(factory: &dyn StoreFactory) {
         let late = StoreCheckpointer::new(store.clone())
             .checkpoint(&token, &Position::sequence(SequenceNumber::from(u128::MAX)))
             .await;
-        assert!(matches!(late, Err(shardlease_core::Error::LeaseLost { .. })), "late checkpoint refused: {late:?}");
+        assert!(
+            matches!(late, Err(shardlease_core::Error::LeaseLost { .. })),
+            "late checkpoint refused: {late:?}"
+        );
         let after = ok(store.get_lease(&token.key).await, "get").map(|(l, _)| l);
-        assert_eq!(before.map(|l| l.checkpoint), after.map(|l| l.checkpoint), "checkpoint unchanged");
+        assert_eq!(
+            before.map(|l| l.checkpoint),
+            after.map(|l| l.checkpoint),
+            "checkpoint unchanged"
+        );
         w.cluster.shutdown_all().await;
     })
     .await;
@@ -233,19 +273,35 @@ pub async fn children_wait_for_their_parents(factory: &dyn StoreFactory) {
         w.balanced("two workers").await;
         let shards = w.source.open_shards();
         let rec = w.recorder.clone();
-        ok(wait_until("records before the reshard", DEADLINE, POLL, || async { rec.distinct() > 100 }).await.map_err(shardlease_core::Error::InvalidInput), "progress");
+        ok(
+            wait_until("records before the reshard", DEADLINE, POLL, || async {
+                rec.distinct() > 100
+            })
+            .await
+            .map_err(shardlease_core::Error::InvalidInput),
+            "progress",
+        );
         ok(w.source.split(&shards[0].id), "split");
         ok(w.source.merge(&shards[2].id, &shards[3].id), "merge");
         let rec = w.recorder.clone();
         let target = w.source.produced() + 400;
-        ok(wait_until("records after the reshard", DEADLINE, POLL, || async { rec.distinct() as u64 > target }).await.map_err(shardlease_core::Error::InvalidInput), "progress");
+        ok(
+            wait_until("records after the reshard", DEADLINE, POLL, || async {
+                rec.distinct() as u64 > target
+            })
+            .await
+            .map_err(shardlease_core::Error::InvalidInput),
+            "progress",
+        );
         w.stop_producing_and_drain().await;
         let violations = w.recorder.order_violations(&w.source);
         assert!(violations.is_empty(), "{violations:?}");
         let cov = w.balanced("after the reshard").await;
-        assert_eq!(cov.active, 4, "two split children, one merge child and one untouched shard: {cov:?}");
+        assert_eq!(
+            cov.active, 4,
+            "two split children, one merge child and one untouched shard: {cov:?}"
+        );
         w.cluster.shutdown_all().await;
     })
     .await;
 }
-

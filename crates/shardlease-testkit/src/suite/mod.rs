@@ -29,7 +29,8 @@ use shardlease_core::{LeaseStore, Result};
 
 pub use create::{create_and_get_round_trip, create_race_is_idempotent};
 pub use lease_loop::{
-    a_crashed_workers_leases_are_taken_over, a_graceful_leave_releases_leases_and_keeps_checkpoints,
+    a_crashed_workers_leases_are_taken_over,
+    a_graceful_leave_releases_leases_and_keeps_checkpoints,
     a_joining_worker_gets_its_share_without_duplicates, a_zombie_cannot_checkpoint,
     children_wait_for_their_parents, one_worker_takes_every_lease_in_one_pass,
     workers_share_leases_evenly,
