@@ -1,0 +1,251 @@
+//! Bad input and faults, each with a clear error or log line and nothing lost: invalid config,
+//! a corrupt lease record, a processor that fails, one that panics, a store failing 20% of
+//! calls, and a worker partitioned from the store past its failover timeout.
+//!
+//! Runs on a current-thread runtime with paused time, so long timeouts cost nothing and the log
+//! lines of every task land in this test's capture.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use shardlease_core::{
+    Checkpointer, Config, Error, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position,
+    SequenceNumber, ShardSource, StoreCheckpointer, Worker, WorkerId,
+};
+use shardlease_testkit::audit::{AuditLog, AuditStore};
+use shardlease_testkit::cluster::{wait_until, Cluster};
+use shardlease_testkit::recorder::Recorder;
+use shardlease_testkit::{Faults, FaultyStore};
+
+const HB: Duration = Duration::from_secs(1);
+const LONG: Duration = Duration::from_secs(600);
+
+/// Log lines captured for assertions.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    (logs, tracing::subscriber::set_default(sub))
+}
+
+struct World {
+    cluster: Cluster,
+    source: MemorySource,
+    rec: Recorder,
+    faults: Faults,
+    audit: AuditLog,
+}
+
+fn world(shards: usize, records: usize, seed: u64) -> World {
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let faults = Faults::new(seed);
+    let audit = AuditLog::new();
+    let (b, f, a) = (base.clone(), faults.clone(), audit.clone());
+    let store_for = Arc::new(move |w: &WorkerId| -> Arc<dyn LeaseStore> {
+        let audited: Arc<dyn LeaseStore> = Arc::new(AuditStore::new(b.clone(), Some(w.clone()), a.clone()));
+        Arc::new(FaultyStore::new(audited, f.clone(), Some(w.clone())))
+    });
+    let source = MemorySource::new(shards);
+    for i in 0..records {
+        source.put(&format!("k{i}"), format!("r{i}"));
+    }
+    let rec = Recorder::new();
+    let mut cfg = Config::new("faults").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    cfg.rng_seed = Some(seed);
+    let src: Arc<dyn ShardSource> = Arc::new(source.clone());
+    let cluster = Cluster::with_store_per_worker(base, store_for, src, rec.factory(), cfg);
+    World { cluster, source, rec, faults, audit }
+}
+
+impl World {
+    async fn all_processed(&self) {
+        let (rec, n) = (&self.rec, self.source.produced() as usize);
+        wait_until("every record processed", LONG, HB, || async { rec.distinct() == n })
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {} of {n}; missing {:?}", rec.distinct(), rec.missing(&self.source).first()));
+        assert!(self.audit.violations().is_empty(), "{:?}", self.audit.violations());
+        assert!(self.rec.overlaps().is_empty(), "{:?}", self.rec.overlaps());
+    }
+}
+
+#[test]
+fn invalid_config_is_a_clear_error_when_the_worker_is_built() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(1));
+    let cases: Vec<(Config, &str)> = vec![
+        (
+            {
+                let mut c = Config::new("app");
+                c.failover_timeout = c.heartbeat_interval * 2;
+                c
+            },
+            "failover_timeout",
+        ),
+        (
+            {
+                let mut c = Config::new("app");
+                c.max_leases_per_worker = Some(0);
+                c
+            },
+            "max_leases_per_worker",
+        ),
+        (Config::new(""), "namespace"),
+        (Config::new("app").with_worker_id(""), "worker id"),
+    ];
+    for (cfg, needle) in cases {
+        let built = Worker::builder(cfg, store.clone(), source.clone(), Recorder::new().factory()).build();
+        match built {
+            Err(Error::Config(m)) => assert!(m.contains(needle), "{m}"),
+            Err(e) => panic!("expected a config error about {needle}, got {e}"),
+            Ok(_) => panic!("expected a config error about {needle}"),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_corrupt_lease_is_reported_and_the_others_keep_going() {
+    let (logs, _g) = capture();
+    let mut w = world(6, 600, 1);
+    w.cluster.sync_shards().await.unwrap();
+    let bad = LeaseKey::new("shardId-000000000003");
+    w.faults.corrupt(&bad);
+    w.cluster.start_workers(2).unwrap();
+    let rec = &w.rec;
+    let good: usize = w.source.shards().iter().filter(|s| s.id != bad).map(|s| w.source.records(&s.id).len()).sum();
+    wait_until("every record of the good shards", LONG, HB, || async { rec.distinct() == good }).await.unwrap();
+    assert!(logs.text().contains("corrupt lease record skipped"), "{}", logs.text());
+    assert!(logs.text().contains("shardId-000000000003"));
+    // Once the record is readable again (repaired by an operator), it is processed too.
+    w.faults.uncorrupt(&bad);
+    w.all_processed().await;
+    w.cluster.shutdown_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn processor_errors_are_retried_and_nothing_is_skipped() {
+    let (logs, _g) = capture();
+    let mut w = world(4, 400, 2);
+    w.rec.fail_next(7);
+    w.cluster.sync_shards().await.unwrap();
+    w.cluster.start_workers(2).unwrap();
+    w.all_processed().await;
+    assert_eq!(w.rec.errors_returned(), 7);
+    assert!(logs.text().contains("record processor failed; retrying the same input"), "{}", logs.text());
+    w.cluster.shutdown_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_processor_panic_is_contained_and_the_shard_resumes() {
+    let (logs, _g) = capture();
+    let mut w = world(4, 400, 3);
+    w.rec.panic_next(3);
+    w.cluster.sync_shards().await.unwrap();
+    w.cluster.start_workers(2).unwrap();
+    w.all_processed().await;
+    assert_eq!(w.rec.panics(), 3);
+    let text = logs.text();
+    assert!(text.contains("record processor panicked; releasing the lease"), "{text}");
+    assert!(text.contains("lease released"), "{text}");
+    w.cluster.shutdown_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_failing_a_fifth_of_calls_loses_nothing() {
+    let mut w = world(8, 0, 4);
+    w.cluster.sync_shards().await.unwrap();
+    w.faults.set_error_rate(0.2);
+    w.faults.set_latency(Duration::from_millis(1), Duration::from_millis(30));
+    w.cluster.start_workers(3).unwrap();
+    // A minute of records, so heartbeats, balance passes and checkpoints all meet the faults.
+    let source = w.source.clone();
+    for i in 0..1_200 {
+        source.put(&format!("k{i}"), "x");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.all_processed().await;
+    assert!(w.faults.injected_errors() > 100, "faults were injected: {}", w.faults.injected_errors());
+    w.faults.clear();
+    w.cluster.wait_balanced(LONG, HB).await.unwrap();
+    w.cluster.shutdown_all().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partitioned_worker_stops_before_its_leases_move_and_its_late_checkpoint_is_refused() {
+    let (logs, _g) = capture();
+    let mut w = world(6, 0, 5);
+    w.cluster.sync_shards().await.unwrap();
+    let ids = w.cluster.start_workers(2).unwrap();
+    w.cluster.wait_balanced(LONG, HB / 10).await.unwrap();
+    let (a, b) = (ids[0].clone(), ids[1].clone());
+    let held: Vec<_> = w.cluster.leases().await.unwrap().into_iter().filter(|l| l.owner.as_ref() == Some(&a)).collect();
+    assert_eq!(held.len(), 3);
+    let stale = held[0].token().unwrap();
+
+    // Records keep flowing while A is cut off from the store, past its failover timeout.
+    let producer = {
+        let source = w.source.clone();
+        tokio::spawn(async move {
+            for i in 0..600 {
+                source.put(&format!("p{i}"), "x");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    w.faults.partition(&a);
+    let cluster = &w.cluster;
+    wait_until("B owns every lease", LONG, HB / 10, || async {
+        let cov = cluster.coverage().await.unwrap();
+        cov.shares.get(&b) == Some(&6)
+    })
+    .await
+    .unwrap();
+    // A fenced itself (and stopped processing) before B took anything: no shard was processed
+    // under two epochs at once.
+    let a_handle = w.cluster.handle(&a).unwrap();
+    assert!(a_handle.stats().fenced >= 1, "{:?}", a_handle.stats());
+    assert!(a_handle.held_leases().is_empty());
+    assert!(logs.text().contains("no successful heartbeat for failover_timeout"), "{}", logs.text());
+    assert!(w.rec.overlaps().is_empty(), "{:?}", w.rec.overlaps());
+
+    // Healed, A's late checkpoint with its old token is refused and changes nothing.
+    w.faults.heal(&a);
+    let store = w.cluster.store().clone();
+    let before = store.get_lease(&stale.key).await.unwrap().unwrap().0.checkpoint;
+    let late = StoreCheckpointer::new(store.clone())
+        .checkpoint(&stale, &Position::sequence(SequenceNumber::from(u128::MAX)))
+        .await;
+    assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
+    assert_eq!(store.get_lease(&stale.key).await.unwrap().unwrap().0.checkpoint, before);
+
+    // A comes back as a new incarnation and the fleet rebalances; nothing was lost.
+    w.cluster.wait_balanced(LONG, HB).await.unwrap();
+    assert_ne!(w.cluster.handle(&a).unwrap().id(), a, "A returned under a new incarnation id");
+    producer.await.unwrap();
+    w.all_processed().await;
+    w.cluster.shutdown_all().await;
+}
