@@ -299,7 +299,14 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
     match shared.store.update_lease(&next, *version).await {
         Ok(v) => {
             if !lease_task::spawn(shared, next.clone(), v) {
-                debug!(key = %next.key, "a task for this lease is still running");
+                if shared.stop_taking.is_cancelled() {
+                    // Shutting down: give back what this pass took at the last moment.
+                    if let Some(token) = next.token() {
+                        lease_task::transfer(shared, &token, None).await;
+                    }
+                    return false;
+                }
+                debug!(key = %next.key, "not started now (fenced, or a task is still stopping)");
             }
             true
         }

@@ -23,12 +23,18 @@ use crate::position::Position;
 use crate::processor::{CheckpointHandle, LeaseContext, RecordProcessor};
 use crate::source::{Batch, ShardInfo, ShardReader};
 
-/// Starts a task for `lease` (owned by this worker at `version`) unless one is running.
-/// Returns false when a task for the key already exists.
+/// Starts a task for `lease` (owned by this worker at `version`) unless one is running, or the
+/// worker is shutting down or fenced. Returns false when no task was started.
+///
+/// The check is made under the task-map lock, which shutdown and fencing also hold while they
+/// drain the map: a take that completes during either can never leave an orphan task running.
 pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> bool {
     let Some(token) = lease.token() else { return false };
     let mut tasks = lock(&shared.tasks);
-    if tasks.contains_key(&lease.key) {
+    if tasks.contains_key(&lease.key)
+        || shared.stop_taking.is_cancelled()
+        || shared.fenced.load(std::sync::atomic::Ordering::SeqCst)
+    {
         return false;
     }
     shared.checkpointer.observe(&lease, version);
@@ -58,7 +64,12 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
     let cp = CheckpointHandle::new(shared.checkpointer.clone(), token.clone());
     let mut task = Task { shared: shared.clone(), token: token.clone(), cp, stop, processor: None };
     debug!("lease task started");
-    let exit = task.drive(&lease).await;
+    // `cancel` fires only after a shutdown has dealt with every task it knew of, or on a crash:
+    // a task still running then has nothing left to write, so it simply stops.
+    let exit = tokio::select! {
+        e = task.drive(&lease) => e,
+        _ = shared.cancel.cancelled() => return,
+    };
     match exit {
         Exit::Finished => {
             info!("shard finished");
