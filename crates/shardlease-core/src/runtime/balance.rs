@@ -159,7 +159,7 @@ fn reconcile(
             lease.owner.as_ref().is_some_and(|o| shared.is_me_or_former(o))
                 && is_active(lease, &by_ref)
         })
-        .filter(|(lease, _)| !retired.get(&lease.key).is_some_and(|e| lease.epoch <= *e))
+        .filter(|(lease, _)| retired.get(&lease.key).is_none_or(|e| lease.epoch > *e))
         .filter(|(lease, _)| !tasks.contains_key(&lease.key))
         .cloned()
         .collect()
