@@ -67,7 +67,8 @@ fn world(shards: usize, records: usize, seed: u64) -> World {
     let audit = AuditLog::new();
     let (b, f, a) = (base.clone(), faults.clone(), audit.clone());
     let store_for = Arc::new(move |w: &WorkerId| -> Arc<dyn LeaseStore> {
-        let audited: Arc<dyn LeaseStore> = Arc::new(AuditStore::new(b.clone(), Some(w.clone()), a.clone()));
+        let audited: Arc<dyn LeaseStore> =
+            Arc::new(AuditStore::new(b.clone(), Some(w.clone()), a.clone()));
         Arc::new(FaultyStore::new(audited, f.clone(), Some(w.clone())))
     });
     let source = MemorySource::new(shards);
@@ -75,7 +76,8 @@ fn world(shards: usize, records: usize, seed: u64) -> World {
         source.put(&format!("k{i}"), format!("r{i}"));
     }
     let rec = Recorder::new();
-    let mut cfg = Config::new("faults").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut cfg =
+        Config::new("faults").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
     cfg.rng_seed = Some(seed);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let cluster = Cluster::with_store_per_worker(base, store_for, src, rec.factory(), cfg);
@@ -87,7 +89,13 @@ impl World {
         let (rec, n) = (&self.rec, self.source.produced() as usize);
         wait_until("every record processed", LONG, HB, || async { rec.distinct() == n })
             .await
-            .unwrap_or_else(|e| panic!("{e}: {} of {n}; missing {:?}", rec.distinct(), rec.missing(&self.source).first()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e}: {} of {n}; missing {:?}",
+                    rec.distinct(),
+                    rec.missing(&self.source).first()
+                )
+            });
         assert!(self.audit.violations().is_empty(), "{:?}", self.audit.violations());
         assert!(self.rec.overlaps().is_empty(), "{:?}", self.rec.overlaps());
     }
@@ -118,7 +126,8 @@ fn invalid_config_is_a_clear_error_when_the_worker_is_built() {
         (Config::new("app").with_worker_id(""), "worker id"),
     ];
     for (cfg, needle) in cases {
-        let built = Worker::builder(cfg, store.clone(), source.clone(), Recorder::new().factory()).build();
+        let built =
+            Worker::builder(cfg, store.clone(), source.clone(), Recorder::new().factory()).build();
         match built {
             Err(Error::Config(m)) => assert!(m.contains(needle), "{m}"),
             Err(e) => panic!("expected a config error about {needle}, got {e}"),
@@ -136,8 +145,16 @@ async fn a_corrupt_lease_is_reported_and_the_others_keep_going() {
     w.faults.corrupt(&bad);
     w.cluster.start_workers(2).unwrap();
     let rec = &w.rec;
-    let good: usize = w.source.shards().iter().filter(|s| s.id != bad).map(|s| w.source.records(&s.id).len()).sum();
-    wait_until("every record of the good shards", LONG, HB, || async { rec.distinct() == good }).await.unwrap();
+    let good: usize = w
+        .source
+        .shards()
+        .iter()
+        .filter(|s| s.id != bad)
+        .map(|s| w.source.records(&s.id).len())
+        .sum();
+    wait_until("every record of the good shards", LONG, HB, || async { rec.distinct() == good })
+        .await
+        .unwrap();
     assert!(logs.text().contains("corrupt lease record skipped"), "{}", logs.text());
     assert!(logs.text().contains("shardId-000000000003"));
     // Once the record is readable again (repaired by an operator), it is processed too.
@@ -155,7 +172,11 @@ async fn processor_errors_are_retried_and_nothing_is_skipped() {
     w.cluster.start_workers(2).unwrap();
     w.all_processed().await;
     assert_eq!(w.rec.errors_returned(), 7);
-    assert!(logs.text().contains("record processor failed; retrying the same input"), "{}", logs.text());
+    assert!(
+        logs.text().contains("record processor failed; retrying the same input"),
+        "{}",
+        logs.text()
+    );
     w.cluster.shutdown_all().await;
 }
 
@@ -188,7 +209,11 @@ async fn a_store_failing_a_fifth_of_calls_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     w.all_processed().await;
-    assert!(w.faults.injected_errors() > 100, "faults were injected: {}", w.faults.injected_errors());
+    assert!(
+        w.faults.injected_errors() > 100,
+        "faults were injected: {}",
+        w.faults.injected_errors()
+    );
     w.faults.clear();
     w.cluster.wait_balanced(LONG, HB).await.unwrap();
     w.cluster.shutdown_all().await;
@@ -202,7 +227,14 @@ async fn a_partitioned_worker_stops_before_its_leases_move_and_its_late_checkpoi
     let ids = w.cluster.start_workers(2).unwrap();
     w.cluster.wait_balanced(LONG, HB / 10).await.unwrap();
     let (a, b) = (ids[0].clone(), ids[1].clone());
-    let held: Vec<_> = w.cluster.leases().await.unwrap().into_iter().filter(|l| l.owner.as_ref() == Some(&a)).collect();
+    let held: Vec<_> = w
+        .cluster
+        .leases()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.owner.as_ref() == Some(&a))
+        .collect();
     assert_eq!(held.len(), 3);
     let stale = held[0].token().unwrap();
 
@@ -229,7 +261,11 @@ async fn a_partitioned_worker_stops_before_its_leases_move_and_its_late_checkpoi
     let a_handle = w.cluster.handle(&a).unwrap();
     assert!(a_handle.stats().fenced >= 1, "{:?}", a_handle.stats());
     assert!(a_handle.held_leases().is_empty());
-    assert!(logs.text().contains("no successful heartbeat for failover_timeout"), "{}", logs.text());
+    assert!(
+        logs.text().contains("no successful heartbeat for failover_timeout"),
+        "{}",
+        logs.text()
+    );
     assert!(w.rec.overlaps().is_empty(), "{:?}", w.rec.overlaps());
 
     // Healed, A's late checkpoint with its old token is refused and changes nothing.

@@ -10,6 +10,7 @@
 //! | URL | store | feature |
 //! |---|---|---|
 //! | `memory://` | in-memory, process-wide (tests, demos) | always |
+//! | `redis://[:password@]host[:port][/db]`, `rediss://…` | Redis (Lua compare-and-set; `?key_prefix=` sets the key prefix) | `redis` (`redis-tls` for `rediss://`) |
 //!
 //! Every URL may carry `?namespace=NAME` (default `default`); [`connect_namespace`] takes it as an
 //! argument instead.
