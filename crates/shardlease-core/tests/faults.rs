@@ -285,3 +285,38 @@ async fn a_partitioned_worker_stops_before_its_leases_move_and_its_late_checkpoi
     w.all_processed().await;
     w.cluster.shutdown_all().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_vanished_namespace_is_reported_loudly_and_rebuilt_from_the_stream() {
+    let (logs, _g) = capture();
+    let mut w = world(4, 200, 6);
+    w.cluster.sync_shards().await.unwrap();
+    w.cluster.start_workers(2).unwrap();
+    w.all_processed().await;
+    // The store loses everything (think: Redis restarted without persistence).
+    let store = w.cluster.store().clone();
+    for (l, v) in store.list_leases().await.unwrap().items {
+        store.delete_lease(&l.key, v).await.unwrap();
+    }
+    let cluster = &w.cluster;
+    wait_until("leases recreated and owned", LONG, HB, || async {
+        let cov = cluster.coverage().await.unwrap();
+        cov.active == 4 && cluster.is_balanced().await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", logs.text()));
+    let text = logs.text();
+    assert!(text.contains("every lease of the namespace vanished"), "{text}");
+    assert!(text.contains("ERROR"), "{text}");
+    // Work goes on: new records are processed (the old ones again too: their checkpoints were lost).
+    for i in 0..100 {
+        w.source.put(&format!("after-{i}"), "x");
+    }
+    w.all_processed().await;
+    assert!(
+        w.rec.duplicates() >= 200,
+        "lost checkpoints mean reprocessing: {}",
+        w.rec.duplicates()
+    );
+    w.cluster.shutdown_all().await;
+}

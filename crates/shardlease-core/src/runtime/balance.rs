@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::lease_task;
 use super::shared::{lock, Shared, StopReason};
@@ -55,6 +55,24 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
         }
     };
     report_corrupt(shared, &listing.corrupt);
+    let empty = listing.items.is_empty() && listing.corrupt.is_empty();
+    if empty && shared.saw_leases.swap(false, Ordering::SeqCst) {
+        // Every lease vanished at once: the store was wiped, or restarted without persistence
+        // (a Redis without AOF, say). Running tasks are stopped below (their leases are gone);
+        // recreate the leases from the stream now rather than at the next shard sync.
+        error!(
+            held = lock(&shared.tasks).len(),
+            "every lease of the namespace vanished from the store: checkpoints are LOST; \
+             recreating leases from the shard source at the initial position"
+        );
+        metrics::counter!("shardlease_namespace_vanished_total").increment(1);
+        if let Err(e) = super::shard_sync::sync(shared).await {
+            warn!(error = %e, "recreating leases failed; retrying at the next pass");
+        }
+        shared.balance_now.notify_one();
+    } else if !empty {
+        shared.saw_leases.store(true, Ordering::SeqCst);
+    }
     let now = Instant::now();
     let leases = listing.items;
     let me = shared.id();
@@ -125,7 +143,8 @@ fn live_set(shared: &Shared, me: &WorkerId, leases: &[VersionedLease]) -> BTreeS
 /// running (handed to it, or left from before a self-fence or a restart). Those are re-taken by
 /// compare-and-set with a new epoch rather than simply resumed: after a fence a peer may have
 /// judged this worker dead from a listing older than its recovery and be taking the same leases,
-/// and the CAS makes exactly one of the two win.
+/// and the CAS makes exactly one of the two win. The CAS also makes a stale listing harmless: a
+/// lease this worker handed over since it was listed has a new version, so re-taking it fails.
 fn reconcile(
     shared: &Arc<Shared>,
     me: &WorkerId,
@@ -143,15 +162,10 @@ fn reconcile(
             }
         }
     }
-    {
-        let mut retired = lock(&shared.retired);
-        retired.retain(|k, e| by_key.get(k).is_some_and(|l| l.epoch <= *e));
-    }
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
         return Vec::new();
     }
     let by_ref: std::collections::HashMap<&LeaseKey, &Lease> = by_key.clone().into_iter().collect();
-    let retired = lock(&shared.retired).clone();
     let tasks = lock(&shared.tasks);
     leases
         .iter()
@@ -159,7 +173,6 @@ fn reconcile(
             lease.owner.as_ref().is_some_and(|o| shared.is_me_or_former(o))
                 && is_active(lease, &by_ref)
         })
-        .filter(|(lease, _)| retired.get(&lease.key).is_none_or(|e| lease.epoch > *e))
         .filter(|(lease, _)| !tasks.contains_key(&lease.key))
         .cloned()
         .collect()

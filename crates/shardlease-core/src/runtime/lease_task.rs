@@ -78,18 +78,16 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
         Exit::Lost => {
             shared.bump(&shared.stats.lost, 1);
             metrics::counter!("shardlease_leases_lost_total").increment(1);
-            shared.retire(&token.key, token.epoch);
             warn!("lease lost (a fenced write was refused)");
             shared.balance_now.notify_one();
         }
         Exit::Stopped(StopReason::Handoff(to)) => {
             transfer(&shared, &token, Some(to)).await;
         }
-        Exit::Stopped(StopReason::Shutdown) => transfer(&shared, &token, None).await,
-        Exit::Stopped(StopReason::LeaseLost) => {
-            shared.retire(&token.key, token.epoch);
-            debug!("lease task stopped: the lease moved on");
+        Exit::Stopped(StopReason::Shutdown) => {
+            transfer(&shared, &token, None).await;
         }
+        Exit::Stopped(StopReason::LeaseLost) => debug!("lease task stopped: the lease moved on"),
         Exit::Stopped(reason) => debug!(?reason, "lease task stopped"),
         Exit::Panicked(msg) => {
             error!(panic = %msg, "record processor panicked; releasing the lease so the shard resumes from its checkpoint");
@@ -104,16 +102,9 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
 }
 
 /// Hands the lease to `to` (if its claim is still standing) or releases it, by compare-and-set.
-/// Only acts while `token` is still current: a lease that moved on is left alone. Afterwards the
-/// lease is retired (never restarted from an older listing) unless the write could not be made.
+/// Only acts while `token` is still current: a lease that moved on is left alone. Gives up when
+/// the store keeps failing past the shutdown timeout (the lease then expires with this worker).
 pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>) {
-    if transfer_once(shared, token, to).await {
-        shared.retire(&token.key, token.epoch);
-    }
-}
-
-/// Returns false when the store kept failing until the shutdown timeout.
-async fn transfer_once(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>) -> bool {
     let mut backoff = shared.backoff();
     let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
     loop {
@@ -122,15 +113,15 @@ async fn transfer_once(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>
             Err(e) => {
                 warn!(error = %e, "reading the lease to hand it over failed");
                 if tokio::time::Instant::now() >= deadline {
-                    return false;
+                    return;
                 }
                 tokio::time::sleep(backoff.next(shared)).await;
                 continue;
             }
         };
-        let Some((lease, version)) = read else { return true };
+        let Some((lease, version)) = read else { return };
         if !token.matches(&lease) {
-            return true;
+            return;
         }
         let next_owner = to.clone().filter(|w| lease.live_claim().is_some_and(|c| &c.by == w));
         let next = lease.transferred_to(next_owner.clone());
@@ -145,13 +136,13 @@ async fn transfer_once(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>
                     }
                     None => info!(epoch = next.epoch, "lease released"),
                 }
-                return true;
+                return;
             }
             Err(Error::Conflict { .. }) => continue,
             Err(e) => {
                 warn!(error = %e, "handing the lease over failed");
                 if tokio::time::Instant::now() >= deadline {
-                    return false;
+                    return;
                 }
                 tokio::time::sleep(backoff.next(shared)).await;
             }

@@ -88,15 +88,14 @@ pub(crate) struct Shared {
     /// claim timeout only runs while that version stands still (the owner writes nothing), so an
     /// owner that is alive and checkpointing is never stolen from.
     pub my_claims: Mutex<BTreeMap<LeaseKey, (Instant, crate::lease::Version)>>,
-    /// Leases this worker stopped holding, with the epoch at which it did: a listing taken before
-    /// the hand-over must not restart them.
-    pub retired: Mutex<BTreeMap<LeaseKey, u64>>,
     /// Corrupt records already reported (reported once, then counted quietly).
     pub reported_corrupt: Mutex<std::collections::BTreeSet<String>>,
     pub balance_now: Notify,
     /// Set after the first successful heartbeat since start (or since a fence).
     pub heartbeat_ok: watch::Sender<Option<Instant>>,
     pub fenced: AtomicBool,
+    /// Whether the last lease listing had any lease (to notice a namespace that vanished).
+    pub saw_leases: AtomicBool,
     pub stats: Stats,
     rng: Mutex<StdRng>,
 }
@@ -135,11 +134,11 @@ impl Shared {
             stop_taking: CancellationToken::new(),
             tasks: Mutex::new(BTreeMap::new()),
             my_claims: Mutex::new(BTreeMap::new()),
-            retired: Mutex::new(BTreeMap::new()),
             reported_corrupt: Mutex::new(Default::default()),
             balance_now: Notify::new(),
             heartbeat_ok: watch::channel(None).0,
             fenced: AtomicBool::new(false),
+            saw_leases: AtomicBool::new(false),
             stats: Stats::default(),
             rng: Mutex::new(rng),
         }
@@ -195,13 +194,6 @@ impl Shared {
     /// The keys of the leases this worker is running.
     pub(crate) fn held(&self) -> Vec<LeaseKey> {
         lock(&self.tasks).keys().cloned().collect()
-    }
-
-    /// Remembers that this worker stopped holding `key` at `epoch`.
-    pub(crate) fn retire(&self, key: &LeaseKey, epoch: u64) {
-        let mut r = lock(&self.retired);
-        let e = r.entry(key.clone()).or_insert(epoch);
-        *e = (*e).max(epoch);
     }
 
     pub(crate) fn bump(&self, counter: &AtomicU64, by: u64) {
