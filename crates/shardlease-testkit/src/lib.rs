@@ -12,7 +12,7 @@
 //!
 //! A backend crate proves itself with a few lines in one of its tests:
 //!
-//! ```ignore
+//! ```text
 //! shardlease_testkit::store_conformance_tests!(MyFactory::new());
 //! ```
 

@@ -81,7 +81,7 @@ macro_rules! __conformance_test_fn {
 /// The factory expression is evaluated afresh inside each test, in async context (so it may
 /// contain `.await`):
 ///
-/// ```ignore
+/// ```text
 /// // The factory is always available:
 /// shardlease_testkit::store_conformance_tests!(MemoryFactory::new());
 ///
