@@ -27,3 +27,8 @@ pub use shardlease_core::*;
 mod connect;
 
 pub use connect::{connect, connect_namespace, redact_url, DEFAULT_NAMESPACE};
+
+/// The README's code, compiled as a doctest so it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
