@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use shardlease_core::{
     Checkpointer, Config, Error, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position,
-    SequenceNumber, ShardSource, StoreCheckpointer, Worker, WorkerId,
+    SequenceNumber, ShardSource, StoreCheckpointer, Worker,
 };
-use shardlease_testkit::audit::{AuditLog, AuditStore};
-use shardlease_testkit::cluster::{wait_until, Cluster};
+use shardlease_testkit::audit::AuditLog;
+use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
-use shardlease_testkit::{Faults, FaultyStore};
+use shardlease_testkit::Faults;
 
 const HB: Duration = Duration::from_secs(1);
 const LONG: Duration = Duration::from_secs(600);
@@ -65,12 +65,7 @@ fn world(shards: usize, records: usize, seed: u64) -> World {
     let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
     let faults = Faults::new(seed);
     let audit = AuditLog::new();
-    let (b, f, a) = (base.clone(), faults.clone(), audit.clone());
-    let store_for = Arc::new(move |w: &WorkerId| -> Arc<dyn LeaseStore> {
-        let audited: Arc<dyn LeaseStore> =
-            Arc::new(AuditStore::new(b.clone(), Some(w.clone()), a.clone()));
-        Arc::new(FaultyStore::new(audited, f.clone(), Some(w.clone())))
-    });
+    let store_for = audited_faulty_views(base.clone(), faults.clone(), audit.clone());
     let source = MemorySource::new(shards);
     for i in 0..records {
         source.put(&format!("k{i}"), format!("r{i}"));

@@ -19,12 +19,12 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shardlease_core::{
-    Config, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position, ShardSource, WorkerId,
+    Config, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position, ShardSource,
 };
-use shardlease_testkit::audit::{AuditLog, AuditStore};
-use shardlease_testkit::cluster::{wait_until, Cluster};
+use shardlease_testkit::audit::AuditLog;
+use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
-use shardlease_testkit::{Faults, FaultyStore};
+use shardlease_testkit::Faults;
 
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
@@ -93,12 +93,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     faults.set_error_rate(error_rate);
     faults.set_latency(Duration::from_millis(1), Duration::from_millis(rng.random_range(2..60)));
     let audit = AuditLog::new();
-    let (b, f, a) = (base.clone(), faults.clone(), audit.clone());
-    let store_for = Arc::new(move |w: &WorkerId| -> Arc<dyn LeaseStore> {
-        let audited: Arc<dyn LeaseStore> =
-            Arc::new(AuditStore::new(b.clone(), Some(w.clone()), a.clone()));
-        Arc::new(FaultyStore::new(audited, f.clone(), Some(w.clone())))
-    });
+    let store_for = audited_faulty_views(base.clone(), faults.clone(), audit.clone());
     let shards = rng.random_range(2..12);
     let source = MemorySource::new(shards).with_batch_limit(rng.random_range(1..20));
     let rec = Recorder::new();

@@ -238,3 +238,17 @@ impl Cluster {
         r.map(|()| cov.clone()).map_err(|e| format!("{e}; last coverage {cov:?}"))
     }
 }
+
+/// Per-worker views of `base` for simulations: each worker's calls pass through a fault injector
+/// (errors, latency, its own partition) and then an auditor checking the fencing invariants.
+pub fn audited_faulty_views(
+    base: Arc<dyn LeaseStore>,
+    faults: crate::Faults,
+    audit: crate::audit::AuditLog,
+) -> StoreForWorker {
+    Arc::new(move |w: &WorkerId| -> Arc<dyn LeaseStore> {
+        let audited: Arc<dyn LeaseStore> =
+            Arc::new(crate::audit::AuditStore::new(base.clone(), Some(w.clone()), audit.clone()));
+        Arc::new(crate::FaultyStore::new(audited, faults.clone(), Some(w.clone())))
+    })
+}
