@@ -56,22 +56,13 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     };
     report_corrupt(shared, &listing.corrupt);
     let empty = listing.items.is_empty() && listing.corrupt.is_empty();
-    if empty && shared.saw_leases.swap(false, Ordering::SeqCst) {
-        // Every lease vanished at once: the store was wiped, or restarted without persistence
-        // (a Redis without AOF, say). Running tasks are stopped below (their leases are gone);
-        // recreate the leases from the stream now rather than at the next shard sync.
-        error!(
-            held = lock(&shared.tasks).len(),
-            "every lease of the namespace vanished from the store: checkpoints are LOST; \
-             recreating leases from the shard source at the initial position"
-        );
-        metrics::counter!("shardlease_namespace_vanished_total").increment(1);
-        if let Err(e) = super::shard_sync::sync(shared).await {
-            warn!(error = %e, "recreating leases failed; retrying at the next pass");
+    if empty {
+        let previous = std::mem::take(&mut *lock(&shared.last_seen));
+        if !previous.is_empty() {
+            rebuild_vanished(shared, previous).await;
         }
-        shared.balance_now.notify_one();
-    } else if !empty {
-        shared.saw_leases.store(true, Ordering::SeqCst);
+    } else {
+        *lock(&shared.last_seen) = listing.items.iter().map(|(l, _)| l.clone()).collect();
     }
     let now = Instant::now();
     let leases = listing.items;
@@ -108,6 +99,32 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
         leases.iter().map(|v| (&v.0.key, v)).collect();
     execute(shared, &plan, &by_key).await;
+}
+
+/// Every lease vanished at once: the store was wiped, or restarted without persistence (a Redis
+/// without AOF, say). Running tasks are stopped by the reconcile that follows (their leases are
+/// gone). The leases are recreated at once from the last listing this worker saw: same parents,
+/// the checkpoints of then (records processed since are processed again, none skipped), and an
+/// epoch above the old one so fencing tokens held by downstream sinks never go backwards. The
+/// shard sync then adds any shard that listing did not have.
+async fn rebuild_vanished(shared: &Shared, previous: Vec<Lease>) {
+    error!(
+        leases = previous.len(),
+        held = lock(&shared.tasks).len(),
+        "every lease of the namespace vanished from the store: checkpoints written since this \
+         worker's last listing are LOST; recreating the leases from that listing"
+    );
+    metrics::counter!("shardlease_namespace_vanished_total").increment(1);
+    for old in previous {
+        let lease = Lease { owner: None, claim: None, epoch: old.epoch + 1, ..old };
+        if let Err(e) = shared.store.create_lease(&lease).await {
+            warn!(key = %lease.key, error = %e, "recreating a vanished lease failed");
+        }
+    }
+    if let Err(e) = super::shard_sync::sync(shared).await {
+        warn!(error = %e, "shard sync after the namespace vanished failed");
+    }
+    shared.balance_now.notify_one();
 }
 
 fn report_corrupt(shared: &Shared, corrupt: &[crate::store::CorruptRecord]) {

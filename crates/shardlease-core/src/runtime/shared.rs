@@ -94,8 +94,9 @@ pub(crate) struct Shared {
     /// Set after the first successful heartbeat since start (or since a fence).
     pub heartbeat_ok: watch::Sender<Option<Instant>>,
     pub fenced: AtomicBool,
-    /// Whether the last lease listing had any lease (to notice a namespace that vanished).
-    pub saw_leases: AtomicBool,
+    /// The leases of the last non-empty listing, kept to rebuild a namespace that vanished (a store
+    /// that lost its data) from the last checkpoints seen rather than from the initial position.
+    pub last_seen: Mutex<Vec<crate::lease::Lease>>,
     pub stats: Stats,
     rng: Mutex<StdRng>,
 }
@@ -138,7 +139,7 @@ impl Shared {
             balance_now: Notify::new(),
             heartbeat_ok: watch::channel(None).0,
             fenced: AtomicBool::new(false),
-            saw_leases: AtomicBool::new(false),
+            last_seen: Mutex::new(Vec::new()),
             stats: Stats::default(),
             rng: Mutex::new(rng),
         }

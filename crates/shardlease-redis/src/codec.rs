@@ -1,0 +1,307 @@
+//! How leases and worker records are laid out as Redis hash fields, and read back.
+//!
+//! Every field is readable with `HGETALL` (numbers in decimal, structured fields as JSON), so an
+//! operator can inspect and even repair a record by hand. Decoding never panics: a missing or
+//! garbled field gives a reason string, which the store reports as `Error::Corrupt` (or a
+//! `Listing::corrupt` entry) for that one record.
+//!
+//! Lease hash: `key`, `owner` (absent when unowned), `epoch`, `checkpoint` (JSON of `Position`,
+//! e.g. `{"kind":"sequence","seq":"4959…","sub":0}`), `parents` (JSON array), `claim` (JSON
+//! `{"by":…,"at":…}`, absent when none), `attributes` (JSON object), `version` (written by the
+//! Lua scripts only). Worker hash: `id`, `beat`, `updated_at_millis`, `lease_count`, `load` and
+//! `capacity` (absent when unset). Unknown fields are ignored, so later versions may add some.
+
+use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
+
+use redis::Value;
+use shardlease_core::{Claim, Lease, LeaseKey, Position, Version, VersionedLease, WorkerRecord};
+
+/// The fields of one hash, as read.
+pub(crate) type Fields = HashMap<String, String>;
+
+/// Field names of a lease hash.
+pub(crate) mod lease_field {
+    /// The lease key, repeated inside the record so `HGETALL` is self-describing.
+    pub const KEY: &str = "key";
+    /// The owner's worker id; absent when unowned.
+    pub const OWNER: &str = "owner";
+    /// The fencing epoch.
+    pub const EPOCH: &str = "epoch";
+    /// The checkpoint, JSON of `Position`.
+    pub const CHECKPOINT: &str = "checkpoint";
+    /// The parent lease keys, JSON array.
+    pub const PARENTS: &str = "parents";
+    /// The pending claim, JSON; absent when none.
+    pub const CLAIM: &str = "claim";
+    /// Extension attributes, JSON object.
+    pub const ATTRIBUTES: &str = "attributes";
+    /// The record's version, written by the Lua scripts.
+    pub const VERSION: &str = "version";
+}
+
+/// Field names of a worker hash.
+pub(crate) mod worker_field {
+    /// The worker id.
+    pub const ID: &str = "id";
+    /// The heartbeat counter.
+    pub const BEAT: &str = "beat";
+    /// Wall-clock time of the heartbeat.
+    pub const UPDATED_AT_MILLIS: &str = "updated_at_millis";
+    /// Leases held.
+    pub const LEASE_COUNT: &str = "lease_count";
+    /// Optional load figure.
+    pub const LOAD: &str = "load";
+    /// Optional advertised capacity.
+    pub const CAPACITY: &str = "capacity";
+}
+
+/// The field/value pairs of `lease`, without `version` (the scripts add it).
+pub(crate) fn lease_fields(lease: &Lease) -> Result<Vec<(&'static str, String)>, String> {
+    use lease_field::*;
+    let json = |what: &str, r: serde_json::Result<String>| {
+        r.map_err(|e| format!("cannot encode the {what} of lease {}: {e}", lease.key))
+    };
+    let mut out = Vec::with_capacity(8);
+    out.push((KEY, lease.key.as_str().to_owned()));
+    if let Some(owner) = &lease.owner {
+        out.push((OWNER, owner.as_str().to_owned()));
+    }
+    out.push((EPOCH, lease.epoch.to_string()));
+    out.push((CHECKPOINT, json("checkpoint", serde_json::to_string(&lease.checkpoint))?));
+    out.push((PARENTS, json("parents", serde_json::to_string(&lease.parents))?));
+    if let Some(claim) = &lease.claim {
+        out.push((CLAIM, json("claim", serde_json::to_string(claim))?));
+    }
+    out.push((ATTRIBUTES, json("attributes", serde_json::to_string(&lease.attributes))?));
+    Ok(out)
+}
+
+/// The field/value pairs of a worker record.
+pub(crate) fn worker_fields(record: &WorkerRecord) -> Vec<(&'static str, String)> {
+    use worker_field::*;
+    let mut out = vec![
+        (ID, record.id.as_str().to_owned()),
+        (BEAT, record.beat.to_string()),
+        (UPDATED_AT_MILLIS, record.updated_at_millis.to_string()),
+        (LEASE_COUNT, record.lease_count.to_string()),
+    ];
+    if let Some(load) = record.load {
+        // `Display` of f64 is the shortest string that parses back to the same value.
+        out.push((LOAD, load.to_string()));
+    }
+    if let Some(capacity) = record.capacity {
+        out.push((CAPACITY, capacity.to_string()));
+    }
+    out
+}
+
+fn required<'a>(fields: &'a Fields, name: &str) -> Result<&'a str, String> {
+    fields.get(name).map(String::as_str).ok_or_else(|| format!("field `{name}` is missing"))
+}
+
+fn number<T: FromStr>(fields: &Fields, name: &str) -> Result<T, String> {
+    let raw = required(fields, name)?;
+    raw.parse().map_err(|_| format!("field `{name}` is not a valid number: {}", excerpt(raw)))
+}
+
+fn optional_number<T: FromStr>(fields: &Fields, name: &str) -> Result<Option<T>, String> {
+    match fields.get(name) {
+        None => Ok(None),
+        Some(_) => number(fields, name).map(Some),
+    }
+}
+
+fn json<T: serde::de::DeserializeOwned>(raw: &str, name: &str) -> Result<T, String> {
+    serde_json::from_str(raw)
+        .map_err(|e| format!("field `{name}` is not valid JSON for it ({e}): {}", excerpt(raw)))
+}
+
+/// At most 60 characters of a stored value, for messages.
+fn excerpt(raw: &str) -> String {
+    let mut s: String = raw.chars().take(60).collect();
+    if s.len() < raw.len() {
+        s.push('…');
+    }
+    format!("{s:?}")
+}
+
+/// Decodes the lease stored under `key`.
+pub(crate) fn decode_lease(key: &str, fields: &Fields) -> Result<VersionedLease, String> {
+    use lease_field::*;
+    let stored_key = required(fields, KEY)?;
+    if stored_key != key {
+        return Err(format!("field `key` says {} but the record is {key:?}", excerpt(stored_key)));
+    }
+    let owner = match fields.get(OWNER) {
+        None => None,
+        Some(o) if o.is_empty() => return Err("field `owner` is empty".to_owned()),
+        Some(o) => Some(o.as_str().into()),
+    };
+    let claim: Option<Claim> = match fields.get(CLAIM) {
+        None => None,
+        Some(raw) => Some(json(raw, CLAIM)?),
+    };
+    let parents: Vec<LeaseKey> = json(required(fields, PARENTS)?, PARENTS)?;
+    let attributes: BTreeMap<String, String> = json(required(fields, ATTRIBUTES)?, ATTRIBUTES)?;
+    let checkpoint: Position = json(required(fields, CHECKPOINT)?, CHECKPOINT)?;
+    let lease = Lease {
+        key: key.into(),
+        owner,
+        epoch: number(fields, EPOCH)?,
+        checkpoint,
+        parents,
+        claim,
+        attributes,
+    };
+    Ok((lease, Version(number(fields, VERSION)?)))
+}
+
+/// Decodes the worker record stored under `id`.
+pub(crate) fn decode_worker(id: &str, fields: &Fields) -> Result<WorkerRecord, String> {
+    use worker_field::*;
+    let stored = required(fields, ID)?;
+    if stored != id {
+        return Err(format!("field `id` says {} but the record is {id:?}", excerpt(stored)));
+    }
+    Ok(WorkerRecord {
+        id: id.into(),
+        beat: number(fields, BEAT)?,
+        updated_at_millis: number(fields, UPDATED_AT_MILLIS)?,
+        lease_count: number(fields, LEASE_COUNT)?,
+        load: optional_number(fields, LOAD)?,
+        capacity: optional_number(fields, CAPACITY)?,
+    })
+}
+
+/// A string out of a reply value (bulk or simple string).
+pub(crate) fn text(v: &Value) -> Option<&str> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        Value::Okay => Some("OK"),
+        _ => None,
+    }
+}
+
+/// The field map of an `HGETALL` reply (a flat array in RESP2, a map in RESP3). An empty reply
+/// (the key does not exist) gives an empty map.
+pub(crate) fn fields_of(v: &Value) -> Result<Fields, String> {
+    let pair = |k: &Value, v: &Value| -> Result<(String, String), String> {
+        let name = text(k).ok_or_else(|| "a field name is not UTF-8 text".to_owned())?;
+        let value =
+            text(v).ok_or_else(|| format!("the value of field `{name}` is not UTF-8 text"))?;
+        Ok((name.to_owned(), value.to_owned()))
+    };
+    match v {
+        Value::Nil => Ok(Fields::new()),
+        Value::Array(items) => {
+            if items.len() % 2 != 0 {
+                return Err("the hash reply has an odd number of items".to_owned());
+            }
+            items.chunks_exact(2).map(|kv| pair(&kv[0], &kv[1])).collect()
+        }
+        Value::Map(items) => items.iter().map(|(k, v)| pair(k, v)).collect(),
+        other => Err(format!("unexpected reply to a hash read: {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use shardlease_core::SequenceNumber;
+
+    fn as_fields(pairs: Vec<(&'static str, String)>, version: u64) -> Fields {
+        let mut f: Fields = pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        f.insert("version".into(), version.to_string());
+        f
+    }
+
+    fn full_lease() -> Lease {
+        let mut lease = Lease::new(
+            "stream/shardId-000000000007",
+            Position::Sequence {
+                seq: SequenceNumber::parse(
+                    "49590338271490256608559692538361571095921575989136588898",
+                )
+                .unwrap(),
+                sub: 3,
+            },
+        )
+        .with_parents(["a".into(), "b".into()]);
+        lease.owner = Some("worker-1".into());
+        lease.epoch = 42;
+        lease.claim = Some(Claim { by: "worker-2".into(), at: 42 });
+        lease.attributes.insert("hash_range".into(), "0-99".into());
+        lease
+    }
+
+    #[test]
+    fn leases_round_trip() {
+        for lease in [full_lease(), Lease::new("plain", Position::TrimHorizon)] {
+            let fields = as_fields(lease_fields(&lease).unwrap(), 17);
+            let (back, v) = decode_lease(lease.key.as_str(), &fields).unwrap();
+            assert_eq!((back, v), (lease, Version(17)));
+        }
+        let plain = as_fields(lease_fields(&Lease::new("p", Position::Latest)).unwrap(), 1);
+        assert!(!plain.contains_key("owner") && !plain.contains_key("claim"));
+        assert_eq!(plain["checkpoint"], r#"{"kind":"latest"}"#);
+        assert_eq!(plain["parents"], "[]");
+    }
+
+    #[test]
+    fn bad_lease_fields_are_reasons_not_panics() {
+        let good = as_fields(lease_fields(&full_lease()).unwrap(), 3);
+        let key = full_lease().key;
+        let cases: Vec<(&str, Option<&str>, &str)> = vec![
+            ("epoch", None, "`epoch` is missing"),
+            ("epoch", Some("-1"), "not a valid number"),
+            ("version", Some("x"), "not a valid number"),
+            ("version", None, "`version` is missing"),
+            ("checkpoint", Some("{not json"), "not valid JSON"),
+            ("checkpoint", Some(r#"{"kind":"sequence","seq":"12a"}"#), "not valid JSON"),
+            ("parents", Some("\"a\""), "not valid JSON"),
+            ("claim", Some("{}"), "not valid JSON"),
+            ("attributes", None, "`attributes` is missing"),
+            ("key", Some("other"), "says"),
+            ("owner", Some(""), "empty"),
+        ];
+        for (field, value, want) in cases {
+            let mut f = good.clone();
+            match value {
+                Some(v) => f.insert(field.into(), v.into()),
+                None => f.remove(field),
+            };
+            let err = decode_lease(key.as_str(), &f).unwrap_err();
+            assert!(err.contains(want), "{field}={value:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn workers_round_trip() {
+        let mut w = WorkerRecord::new("w-1".into(), 9);
+        w.lease_count = 3;
+        w.load = Some(0.1 + 0.2);
+        w.capacity = Some(10);
+        let f: Fields = worker_fields(&w).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        assert_eq!(decode_worker("w-1", &f).unwrap(), w);
+        let mut bad = f.clone();
+        bad.insert("beat".into(), "many".into());
+        assert!(decode_worker("w-1", &bad).unwrap_err().contains("beat"));
+        assert!(decode_worker("w-2", &f).unwrap_err().contains("says"));
+    }
+
+    #[test]
+    fn hash_replies_of_both_protocols_decode() {
+        let b = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![b("a"), b("1"), b("b"), b("2")]);
+        let resp3 = Value::Map(vec![(b("a"), b("1")), (b("b"), b("2"))]);
+        assert_eq!(fields_of(&resp2).unwrap(), fields_of(&resp3).unwrap());
+        assert!(fields_of(&Value::Array(vec![])).unwrap().is_empty());
+        assert!(fields_of(&Value::Array(vec![b("a")])).is_err());
+        assert!(fields_of(&Value::Array(vec![b("a"), Value::BulkString(vec![0xff])])).is_err());
+        assert!(fields_of(&Value::Int(3)).is_err());
+    }
+}

@@ -1,0 +1,109 @@
+//! # shardlease-redis
+//!
+//! A [`LeaseStore`] on Redis (standalone; the key layout is ready
+//! for Redis Cluster). Connect with [`RedisStore::connect`], [`RedisStore::builder`] or, through
+//! the `shardlease` facade with its `redis` feature, by URL: `redis://[[user]:password@]host
+//! [:port][/db][?namespace=NAME&key_prefix=PREFIX]`.
+//!
+//! `rediss://` (TLS) needs this crate's `tls` feature (`redis-tls` on the facade): rustls with the
+//! aws-lc-rs provider, the crypto stack the AWS SDK crates of this workspace already use, so a
+//! full build carries one TLS stack. It is off by default because aws-lc-sys is a C build of a
+//! minute or two. Servers are verified against the system's roots, or against a private CA given
+//! to `RedisStoreBuilder::tls_root_certificates_pem`.
+//!
+//! ```no_run
+//! # async fn demo() -> shardlease_core::Result<()> {
+//! use shardlease_redis::RedisStore;
+//! let store = RedisStore::builder("redis://127.0.0.1:6379/0")
+//!     .namespace("orders")
+//!     .key_prefix("shardlease")
+//!     .connect()
+//!     .await?;
+//! # let _ = store; Ok(()) }
+//! ```
+//!
+//! ## Key layout
+//!
+//! Each lease is a hash, each worker record is a hash, and two sorted sets (every score 0, so
+//! they sort by name and page with `ZRANGE … BYLEX`) index the namespace's lease keys and worker
+//! ids. Every key of a namespace starts with the hash tag `{<prefix>:<namespace>}`, so on Redis
+//! Cluster they share one slot, and a script may touch a record, its index and the version
+//! counter at once:
+//!
+//! ```text
+//! {shardlease:orders}:lease:shardId-000000000001   HGETALL → key, owner, epoch, checkpoint,
+//!                                                   parents, claim, attributes, version
+//! {shardlease:orders}:leases                       ZSET of lease keys
+//! {shardlease:orders}:worker:host-42-1f2e3d4c       HGETALL → id, beat, updated_at_millis,
+//!                                                   lease_count, load, capacity
+//! {shardlease:orders}:workers                      ZSET of worker ids
+//! {shardlease:orders}:version                      counter behind every lease version
+//! ```
+//!
+//! The version counter is the one key that outlives a namespace's last lease (it is what keeps
+//! versions from being reused); [`RedisStore::delete_namespace`] removes every key, counter
+//! included.
+//!
+//! Fields are plain text an operator can read with `HGETALL`: numbers in decimal, the checkpoint
+//! as JSON of `Position` (`{"kind":"sequence","seq":"4959…","sub":0}`), parents, claim and
+//! attributes as JSON. A record that does not decode (a missing or garbled field, or a key of
+//! another type) is reported as `Error::Corrupt` by `get_lease`/`update_lease`/`delete_lease`
+//! and as a `Listing::corrupt` entry by the listings; the other records keep working.
+//!
+//! ## Why Lua
+//!
+//! Compare-and-set must read the version, compare and write with nothing in between. A Lua
+//! script runs atomically on the server in one round trip and, when the comparison fails, returns
+//! the current record in the same reply, so a `Conflict` carries it at no extra cost.
+//! `WATCH`/`MULTI` would need three round trips and client-side retries. The scripts are sent
+//! with `EVALSHA` and loaded again by themselves when the server does not know them (after a
+//! restart). Versions come from a per-namespace counter incremented inside the scripts, so a
+//! version is never reused after a delete and re-create; a missing counter is seeded from the
+//! server clock in microseconds, so versions keep growing even across a loss of data.
+//!
+//! ## Durability
+//!
+//! Checkpoints are exactly as durable as the Redis server's persistence settings. With
+//! `appendonly yes` (AOF, ideally `appendfsync everysec` or `always`) a restart keeps the leases;
+//! with RDB snapshots only, a crash loses the writes since the last snapshot; with no persistence
+//! at all (`save ""`, `appendonly no`, like the test server of this project) a restart loses
+//! every lease and checkpoint of every namespace. Workers then see their leases vanish, stop
+//! processing them, and the shard sync recreates the leases from the stream at the configured
+//! initial position: records are processed again (`TrimHorizon`) or skipped (`Latest`).
+//! Use AOF in production.
+//!
+//! ## Connections
+//!
+//! One [`ConnectionManager`](redis::aio::ConnectionManager) (a multiplexed connection) is shared
+//! by every clone of a store; it reconnects by itself after a server restart. Connection
+//! failures, timeouts and `BUSY`/`LOADING`/`TRYAGAIN`-like replies are retryable
+//! `Error::Backend`s. The password never appears in an error, a log line or `Debug` output.
+
+mod codec;
+mod errors;
+mod keys;
+mod redact;
+mod scripts;
+mod store;
+
+use std::sync::Arc;
+
+use shardlease_core::{LeaseStore, Result};
+
+pub use redact::redact_url;
+pub use store::{
+    RedisStore, RedisStoreBuilder, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_KEY_PREFIX,
+    DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, DEFAULT_RESPONSE_TIMEOUT,
+};
+
+/// Re-export of the `redis` crate, so callers of [`RedisStore::from_manager`] use the same
+/// version this crate was built with.
+pub use redis;
+
+/// Opens `namespace` on the Redis server at `url`, as a shared [`LeaseStore`]: the entry point
+/// of the `shardlease` facade for `redis://` and `rediss://` URLs. A `key_prefix` query
+/// parameter sets the key prefix; any `namespace` parameter is ignored in favour of the argument.
+pub async fn connect_url(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+    let store = RedisStore::builder(url).namespace(namespace).connect().await?;
+    Ok(Arc::new(store))
+}

@@ -1,0 +1,176 @@
+//! Helpers shared by the integration tests: the conformance factory over the shared test server,
+//! and a private `redis-server` child process for tests that must restart or configure a server
+//! (the shared one on 6379 is used by other tests and must never be restarted).
+
+// Each test file uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use shardlease_core::{LeaseStore, Result};
+use shardlease_redis::RedisStore;
+use shardlease_testkit::suite::{env_or_skip, skip};
+use shardlease_testkit::StoreFactory;
+
+/// The variable naming the shared test server.
+pub const URL_VAR: &str = "SHARDLEASE_TEST_REDIS_URL";
+
+/// The key prefix the tests use, so their keys are easy to find and never clash with a real
+/// application's.
+pub const TEST_PREFIX: &str = "shardlease-test";
+
+/// The conformance suite's factory: one store per namespace on the shared test server.
+pub struct RedisFactory {
+    url: String,
+}
+
+impl RedisFactory {
+    /// A factory over the server at `url`.
+    pub fn new(url: String) -> Self {
+        RedisFactory { url }
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A store for `namespace`, as a concrete type.
+    pub async fn open(&self, namespace: &str) -> Result<RedisStore> {
+        RedisStore::builder(&self.url).namespace(namespace).key_prefix(TEST_PREFIX).connect().await
+    }
+}
+
+#[async_trait]
+impl StoreFactory for RedisFactory {
+    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+        Ok(Arc::new(self.open(namespace).await?))
+    }
+
+    async fn cleanup(&self, namespace: &str) -> Result<()> {
+        self.open(namespace).await?.delete_namespace().await.map(|_| ())
+    }
+
+    fn name(&self) -> String {
+        "redis".to_owned()
+    }
+}
+
+/// The factory over `SHARDLEASE_TEST_REDIS_URL`, or `None` (skipped; a failure under CI=true).
+pub async fn factory() -> Option<RedisFactory> {
+    env_or_skip(URL_VAR).map(RedisFactory::new)
+}
+
+/// A `redis-server` of the test's own on a free loopback port, with no persistence (so a restart
+/// loses everything, like the servers of this project). Killed when dropped.
+pub struct PrivateRedis {
+    port: u16,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    /// Starts a server, or returns `None` after saying the test is skipped (a failure under
+    /// CI=true) when `redis-server` is not installed.
+    pub fn start_or_skip(test: &str, extra: &[&str]) -> Option<PrivateRedis> {
+        let found = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            skip(test, "redis-server is not installed");
+            return None;
+        }
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        for _ in 0..5 {
+            let port = free_port();
+            let mut server = PrivateRedis { port, extra: extra.clone(), child: None };
+            if server.start().is_ok() {
+                return Some(server);
+            }
+        }
+        panic!("{test}: could not start a private redis-server");
+    }
+
+    /// The server's URL (without credentials).
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts the server (again) on its port and waits until it answers `PING`.
+    pub fn start(&mut self) -> std::result::Result<(), String> {
+        assert!(self.child.is_none(), "already running");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("spawning redis-server: {e}"))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                return Err(format!("redis-server exited at once: {status}"));
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        Err("redis-server did not answer PING within 5 s".to_owned())
+    }
+
+    /// Kills the server (SIGKILL: no shutdown, nothing saved) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+/// Whether a Redis server on `port` answers `PING` (or asks for a password, which also means it
+/// is up).
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf) {
+        Ok(n) => buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"),
+        Err(_) => false,
+    }
+}
