@@ -17,5 +17,11 @@ echo "== services"
 eval "$(scripts/services.sh)"
 
 echo "== cargo test"
-cargo test --workspace --locked --all-targets
-cargo test --workspace --locked --doc
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --locked --all-targets 2>&1 | tee "$log"
+cargo test --workspace --locked --doc 2>&1 | tee -a "$log"
+# One closing line for the whole run (cargo prints one per test binary).
+echo
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

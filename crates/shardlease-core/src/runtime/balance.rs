@@ -19,15 +19,22 @@ use crate::error::Error;
 use crate::lease::{Claim, Lease, LeaseKey, Version, VersionedLease, WorkerId};
 
 pub(crate) async fn balance_loop(shared: Arc<Shared>) {
-    // Step 6 of the design: first pass one heartbeat after the first heartbeat, so workers that
-    // start together see each other and split the shards without churn.
+    // Step 6 of the design: the first pass waits for a listing of worker records started at least
+    // one heartbeat interval after this worker's first heartbeat, so workers that start together
+    // see each other (each has heartbeated by then) and split the shards without churn.
     let mut ok = shared.heartbeat_ok.subscribe();
-    tokio::select! {
-        r = ok.wait_for(Option::is_some) => if r.is_err() { return },
+    let first = tokio::select! {
+        r = ok.wait_for(Option::is_some) => match r {
+            Ok(t) => t.unwrap_or_else(Instant::now),
+            Err(_) => return,
+        },
         _ = shared.stop_taking.cancelled() => return,
-    }
-    if !shared.sleep_or_cancel(shared.cfg.heartbeat_interval).await {
-        return;
+    };
+    let ready = first + shared.cfg.heartbeat_interval;
+    let mut listed = shared.workers_listed.subscribe();
+    tokio::select! {
+        r = listed.wait_for(|t| t.is_some_and(|t| t >= ready)) => if r.is_err() { return },
+        _ = shared.stop_taking.cancelled() => return,
     }
     loop {
         if shared.stop_taking.is_cancelled() {
@@ -47,6 +54,7 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
 
 /// One balance pass.
 pub(crate) async fn pass(shared: &Arc<Shared>) {
+    let list_started = Instant::now();
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
         Err(e) => {
@@ -68,10 +76,13 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     let leases = listing.items;
     let me = shared.id();
     let live = live_set(shared, &me, &leases);
-    let adopt = reconcile(shared, &me, &leases);
-    for v in &adopt {
+    let (resume, retake) = reconcile(shared, &me, &leases, list_started);
+    for (lease, version) in resume {
+        lease_task::spawn(shared, lease, version);
+    }
+    for v in &retake {
         if take(shared, v).await {
-            info!(key = %v.0.key, epoch = v.0.epoch + 1, "re-took a lease this worker owned but was not running");
+            info!(key = %v.0.key, epoch = v.0.epoch + 1, "re-took a lease of an earlier incarnation");
         }
     }
     let expired = expired_claims(shared, &me, &leases, now);
@@ -157,16 +168,19 @@ fn live_set(shared: &Shared, me: &WorkerId, leases: &[VersionedLease]) -> BTreeS
 }
 
 /// Stops tasks whose lease moved on, and returns the active leases this worker owns but is not
-/// running (handed to it, or left from before a self-fence or a restart). Those are re-taken by
-/// compare-and-set with a new epoch rather than simply resumed: after a fence a peer may have
-/// judged this worker dead from a listing older than its recovery and be taking the same leases,
-/// and the CAS makes exactly one of the two win. The CAS also makes a stale listing harmless: a
-/// lease this worker handed over since it was listed has a new version, so re-taking it fails.
+/// running, in two groups:
+/// - owned by this incarnation (handed over to it, or taken while an older task for the key was
+///   still stopping): resumed directly, unless a task for the key ended after this listing began
+///   (the listing may predate a hand-over);
+/// - owned by an earlier incarnation (before a self-fence): re-taken by compare-and-set with a new
+///   epoch, because a peer may have judged that incarnation dead and be taking the same leases;
+///   the CAS makes exactly one of the two win.
 fn reconcile(
     shared: &Arc<Shared>,
     me: &WorkerId,
     leases: &[VersionedLease],
-) -> Vec<VersionedLease> {
+    list_started: Instant,
+) -> (Vec<VersionedLease>, Vec<VersionedLease>) {
     let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
     {
         let tasks = lock(&shared.tasks);
@@ -180,19 +194,23 @@ fn reconcile(
         }
     }
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     }
     let by_ref: std::collections::HashMap<&LeaseKey, &Lease> = by_key.clone().into_iter().collect();
     let tasks = lock(&shared.tasks);
-    leases
-        .iter()
-        .filter(|(lease, _)| {
-            lease.owner.as_ref().is_some_and(|o| shared.is_me_or_former(o))
-                && is_active(lease, &by_ref)
-        })
-        .filter(|(lease, _)| !tasks.contains_key(&lease.key))
-        .cloned()
-        .collect()
+    let ended = {
+        let mut ended = lock(&shared.task_ended);
+        ended.retain(|_, at| *at >= list_started);
+        ended.clone()
+    };
+    let idle = leases.iter().filter(|(lease, _)| {
+        lease.owner.as_ref().is_some_and(|o| shared.is_me_or_former(o))
+            && is_active(lease, &by_ref)
+            && !tasks.contains_key(&lease.key)
+    });
+    let (resume, retake): (Vec<_>, Vec<_>) = idle.cloned().partition(|(l, _)| l.is_owned_by(me));
+    let resume = resume.into_iter().filter(|(l, _)| !ended.contains_key(&l.key)).collect();
+    (resume, retake)
 }
 
 /// This worker's claims still standing, pruned; returns those whose lease record has not changed

@@ -41,6 +41,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
             Ok(Err(e)) => warn!(error = %e, beat, "heartbeat failed"),
             Err(_) => warn!(beat, ?hb, "heartbeat timed out"),
         }
+        let list_started = Instant::now();
         match timeout(hb, shared.store.list_workers()).await {
             Ok(Ok(listing)) => {
                 for c in &listing.corrupt {
@@ -53,6 +54,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 for w in &change.vanished {
                     info!(worker = %w, "peer left");
                 }
+                shared.workers_listed.send_replace(Some(list_started));
                 metrics::gauge!("shardlease_live_workers").set(listing.items.len() as f64);
                 if change.needs_balance() {
                     shared.balance_now.notify_one();

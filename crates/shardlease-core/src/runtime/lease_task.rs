@@ -95,7 +95,9 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
             transfer(&shared, &token, None).await;
         }
     }
+    // Under the task-map lock, so a reconcile sees either the task or the moment it ended.
     let mut tasks = lock(&shared.tasks);
+    lock(&shared.task_ended).insert(token.key.clone(), tokio::time::Instant::now());
     if tasks.get(&token.key).is_some_and(|t| t.epoch == token.epoch) {
         tasks.remove(&token.key);
     }

@@ -88,11 +88,17 @@ pub(crate) struct Shared {
     /// claim timeout only runs while that version stands still (the owner writes nothing), so an
     /// owner that is alive and checkpointing is never stolen from.
     pub my_claims: Mutex<BTreeMap<LeaseKey, (Instant, crate::lease::Version)>>,
+    /// When each lease task last ended. A listing started before that moment may still show the
+    /// lease as this worker's (it was handed over or released since), so the reconcile of that
+    /// pass must not restart it.
+    pub task_ended: Mutex<BTreeMap<LeaseKey, Instant>>,
     /// Corrupt records already reported (reported once, then counted quietly).
     pub reported_corrupt: Mutex<std::collections::BTreeSet<String>>,
     pub balance_now: Notify,
     /// Set after the first successful heartbeat since start (or since a fence).
     pub heartbeat_ok: watch::Sender<Option<Instant>>,
+    /// When the last successful listing of worker records was started.
+    pub workers_listed: watch::Sender<Option<Instant>>,
     pub fenced: AtomicBool,
     /// The leases of the last non-empty listing, kept to rebuild a namespace that vanished (a store
     /// that lost its data) from the last checkpoints seen rather than from the initial position.
@@ -135,9 +141,11 @@ impl Shared {
             stop_taking: CancellationToken::new(),
             tasks: Mutex::new(BTreeMap::new()),
             my_claims: Mutex::new(BTreeMap::new()),
+            task_ended: Mutex::new(BTreeMap::new()),
             reported_corrupt: Mutex::new(Default::default()),
             balance_now: Notify::new(),
             heartbeat_ok: watch::channel(None).0,
+            workers_listed: watch::channel(None).0,
             fenced: AtomicBool::new(false),
             last_seen: Mutex::new(Vec::new()),
             stats: Stats::default(),
@@ -182,14 +190,6 @@ impl Shared {
     /// A fresh exponential backoff using the configured delays.
     pub(crate) fn backoff(&self) -> Backoff {
         Backoff { next: self.cfg.retry_min_delay, max: self.cfg.retry_max_delay }
-    }
-
-    /// Sleeps for `d` or until the worker is cancelled; false when cancelled.
-    pub(crate) async fn sleep_or_cancel(&self, d: Duration) -> bool {
-        tokio::select! {
-            _ = tokio::time::sleep(d) => true,
-            _ = self.cancel.cancelled() => false,
-        }
     }
 
     /// The keys of the leases this worker is running.
