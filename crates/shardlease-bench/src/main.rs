@@ -1,0 +1,51 @@
+//! `shardlease-bench`: runs the benchmark scenarios and prints one JSON object per line per run.
+//!
+//! Exit status: 0 when every run finished, 1 when one failed (its line has an `"error"` key), 2 for
+//! bad flags (message on stderr). Logs go to stderr; set `RUST_LOG` for more than warnings.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use shardlease_bench::args::{self, ArgsError};
+
+fn main() -> ExitCode {
+    let args = match args::parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(ArgsError::Help) => {
+            println!("{}", args::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(ArgsError::Invalid(m)) => {
+            eprintln!("error: {m}\n\n{}", args::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        if let Err(m) = shardlease_bench::preflight(&args).await {
+            eprintln!("error: {m}");
+            return ExitCode::from(2);
+        }
+        let ok = shardlease_bench::run(&args, |report| {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", report.to_line());
+            let _ = out.flush();
+        })
+        .await;
+        if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    })
+}
