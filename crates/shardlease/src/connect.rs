@@ -43,9 +43,14 @@ pub async fn connect_namespace(url: &str, namespace: &str) -> Result<Arc<dyn Lea
 }
 
 fn parse(url: &str) -> Result<Url> {
-    // `sqlite::memory:` is sqlx's spelling of an in-memory SQLite database; accept it as a URL.
-    let normalized = if url.starts_with("sqlite::memory:") { "sqlite://:memory:" } else { url };
-    Url::parse(normalized).map_err(|e| {
+    // `sqlite::memory:` is sqlx's spelling of an in-memory SQLite database; accept it as a URL
+    // (keeping its query, which may name the namespace).
+    let memory = ["sqlite::memory:", "sqlite://:memory:"].iter().find(|p| url.starts_with(**p));
+    let normalized = match memory {
+        Some(prefix) => format!("sqlite:memory{}", &url[prefix.len()..]),
+        None => url.to_owned(),
+    };
+    Url::parse(&normalized).map_err(|e| {
         Error::Config(format!(
             "malformed store URL ({e}); expected e.g. memory:// or redis://host:6379"
         ))
@@ -60,6 +65,12 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
         "memory" => Ok(Arc::new(MemoryBackend::global().store(Namespace::new(namespace)))),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => shardlease_redis::connect_url(url.as_str(), namespace).await,
+        #[cfg(feature = "sqlite")]
+        "sqlite" => shardlease_sql::connect_url(_raw, namespace).await,
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => shardlease_sql::connect_url(_raw, namespace).await,
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => shardlease_sql::connect_url(_raw, namespace).await,
         scheme => match KNOWN.iter().find(|(s, _)| *s == scheme) {
             Some((_, feature)) => Err(Error::Config(format!(
                 "store scheme `{scheme}://` needs the `{feature}` feature of the shardlease crate \

@@ -5,12 +5,18 @@
 //!
 //! This is the crate applications depend on. It re-exports everything from `shardlease-core`
 //! and adds [`connect`], which turns a URL into a store, so switching stores changes one string and
-//! no code. Each backend is behind a feature flag, off by default:
+//! no code. Each backend is behind a feature flag, off by default but for embedded SQLite:
 //!
 //! | URL | store | feature |
 //! |---|---|---|
 //! | `memory://` | in-memory, process-wide (tests, demos) | always |
 //! | `redis://[:password@]host[:port][/db]`, `rediss://…` | Redis (Lua compare-and-set; `?key_prefix=` sets the key prefix) | `redis` (`redis-tls` for `rediss://`) |
+//! | `sqlite://path/to/leases.db`, `sqlite::memory:` | SQLite, embedded (bundled; processes on one machine can share a file) | `sqlite` (default) |
+//! | `postgres://user:pw@host:5432/db`, `postgresql://…` | PostgreSQL | `postgres` (`sql-tls` for `sslmode=require`) |
+//! | `mysql://user:pw@host:3306/db`, `mariadb://…` | MySQL 8 / MariaDB 10.5+ | `mysql` (`sql-tls` for TLS) |
+//!
+//! SQL URLs also take `?table_prefix=` (default `shardlease_`), `?create_schema=false` (the tables
+//! are created on connect unless told not to) and `?max_connections=`.
 //!
 //! Every URL may carry `?namespace=NAME` (default `default`); [`connect_namespace`] takes it as an
 //! argument instead.

@@ -1,0 +1,388 @@
+//! The few places where PostgreSQL, SQLite and MySQL/MariaDB spell SQL differently, and every
+//! statement the store runs, built once per table prefix from those spellings.
+//!
+//! The statements are shared: the same text (but for placeholders and the create/upsert clause)
+//! runs on all three dialects, and every value in them is a bound parameter. Only the table names
+//! are spliced into the text, and they come from a prefix validated as `[a-z_][a-z0-9_]{0,30}`.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// The SQL dialect of a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// PostgreSQL.
+    Postgres,
+    /// SQLite.
+    Sqlite,
+    /// MySQL or MariaDB.
+    MySql,
+}
+
+impl Dialect {
+    /// A short lower-case name: `postgres`, `sqlite` or `mysql`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgres",
+            Dialect::Sqlite => "sqlite",
+            Dialect::MySql => "mysql",
+        }
+    }
+
+    /// Placeholder number `n` (1-based). MySQL binds strictly in order, so every statement binds
+    /// each parameter once, in the order it appears.
+    fn ph(self, n: usize) -> String {
+        match self {
+            Dialect::Postgres => format!("${n}"),
+            Dialect::Sqlite => format!("?{n}"),
+            Dialect::MySql => "?".to_owned(),
+        }
+    }
+
+    /// `count` placeholders starting at `first`, comma-separated.
+    fn phs(self, first: usize, count: usize) -> String {
+        (first..first + count).map(|n| self.ph(n)).collect::<Vec<_>>().join(", ")
+    }
+}
+
+impl fmt::Display for Dialect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The columns of a lease row, in the order every `SELECT` returns them.
+pub(crate) const LEASE_COLUMNS: &str = "lease_key, owner, epoch, version, checkpoint_kind, \
+     checkpoint_seq, checkpoint_sub, checkpoint_millis, parents, claim_by, claim_at, attributes";
+
+/// The columns of a worker row, in the order every `SELECT` returns them.
+pub(crate) const WORKER_COLUMNS: &str =
+    "worker_id, beat, updated_at_millis, lease_count, load_figure, capacity";
+
+/// The table names of one prefix.
+#[derive(Clone, Debug)]
+pub(crate) struct Tables {
+    pub(crate) leases: String,
+    pub(crate) workers: String,
+    pub(crate) namespaces: String,
+    pub(crate) migrations: String,
+}
+
+impl Tables {
+    /// The tables of `prefix` (already validated).
+    pub(crate) fn new(prefix: &str) -> Self {
+        Tables {
+            leases: format!("{prefix}leases"),
+            workers: format!("{prefix}workers"),
+            namespaces: format!("{prefix}namespaces"),
+            migrations: format!("{prefix}schema_migrations"),
+        }
+    }
+}
+
+/// A statement ready to hand to sqlx (cheap to clone).
+pub(crate) type Sql = Arc<str>;
+
+/// Every statement the store runs in normal operation, built once per dialect and prefix.
+#[derive(Debug)]
+pub(crate) struct Queries {
+    pub(crate) get_lease: Sql,
+    pub(crate) list_leases_first: Sql,
+    pub(crate) list_leases_after: Sql,
+    pub(crate) insert_lease: Sql,
+    pub(crate) update_lease: Sql,
+    pub(crate) delete_lease: Sql,
+    pub(crate) heartbeat: Sql,
+    pub(crate) list_workers: Sql,
+    pub(crate) remove_worker: Sql,
+    pub(crate) allocate_incarnations: Sql,
+    pub(crate) delete_namespace: [Sql; 3],
+    pub(crate) schema_version: Sql,
+}
+
+impl Queries {
+    /// The statements of `dialect` over `tables`.
+    pub(crate) fn new(dialect: Dialect, tables: &Tables) -> Self {
+        let d = dialect;
+        let Tables { leases, workers, namespaces, migrations } = tables;
+        let p = |n| d.ph(n);
+        let on_conflict_nothing = match d {
+            // MySQL has no "do nothing" that is not INSERT IGNORE (which also turns data errors
+            // into warnings); its duplicate-key error is mapped to "already exists" instead.
+            Dialect::MySql => String::new(),
+            Dialect::Postgres | Dialect::Sqlite => {
+                " ON CONFLICT (namespace, lease_key) DO NOTHING".to_owned()
+            }
+        };
+        let worker_upsert = match d {
+            Dialect::MySql => " ON DUPLICATE KEY UPDATE beat = VALUES(beat), \
+                 updated_at_millis = VALUES(updated_at_millis), lease_count = VALUES(lease_count), \
+                 load_figure = VALUES(load_figure), capacity = VALUES(capacity)"
+                .to_owned(),
+            Dialect::Postgres | Dialect::Sqlite => " ON CONFLICT (namespace, worker_id) DO UPDATE \
+                 SET beat = excluded.beat, updated_at_millis = excluded.updated_at_millis, \
+                 lease_count = excluded.lease_count, load_figure = excluded.load_figure, \
+                 capacity = excluded.capacity"
+                .to_owned(),
+        };
+        let allocate_incarnations = match d {
+            // LAST_INSERT_ID(expr) makes the new value the statement's insert id, which the
+            // server returns with the result: one round trip, no transaction.
+            Dialect::MySql => format!(
+                "INSERT INTO {namespaces} (namespace, last_incarnation) VALUES (?, \
+                 LAST_INSERT_ID(?)) ON DUPLICATE KEY UPDATE last_incarnation = \
+                 LAST_INSERT_ID(last_incarnation + ?)"
+            ),
+            Dialect::Postgres | Dialect::Sqlite => format!(
+                "INSERT INTO {namespaces} (namespace, last_incarnation) VALUES ({}, {}) \
+                 ON CONFLICT (namespace) DO UPDATE SET last_incarnation = \
+                 {namespaces}.last_incarnation + {} RETURNING last_incarnation",
+                p(1),
+                p(2),
+                p(3)
+            ),
+        };
+        Queries {
+            get_lease: sql(format!(
+                "SELECT {LEASE_COLUMNS} FROM {leases} WHERE namespace = {} AND lease_key = {}",
+                p(1),
+                p(2)
+            )),
+            list_leases_first: sql(format!(
+                "SELECT {LEASE_COLUMNS} FROM {leases} WHERE namespace = {} \
+                 ORDER BY lease_key LIMIT {} OFFSET {}",
+                p(1),
+                p(2),
+                p(3)
+            )),
+            list_leases_after: sql(format!(
+                "SELECT {LEASE_COLUMNS} FROM {leases} WHERE namespace = {} AND lease_key > {} \
+                 ORDER BY lease_key LIMIT {} OFFSET {}",
+                p(1),
+                p(2),
+                p(3),
+                p(4)
+            )),
+            insert_lease: sql(format!(
+                "INSERT INTO {leases} (namespace, lease_key, owner, epoch, version, \
+                 checkpoint_kind, checkpoint_seq, checkpoint_sub, checkpoint_millis, parents, \
+                 claim_by, claim_at, attributes, updated_at_millis) VALUES ({}){on_conflict_nothing}",
+                d.phs(1, 14)
+            )),
+            update_lease: sql(format!(
+                "UPDATE {leases} SET owner = {}, epoch = {}, checkpoint_kind = {}, \
+                 checkpoint_seq = {}, checkpoint_sub = {}, checkpoint_millis = {}, parents = {}, \
+                 claim_by = {}, claim_at = {}, attributes = {}, updated_at_millis = {}, \
+                 version = {} WHERE namespace = {} AND lease_key = {} AND version = {}",
+                p(1),
+                p(2),
+                p(3),
+                p(4),
+                p(5),
+                p(6),
+                p(7),
+                p(8),
+                p(9),
+                p(10),
+                p(11),
+                p(12),
+                p(13),
+                p(14),
+                p(15)
+            )),
+            delete_lease: sql(format!(
+                "DELETE FROM {leases} WHERE namespace = {} AND lease_key = {} AND version = {}",
+                p(1),
+                p(2),
+                p(3)
+            )),
+            heartbeat: sql(format!(
+                "INSERT INTO {workers} (namespace, worker_id, beat, updated_at_millis, \
+                 lease_count, load_figure, capacity) VALUES ({}){worker_upsert}",
+                d.phs(1, 7)
+            )),
+            list_workers: sql(format!(
+                "SELECT {WORKER_COLUMNS} FROM {workers} WHERE namespace = {} ORDER BY worker_id",
+                p(1)
+            )),
+            remove_worker: sql(format!(
+                "DELETE FROM {workers} WHERE namespace = {} AND worker_id = {}",
+                p(1),
+                p(2)
+            )),
+            allocate_incarnations: sql(allocate_incarnations),
+            delete_namespace: [leases, workers, namespaces]
+                .map(|t| sql(format!("DELETE FROM {t} WHERE namespace = {}", p(1)))),
+            schema_version: sql(format!("SELECT MAX(version) FROM {migrations}")),
+        }
+    }
+}
+
+fn sql(s: String) -> Sql {
+    Arc::from(s)
+}
+
+/// Column types of the schema, per dialect.
+struct Types {
+    /// A namespace, lease key or worker id: compared byte by byte, no padding, no case folding.
+    name: &'static str,
+    /// A short enum-like text (`checkpoint_kind`).
+    tag: &'static str,
+    /// A decimal sequence number (up to 256 digits).
+    digits: &'static str,
+    /// A JSON document.
+    json: &'static str,
+    /// A 64-bit integer.
+    int: &'static str,
+    /// A double.
+    float: &'static str,
+    /// What follows the closing parenthesis of `CREATE TABLE`.
+    table_options: String,
+}
+
+fn types(dialect: Dialect, mysql_collation: &str) -> Types {
+    match dialect {
+        // COLLATE "C": byte order, the same order as the other dialects, and no locale cost.
+        Dialect::Postgres => Types {
+            name: "TEXT COLLATE \"C\"",
+            tag: "TEXT",
+            digits: "TEXT",
+            json: "TEXT",
+            int: "BIGINT",
+            float: "DOUBLE PRECISION",
+            table_options: String::new(),
+        },
+        Dialect::Sqlite => Types {
+            name: "TEXT",
+            tag: "TEXT",
+            digits: "TEXT",
+            json: "TEXT",
+            int: "BIGINT",
+            float: "DOUBLE PRECISION",
+            table_options: String::new(),
+        },
+        // utf8mb4 with a binary, no-pad collation (see `schema::mysql_collation`): keys that
+        // differ only in case, accents or trailing spaces stay distinct.
+        Dialect::MySql => Types {
+            name: "VARCHAR(255)",
+            tag: "VARCHAR(32)",
+            digits: "VARCHAR(300)",
+            json: "MEDIUMTEXT",
+            int: "BIGINT",
+            float: "DOUBLE",
+            table_options: format!(
+                " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={mysql_collation}"
+            ),
+        },
+    }
+}
+
+/// `CREATE TABLE IF NOT EXISTS` of the migrations table.
+pub(crate) fn create_migrations_table(
+    dialect: Dialect,
+    tables: &Tables,
+    mysql_collation: &str,
+) -> String {
+    let t = types(dialect, mysql_collation);
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (version {int} NOT NULL PRIMARY KEY, description {json} \
+         NOT NULL, applied_at_millis {int} NOT NULL){}",
+        tables.migrations,
+        t.table_options,
+        int = t.int,
+        json = t.json,
+    )
+}
+
+/// Records that migration `version` was applied; a no-op when it already was (several workers
+/// may run the migrations at once).
+pub(crate) fn record_migration(dialect: Dialect, tables: &Tables) -> String {
+    let m = &tables.migrations;
+    match dialect {
+        Dialect::MySql => format!(
+            "INSERT IGNORE INTO {m} (version, description, applied_at_millis) VALUES (?, ?, ?)"
+        ),
+        Dialect::Postgres | Dialect::Sqlite => format!(
+            "INSERT INTO {m} (version, description, applied_at_millis) VALUES ({}) \
+             ON CONFLICT (version) DO NOTHING",
+            dialect.phs(1, 3)
+        ),
+    }
+}
+
+/// The statements of schema version 1: leases, workers and the per-namespace incarnation
+/// counters. Every statement is idempotent.
+pub(crate) fn schema_v1(dialect: Dialect, tables: &Tables, mysql_collation: &str) -> Vec<String> {
+    let Types { name, tag, digits, json, int, float, table_options } =
+        types(dialect, mysql_collation);
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {leases} (\
+             namespace {name} NOT NULL, \
+             lease_key {name} NOT NULL, \
+             owner {name}, \
+             epoch {int} NOT NULL, \
+             version {int} NOT NULL, \
+             checkpoint_kind {tag} NOT NULL, \
+             checkpoint_seq {digits}, \
+             checkpoint_sub {int}, \
+             checkpoint_millis {int}, \
+             parents {json} NOT NULL, \
+             claim_by {name}, \
+             claim_at {int}, \
+             attributes {json} NOT NULL, \
+             updated_at_millis {int} NOT NULL, \
+             PRIMARY KEY (namespace, lease_key)){table_options}",
+            leases = tables.leases
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {workers} (\
+             namespace {name} NOT NULL, \
+             worker_id {name} NOT NULL, \
+             beat {int} NOT NULL, \
+             updated_at_millis {int} NOT NULL, \
+             lease_count {int} NOT NULL, \
+             load_figure {float}, \
+             capacity {int}, \
+             PRIMARY KEY (namespace, worker_id)){table_options}",
+            workers = tables.workers
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {namespaces} (\
+             namespace {name} NOT NULL PRIMARY KEY, \
+             last_incarnation {int} NOT NULL){table_options}",
+            namespaces = tables.namespaces
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_follow_the_dialect() {
+        assert_eq!(Dialect::Postgres.phs(3, 2), "$3, $4");
+        assert_eq!(Dialect::Sqlite.phs(1, 3), "?1, ?2, ?3");
+        assert_eq!(Dialect::MySql.phs(1, 3), "?, ?, ?");
+    }
+
+    #[test]
+    fn statements_bind_every_value() {
+        let tables = Tables::new("shardlease_");
+        for d in [Dialect::Postgres, Dialect::Sqlite, Dialect::MySql] {
+            let q = Queries::new(d, &tables);
+            assert!(q.update_lease.contains("version = ") && q.update_lease.contains("UPDATE"));
+            assert!(q.get_lease.contains("shardlease_leases"));
+            // No quote character anywhere: nothing but identifiers and placeholders.
+            for s in [&q.get_lease, &q.insert_lease, &q.update_lease, &q.heartbeat] {
+                assert!(!s.contains('\''), "{s}");
+            }
+            let count = q.update_lease.matches(match d {
+                Dialect::Postgres => "$",
+                _ => "?",
+            });
+            assert_eq!(count.count(), 15, "{d}: {}", q.update_lease);
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! # shardlease-sql
+//!
+//! A [`LeaseStore`] for shardlease on PostgreSQL, SQLite (the embedded default) and
+//! MySQL/MariaDB, through [sqlx](https://docs.rs/sqlx). One implementation: the three dialects
+//! share the schema design, the statements and the code; they differ only in placeholders, the
+//! create/upsert clause and column types.
+//!
+//! | URL | dialect | feature |
+//! |---|---|---|
+//! | `postgres://user:pw@host:5432/db`, `postgresql://...` | PostgreSQL | `postgres` |
+//! | `sqlite://path/to/file.db`, `sqlite:///abs/file.db?mode=rwc`, `sqlite::memory:` | SQLite (bundled) | `sqlite` |
+//! | `mysql://user:pw@host:3306/db`, `mariadb://...` | MySQL 8 / MariaDB 10.5+ | `mysql` |
+//!
+//! TLS (`sslmode=require` on PostgreSQL, `ssl-mode=REQUIRED` on MySQL) needs the `tls`
+//! feature. Besides the driver's own parameters a URL may carry `namespace`, `table_prefix`
+//! (default `shardlease_`), `create_schema` (default `true`) and `max_connections`; they are
+//! removed before the URL reaches sqlx. Passwords never appear in errors or logs
+//! ([`redact_url`]).
+//!
+//! ```no_run
+//! # async fn demo() -> shardlease_core::Result<()> {
+//! use shardlease_core::LeaseStore;
+//! let store = shardlease_sql::SqlStore::connect("sqlite://leases.db", "orders").await?;
+//! let leases = store.list_leases().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Schema
+//!
+//! Created by versioned migrations on connect (unless `create_schema` is off), recorded in
+//! `<prefix>schema_migrations` and safe when many workers start at once (PostgreSQL: an advisory
+//! lock and transactional DDL; MySQL: `GET_LOCK`; SQLite: idempotent statements under the
+//! database's write lock). Names are meant for an operator typing `SELECT` by hand:
+//!
+//! - `<prefix>leases`: `namespace`, `lease_key` (primary key together), `owner`, `epoch`,
+//!   `version`, the checkpoint as `checkpoint_kind` (`trim_horizon`, `latest`, `at_timestamp`,
+//!   `sequence`, `shard_end`) with `checkpoint_seq` (decimal digits) and `checkpoint_sub`, or
+//!   `checkpoint_millis` for a timestamp; `parents` (a JSON array), `claim_by` and `claim_at`
+//!   (a pending handoff), `attributes` (a JSON object) and `updated_at_millis` (the writer's
+//!   wall clock, for people only).
+//! - `<prefix>workers`: `namespace`, `worker_id`, `beat`, `updated_at_millis`, `lease_count`,
+//!   `load_figure`, `capacity`.
+//! - `<prefix>namespaces`: `namespace`, `last_incarnation`: the counter that makes versions
+//!   unique (below).
+//!
+//! Keys compare byte by byte in every dialect (`COLLATE "C"` on PostgreSQL, a binary no-pad
+//! collation on MySQL), so `a`, `A` and `a ` are three leases. Namespaces, keys and worker ids
+//! are at most 255 characters and contain no NUL.
+//!
+//! ## One conditional `UPDATE`
+//!
+//! Compare-and-set is a single statement, `UPDATE <prefix>leases SET ..., version = new WHERE
+//! namespace = ? AND lease_key = ? AND version = expected`: the database's row lock makes it
+//! atomic with no transaction, no `SELECT ... FOR UPDATE` and no retry loop, so it costs one
+//! round trip and holds the row for the duration of one statement. When it matches no row the
+//! store reads the row and returns it in `Error::Conflict` (the read is not atomic with the
+//! failed write, but the contract only promises the record as it is *now*). Deletes work the
+//! same way; creates are an `INSERT` that does nothing on a duplicate key (`ON CONFLICT DO
+//! NOTHING`; a duplicate-key error on MySQL) and report `AlreadyExists`.
+//!
+//! A version is `incarnation × 2^31 + writes`. Every create takes a fresh incarnation from the
+//! namespace's counter row (reserved 64 at a time), and an update adds one, so a version is
+//! never reused for a key, not even after a delete and a re-create (no ABA), while the hot path
+//! stays one statement that touches one row.
+//!
+//! Listing pages by key (1000 rows per query, keyset pagination), so a namespace of any size is
+//! never one huge result. A row that does not decode (a hand edit gone wrong) is reported as
+//! `Error::Corrupt` by `get_lease` and `update_lease`, and as a `Listing::corrupt` entry by
+//! `list_leases`; the other leases keep working.
+//!
+//! ## SQLite: several processes, one file
+//!
+//! A SQLite file can be shared by worker processes on one machine with no server: the store
+//! turns on WAL mode (readers never block the writer) and a busy timeout (default 5 s; a writer
+//! waits for another process's write instead of failing), and creates the file when the URL has
+//! no `mode`. Every operation is one autocommit statement, so the write lock is held for one
+//! statement. Within one process, lease writes queue in order on an async mutex instead of
+//! meeting at SQLite's lock (whose busy handler polls with sleeps of up to 100 ms); heartbeats
+//! skip that queue, so a burst of lease writes (a start-up taking 1000 leases) cannot delay a
+//! heartbeat past its deadline. Writes are durable when they return (`synchronous` stays
+//! `FULL`: about 2k compare-and-sets per second on an SSD). The file must be on a local disk
+//! (WAL needs shared memory between the processes: no network file systems).
+//!
+//! `sqlite::memory:` is a database private to the store that opened it, kept in one connection
+//! that the pool never closes; two `connect` calls give two separate databases (use
+//! [`SqlStore::with_namespace`] to open more namespaces in one).
+//!
+//! ## Errors
+//!
+//! I/O errors, pool timeouts, serialization failures, deadlocks, a server shutting down or
+//! starting, too many connections and `SQLITE_BUSY`/`SQLITE_LOCKED` are retryable
+//! `Error::Backend`s; everything else is permanent.
+
+// With no dialect compiled in, the pool enum is empty and much of the crate is unused.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code, unused_imports, unused_macros, unused_variables, unreachable_code)
+)]
+
+use std::sync::Arc;
+
+use shardlease_core::{LeaseStore, Result};
+
+/// Runs `$body` with `$p` bound to the concrete pool of `$pool` (a `&SqlPool`): the body is
+/// written once and compiled for every dialect that is enabled.
+macro_rules! on_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            #[cfg(feature = "postgres")]
+            $crate::store::SqlPool::Postgres($p) => $body,
+            #[cfg(feature = "sqlite")]
+            $crate::store::SqlPool::Sqlite($p) => $body,
+            #[cfg(feature = "mysql")]
+            $crate::store::SqlPool::MySql($p) => $body,
+            #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+            $crate::store::SqlPool::NoDialect(never) => match *never {},
+        }
+    };
+}
+
+mod codec;
+mod dialect;
+mod errors;
+mod schema;
+mod store;
+mod url;
+
+pub use dialect::Dialect;
+pub use errors::redact_url;
+pub use schema::SCHEMA_VERSION;
+pub use store::{SqlPool, SqlStore, SqlStoreBuilder, DEFAULT_NAMESPACE, DEFAULT_TABLE_PREFIX};
+
+/// Opens the store named by `url` in `namespace`, for the `shardlease` facade's
+/// connect-by-URL. The schema is created unless the URL says `create_schema=false`.
+pub async fn connect_url(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+    Ok(Arc::new(SqlStore::builder(url).namespace(namespace).connect().await?))
+}

@@ -1,0 +1,932 @@
+//! [`SqlStore`]: the [`LeaseStore`] over PostgreSQL, SQLite or MySQL/MariaDB, its builder, and
+//! [`SqlPool`], the connection pool of whichever dialect it talks to.
+//!
+//! Every operation is written once: the [`on_pool!`](crate::on_pool) macro expands the same code
+//! for each compiled-in dialect, with the statement text (built once per table prefix by
+//! [`Queries`]) the only difference. Every value is a bound parameter.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardlease_core::{
+    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Result, Version,
+    VersionedLease, WorkerId, WorkerRecord,
+};
+use sqlx::AssertSqlSafe;
+use tracing::debug;
+
+use crate::codec::{
+    self, check_name, encode_lease, encode_worker, first_version, next_version, read_lease,
+    read_worker, RawLease, MAX_INCARNATION,
+};
+use crate::dialect::{Dialect, Queries, Sql, Tables};
+use crate::errors::{self, redact_url};
+use crate::schema;
+use crate::url::{self as store_url, StoreUrl};
+
+/// The table prefix used unless another is configured.
+pub const DEFAULT_TABLE_PREFIX: &str = "shardlease_";
+
+/// The namespace used unless another is configured.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// A sqlx result.
+type SqlxResult<T> = std::result::Result<T, sqlx::Error>;
+
+/// Leases read per query while listing.
+const LIST_PAGE: i64 = 1000;
+
+/// Incarnations reserved per round trip to the namespace's counter row.
+const INCARNATION_BLOCK: i64 = 64;
+
+/// Default pool size for PostgreSQL and MySQL.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+const DEFAULT_SERVER_CONNECTIONS: u32 = 10;
+/// Default pool size for a SQLite file (writers take turns anyway; readers run in parallel).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+const DEFAULT_SQLITE_CONNECTIONS: u32 = 4;
+/// How long an operation waits for a pooled connection before failing (retryably).
+const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long SQLite waits for another process's write lock before failing (retryably).
+const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection pool of one of the compiled-in dialects. Build one with `From` (e.g.
+/// `SqlPool::from(pg_pool)`) to share an application's pool with [`SqlStore::from_pool`].
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum SqlPool {
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    /// SQLite.
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+    /// MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
+    /// No dialect is compiled in (enable `postgres`, `sqlite` or `mysql`).
+    #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+    #[doc(hidden)]
+    NoDialect(std::convert::Infallible),
+}
+
+impl SqlPool {
+    /// The pool's dialect.
+    pub fn dialect(&self) -> Dialect {
+        on_pool_dialect(self)
+    }
+
+    /// Closes every connection of the pool (an in-memory SQLite database is gone afterwards).
+    pub async fn close(&self) {
+        on_pool!(self, p => p.close().await)
+    }
+}
+
+fn on_pool_dialect(pool: &SqlPool) -> Dialect {
+    match pool {
+        #[cfg(feature = "postgres")]
+        SqlPool::Postgres(_) => Dialect::Postgres,
+        #[cfg(feature = "sqlite")]
+        SqlPool::Sqlite(_) => Dialect::Sqlite,
+        #[cfg(feature = "mysql")]
+        SqlPool::MySql(_) => Dialect::MySql,
+        #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+        SqlPool::NoDialect(never) => match *never {},
+    }
+}
+
+impl fmt::Debug for SqlPool {
+    /// Never prints connect options (they hold the password).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (size, idle): (u32, usize) = on_pool!(self, p => (p.size(), p.num_idle()));
+        f.debug_struct("SqlPool")
+            .field("dialect", &self.dialect())
+            .field("size", &size)
+            .field("idle", &idle)
+            .finish()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<sqlx::PgPool> for SqlPool {
+    fn from(p: sqlx::PgPool) -> Self {
+        SqlPool::Postgres(p)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<sqlx::SqlitePool> for SqlPool {
+    fn from(p: sqlx::SqlitePool) -> Self {
+        SqlPool::Sqlite(p)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<sqlx::MySqlPool> for SqlPool {
+    fn from(p: sqlx::MySqlPool) -> Self {
+        SqlPool::MySql(p)
+    }
+}
+
+/// What the stores of one pool and prefix share.
+pub(crate) struct Shared {
+    pub(crate) pool: SqlPool,
+    pub(crate) dialect: Dialect,
+    pub(crate) prefix: String,
+    pub(crate) tables: Tables,
+    pub(crate) queries: Queries,
+    /// SQLite: writers of this pool queue here, in order, instead of meeting at the database
+    /// lock, where SQLite's busy handler would make them poll with sleeps of up to 100 ms.
+    /// (Other processes sharing the file still meet there.)
+    write_gate: Option<tokio::sync::Mutex<()>>,
+    /// Held (shared) by every heartbeat statement until it has run, and exclusively by
+    /// `remove_worker`: a heartbeat the caller gave up on (a timeout) still runs to completion
+    /// before a later removal, so it cannot land after it and resurrect the record.
+    heartbeats: Arc<tokio::sync::RwLock<()>>,
+}
+
+/// Incarnations reserved from the namespace's counter and not used yet: `next..=end`.
+#[derive(Debug)]
+struct Block {
+    next: i64,
+    end: i64,
+}
+
+/// A [`LeaseStore`] in one namespace of a SQL database (PostgreSQL, SQLite or MySQL/MariaDB).
+///
+/// Cheap to clone; clones share the pool. [`SqlStore::with_namespace`] opens another namespace
+/// on the same pool.
+#[derive(Clone)]
+pub struct SqlStore {
+    shared: Arc<Shared>,
+    namespace: String,
+    incarnations: Arc<tokio::sync::Mutex<Block>>,
+}
+
+impl fmt::Debug for SqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("dialect", &self.shared.dialect)
+            .field("namespace", &self.namespace)
+            .field("table_prefix", &self.shared.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a builder gets its connections.
+enum Source {
+    Url(String),
+    Pool(SqlPool),
+}
+
+/// Configures and opens a [`SqlStore`]. Values set here win over the same parameters in the URL.
+///
+/// ```no_run
+/// # async fn demo() -> shardlease_core::Result<()> {
+/// let store = shardlease_sql::SqlStore::builder("postgres://app@db.internal/app")
+///     .namespace("orders")
+///     .table_prefix("shardlease_")
+///     .create_schema(true)
+///     .max_connections(8)
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until `connect` is awaited"]
+pub struct SqlStoreBuilder {
+    source: Source,
+    namespace: Option<String>,
+    table_prefix: Option<String>,
+    create_schema: Option<bool>,
+    max_connections: Option<u32>,
+    acquire_timeout: Duration,
+    busy_timeout: Duration,
+}
+
+impl fmt::Debug for SqlStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match &self.source {
+            Source::Url(url) => redact_url(url),
+            Source::Pool(p) => format!("{p:?}"),
+        };
+        f.debug_struct("SqlStoreBuilder")
+            .field("source", &source)
+            .field("namespace", &self.namespace)
+            .field("table_prefix", &self.table_prefix)
+            .field("create_schema", &self.create_schema)
+            .field("max_connections", &self.max_connections)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlStoreBuilder {
+    fn new(source: Source) -> Self {
+        SqlStoreBuilder {
+            source,
+            namespace: None,
+            table_prefix: None,
+            create_schema: None,
+            max_connections: None,
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+        }
+    }
+
+    /// The namespace (application name) to read and write. Default: the URL's `namespace`
+    /// parameter, else [`DEFAULT_NAMESPACE`].
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The prefix of the table names, `[a-z_][a-z0-9_]{0,30}`. Default: the URL's
+    /// `table_prefix` parameter, else [`DEFAULT_TABLE_PREFIX`].
+    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.table_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Whether to create or migrate the tables on connect (safe when many workers do it at
+    /// once). Default: the URL's `create_schema` parameter, else `true`. When off, connect
+    /// fails with `Error::Config` if the tables are missing or too old.
+    pub fn create_schema(mut self, create: bool) -> Self {
+        self.create_schema = Some(create);
+        self
+    }
+
+    /// The most connections the pool opens. Default: the URL's `max_connections`, else 10 for
+    /// PostgreSQL and MySQL, 4 for a SQLite file; always 1 for an in-memory SQLite database.
+    /// Ignored with an existing pool.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = Some(n.max(1));
+        self
+    }
+
+    /// How long an operation waits for a free pooled connection (default 10 s). Ignored with an
+    /// existing pool.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// SQLite: how long a write waits for another connection's or process's lock (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Connects (or takes the pool), runs the migrations if asked, and returns the store.
+    pub async fn connect(self) -> Result<SqlStore> {
+        let SqlStoreBuilder {
+            source,
+            namespace,
+            table_prefix,
+            create_schema,
+            max_connections,
+            acquire_timeout,
+            busy_timeout,
+        } = self;
+        let (pool, from_url) = match source {
+            Source::Pool(pool) => (pool, StoreUrl::default()),
+            Source::Url(url) => {
+                let parsed = store_url::parse(&url)?;
+                let namespace = namespace.as_deref().or(parsed.namespace.as_deref());
+                validate_namespace(namespace.unwrap_or(DEFAULT_NAMESPACE))?;
+                validate_prefix(
+                    table_prefix
+                        .as_deref()
+                        .or(parsed.table_prefix.as_deref())
+                        .unwrap_or(DEFAULT_TABLE_PREFIX),
+                )?;
+                let options = PoolSettings {
+                    max_connections: max_connections.or(parsed.max_connections),
+                    acquire_timeout,
+                    busy_timeout,
+                };
+                let pool = open_pool(&url, &parsed, &options).await?;
+                debug!(url = %redact_url(&url), "connected the SQL lease store");
+                (pool, parsed)
+            }
+        };
+        let namespace =
+            namespace.or(from_url.namespace).unwrap_or_else(|| DEFAULT_NAMESPACE.into());
+        let prefix =
+            table_prefix.or(from_url.table_prefix).unwrap_or_else(|| DEFAULT_TABLE_PREFIX.into());
+        let create = create_schema.or(from_url.create_schema).unwrap_or(true);
+        validate_namespace(&namespace)?;
+        validate_prefix(&prefix)?;
+        let dialect = pool.dialect();
+        let tables = Tables::new(&prefix);
+        let queries = Queries::new(dialect, &tables);
+        let write_gate = (dialect == Dialect::Sqlite).then(|| tokio::sync::Mutex::new(()));
+        let heartbeats = Arc::new(tokio::sync::RwLock::new(()));
+        let shared =
+            Arc::new(Shared { pool, dialect, prefix, tables, queries, write_gate, heartbeats });
+        schema::prepare(&shared, create).await?;
+        Ok(SqlStore::in_namespace(shared, namespace))
+    }
+}
+
+/// Pool settings taken from the builder and the URL.
+struct PoolSettings {
+    max_connections: Option<u32>,
+    acquire_timeout: Duration,
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    busy_timeout: Duration,
+}
+
+/// Checks a table prefix: `[a-z_][a-z0-9_]{0,30}`.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
+    let ok = !prefix.is_empty()
+        && prefix.len() <= 31
+        && prefix.bytes().next().is_some_and(|b| b == b'_' || b.is_ascii_lowercase())
+        && prefix.bytes().all(|b| b == b'_' || b.is_ascii_lowercase() || b.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "table prefix {:?} is not valid: use 1 to 31 characters of [a-z0-9_], not starting \
+             with a digit",
+            prefix.chars().take(40).collect::<String>()
+        )))
+    }
+}
+
+fn validate_namespace(namespace: &str) -> Result<()> {
+    if namespace.is_empty() {
+        return Err(Error::Config("namespace must not be empty".into()));
+    }
+    check_name("namespace", namespace).map_err(|e| match e {
+        Error::InvalidInput(m) => Error::Config(m),
+        other => other,
+    })
+}
+
+/// Opens the pool a parsed URL names.
+async fn open_pool(url: &str, parsed: &StoreUrl, settings: &PoolSettings) -> Result<SqlPool> {
+    let dialect = parsed.dialect.ok_or_else(|| Error::Config("no dialect".into()))?;
+    match dialect {
+        #[cfg(feature = "postgres")]
+        Dialect::Postgres => {
+            let options = sqlx::postgres::PgConnectOptions::from_str(&parsed.sqlx_url)
+                .map_err(|e| errors::connecting(dialect, url, e))?;
+            probe(dialect, url, &options).await?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(settings.max_connections.unwrap_or(DEFAULT_SERVER_CONNECTIONS))
+                .acquire_timeout(settings.acquire_timeout)
+                .connect_with(options)
+                .await
+                .map_err(|e| errors::connecting(dialect, url, e))?;
+            Ok(SqlPool::Postgres(pool))
+        }
+        #[cfg(feature = "mysql")]
+        Dialect::MySql => {
+            let options = sqlx::mysql::MySqlConnectOptions::from_str(&parsed.sqlx_url)
+                .map_err(|e| errors::connecting(dialect, url, e))?;
+            probe(dialect, url, &options).await?;
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(settings.max_connections.unwrap_or(DEFAULT_SERVER_CONNECTIONS))
+                .acquire_timeout(settings.acquire_timeout)
+                .connect_with(options)
+                .await
+                .map_err(|e| errors::connecting(dialect, url, e))?;
+            Ok(SqlPool::MySql(pool))
+        }
+        #[cfg(feature = "sqlite")]
+        Dialect::Sqlite => open_sqlite(url, parsed, settings).await,
+        #[allow(unreachable_patterns)]
+        other => Err(Error::Config(format!(
+            "`{}` URLs need the `{}` feature of shardlease-sql (or of the shardlease crate)",
+            other.name(),
+            other.name()
+        ))),
+    }
+}
+
+/// Opens one connection and closes it again, so that a wrong host, port or password fails at
+/// once with its real cause (a pool retries those until its acquire timeout, then reports only
+/// the timeout).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn probe<O>(dialect: Dialect, url: &str, options: &O) -> Result<()>
+where
+    O: sqlx::ConnectOptions,
+    O::Connection: Sized,
+{
+    use sqlx::Connection;
+    let conn = options.connect().await.map_err(|e| errors::connecting(dialect, url, e))?;
+    let _ = conn.close().await;
+    Ok(())
+}
+
+/// Opens a SQLite pool: WAL and a busy timeout for a file shared by several processes; exactly
+/// one connection, never closed while the pool lives, for an in-memory database (each
+/// connection would otherwise see a database of its own, or none once the last one closed).
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(url: &str, parsed: &StoreUrl, settings: &PoolSettings) -> Result<SqlPool> {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    let dialect = Dialect::Sqlite;
+    let mut options = SqliteConnectOptions::from_str(&parsed.sqlx_url)
+        .map_err(|e| errors::connecting(dialect, url, e))?
+        .busy_timeout(settings.busy_timeout);
+    let pool_options = if parsed.sqlite_in_memory {
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+    } else {
+        options = options.journal_mode(SqliteJournalMode::Wal);
+        if !parsed.sqlite_mode_given {
+            options = options.create_if_missing(true);
+        }
+        SqlitePoolOptions::new()
+            .max_connections(settings.max_connections.unwrap_or(DEFAULT_SQLITE_CONNECTIONS))
+    }
+    .acquire_timeout(settings.acquire_timeout);
+    // Switching a new file to WAL takes a lock that the busy timeout does not wait for: when
+    // several processes create the file at once, one of them may see SQLITE_BUSY. Retry.
+    let mut attempt = 0u32;
+    loop {
+        match pool_options.clone().connect_with(options.clone()).await {
+            Ok(pool) => return Ok(SqlPool::Sqlite(pool)),
+            Err(e) if attempt < 20 && errors::is_retryable(dialect, &e) => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(25 * u64::from(attempt))).await;
+            }
+            Err(e) => return Err(errors::connecting(dialect, url, e)),
+        }
+    }
+}
+
+/// The statement `sql`, for sqlx. Statement texts are built from validated identifiers and
+/// placeholders only (see [`Queries`]), never from values.
+fn stmt(sql: &Sql) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(sql))
+}
+
+impl SqlStore {
+    /// A builder for a store at `url` (`postgres://`, `postgresql://`, `sqlite://path`,
+    /// `sqlite::memory:`, `mysql://`, `mariadb://`). The URL may carry the shardlease
+    /// parameters `namespace`, `table_prefix`, `create_schema` and `max_connections`; the rest
+    /// of it goes to sqlx as it is.
+    pub fn builder(url: impl Into<String>) -> SqlStoreBuilder {
+        SqlStoreBuilder::new(Source::Url(url.into()))
+    }
+
+    /// A builder for a store over an existing pool (the schema is still created unless
+    /// `create_schema(false)`).
+    pub fn builder_with_pool(pool: impl Into<SqlPool>) -> SqlStoreBuilder {
+        SqlStoreBuilder::new(Source::Pool(pool.into()))
+    }
+
+    /// Connects to `url` and opens `namespace`, creating the schema if needed.
+    pub async fn connect(url: &str, namespace: &str) -> Result<SqlStore> {
+        SqlStore::builder(url).namespace(namespace).connect().await
+    }
+
+    /// Opens `namespace` over an existing pool, creating the schema if needed.
+    pub async fn from_pool(pool: impl Into<SqlPool>, namespace: &str) -> Result<SqlStore> {
+        SqlStore::builder_with_pool(pool).namespace(namespace).connect().await
+    }
+
+    fn in_namespace(shared: Arc<Shared>, namespace: String) -> SqlStore {
+        SqlStore {
+            shared,
+            namespace,
+            incarnations: Arc::new(tokio::sync::Mutex::new(Block { next: 1, end: 0 })),
+        }
+    }
+
+    /// A store for another namespace on the same pool and tables.
+    pub fn with_namespace(&self, namespace: &str) -> Result<SqlStore> {
+        validate_namespace(namespace)?;
+        Ok(SqlStore::in_namespace(Arc::clone(&self.shared), namespace.to_owned()))
+    }
+
+    /// The namespace this store reads and writes.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The dialect of the database.
+    pub fn dialect(&self) -> Dialect {
+        self.shared.dialect
+    }
+
+    /// The table prefix.
+    pub fn table_prefix(&self) -> &str {
+        &self.shared.prefix
+    }
+
+    /// The name of the leases table (`<prefix>leases`).
+    pub fn leases_table(&self) -> &str {
+        &self.shared.tables.leases
+    }
+
+    /// The name of the worker records table (`<prefix>workers`).
+    pub fn workers_table(&self) -> &str {
+        &self.shared.tables.workers
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &SqlPool {
+        &self.shared.pool
+    }
+
+    /// Deletes every lease, worker record and the version counter of this namespace. Only for
+    /// a namespace no worker uses any more (tests, decommissioning): a worker still running
+    /// could see versions repeat.
+    pub async fn delete_namespace(&self) -> Result<()> {
+        for statement in &self.shared.queries.delete_namespace {
+            let ns = self.namespace.as_str();
+            let _turn = self.write_turn().await;
+            let done: SqlxResult<()> = on_pool!(&self.shared.pool, p => sqlx::query(stmt(statement))
+                .bind(ns)
+                .execute(p)
+                .await
+                .map(|_| ()));
+            done.map_err(|e| self.fail("delete the namespace", e))?;
+        }
+        Ok(())
+    }
+
+    /// Waits for this pool's turn to write (SQLite only; see `Shared::write_gate`).
+    async fn write_turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match &self.shared.write_gate {
+            Some(gate) => Some(gate.lock().await),
+            None => None,
+        }
+    }
+
+    fn fail(&self, what: &str, e: sqlx::Error) -> Error {
+        errors::backend(self.shared.dialect, what, e)
+    }
+
+    /// The first version of a fresh incarnation of a lease of this namespace.
+    async fn fresh_version(&self) -> Result<i64> {
+        let mut block = self.incarnations.lock().await;
+        if block.next > block.end {
+            let end = self.allocate_incarnations(INCARNATION_BLOCK).await?;
+            if end > MAX_INCARNATION {
+                return Err(Error::permanent(format!(
+                    "{}: namespace {:?} has used up its {MAX_INCARNATION} lease incarnations",
+                    self.shared.dialect, self.namespace
+                )));
+            }
+            *block = Block { next: end - INCARNATION_BLOCK + 1, end };
+        }
+        let incarnation = block.next;
+        block.next += 1;
+        Ok(first_version(incarnation))
+    }
+
+    /// Reserves `n` incarnations from the namespace's counter row; returns the last of them.
+    async fn allocate_incarnations(&self, n: i64) -> Result<i64> {
+        let sql = stmt(&self.shared.queries.allocate_incarnations);
+        let ns = self.namespace.as_str();
+        let turn = self.write_turn().await;
+        let end: std::result::Result<i64, sqlx::Error> = match &self.shared.pool {
+            #[cfg(feature = "postgres")]
+            SqlPool::Postgres(p) => {
+                use sqlx::Row;
+                sqlx::query(sql)
+                    .bind(ns)
+                    .bind(n)
+                    .bind(n)
+                    .fetch_one(p)
+                    .await
+                    .and_then(|r| r.try_get(0))
+            }
+            #[cfg(feature = "sqlite")]
+            SqlPool::Sqlite(p) => {
+                use sqlx::Row;
+                sqlx::query(sql)
+                    .bind(ns)
+                    .bind(n)
+                    .bind(n)
+                    .fetch_one(p)
+                    .await
+                    .and_then(|r| r.try_get(0))
+            }
+            #[cfg(feature = "mysql")]
+            SqlPool::MySql(p) => sqlx::query(sql)
+                .bind(ns)
+                .bind(n)
+                .bind(n)
+                .execute(p)
+                .await
+                .map(|r| i64::try_from(r.last_insert_id()).unwrap_or(i64::MAX)),
+            #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+            SqlPool::NoDialect(never) => match *never {},
+        };
+        drop(turn);
+        let end = end.map_err(|e| self.fail("reserve lease incarnations", e))?;
+        if end < n {
+            return Err(Error::permanent(format!(
+                "{}: the incarnation counter of namespace {:?} returned {end}, expected at least {n}",
+                self.shared.dialect, self.namespace
+            )));
+        }
+        Ok(end)
+    }
+
+    /// Reads the raw row of `key`.
+    async fn read_raw(&self, key: &str) -> Result<Option<RawLease>> {
+        let sql = stmt(&self.shared.queries.get_lease);
+        let ns = self.namespace.as_str();
+        let row: SqlxResult<Option<RawLease>> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
+            .bind(ns)
+            .bind(key)
+            .fetch_optional(p)
+            .await
+            .map(|row| row.map(|r| read_lease(&r))));
+        row.map_err(|e| self.fail("read a lease", e))
+    }
+
+    /// Reads and decodes `key`; a row that does not decode is `Error::Corrupt`.
+    async fn read(&self, key: &str) -> Result<Option<VersionedLease>> {
+        match self.read_raw(key).await? {
+            None => Ok(None),
+            Some(raw) => raw
+                .decode(key)
+                .map(Some)
+                .map_err(|CorruptRecord { key, reason }| Error::Corrupt { key, reason }),
+        }
+    }
+
+    /// The error of a failed compare-and-set on `key`: `Conflict` with the record as it is now
+    /// (or the error reading it: `Corrupt`, or a backend error).
+    async fn conflict(&self, key: &LeaseKey) -> Error {
+        match self.read(key.as_str()).await {
+            Ok(current) => Error::Conflict { key: key.clone(), current: current.map(Box::new) },
+            Err(e) => e,
+        }
+    }
+
+    /// One page of raw lease rows after `cursor` (skipping `skip` rows past it).
+    async fn list_page(&self, cursor: Option<&str>, skip: i64) -> Result<Vec<RawLease>> {
+        let q = &self.shared.queries;
+        let ns = self.namespace.as_str();
+        let page: SqlxResult<Vec<RawLease>> = on_pool!(&self.shared.pool, p => {
+            let query = match cursor {
+                None => sqlx::query(stmt(&q.list_leases_first)).bind(ns),
+                Some(after) => sqlx::query(stmt(&q.list_leases_after)).bind(ns).bind(after),
+            };
+            query
+                .bind(LIST_PAGE)
+                .bind(skip)
+                .fetch_all(p)
+                .await
+                .map(|rows| rows.iter().map(read_lease).collect())
+        });
+        page.map_err(|e| self.fail("list leases", e))
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SqlStore {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        let c = encode_lease(lease)?;
+        let version = self.fresh_version().await?;
+        let sql = stmt(&self.shared.queries.insert_lease);
+        let ns = self.namespace.as_str();
+        let key = lease.key.as_str();
+        let turn = self.write_turn().await;
+        let inserted: SqlxResult<u64> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
+            .bind(ns)
+            .bind(key)
+            .bind(c.owner)
+            .bind(c.epoch)
+            .bind(version)
+            .bind(c.checkpoint_kind)
+            .bind(c.checkpoint_seq)
+            .bind(c.checkpoint_sub)
+            .bind(c.checkpoint_millis)
+            .bind(c.parents.as_str())
+            .bind(c.claim_by)
+            .bind(c.claim_at)
+            .bind(c.attributes.as_str())
+            .bind(c.updated_at_millis)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()));
+        drop(turn);
+        match inserted {
+            Ok(1) => Ok(CreateOutcome::Created(Version(version.unsigned_abs()))),
+            Ok(_) => Ok(CreateOutcome::AlreadyExists),
+            Err(e) if errors::is_unique_violation(&e) => Ok(CreateOutcome::AlreadyExists),
+            Err(e) => Err(self.fail("create a lease", e)),
+        }
+    }
+
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        check_name("lease key", key.as_str())?;
+        self.read(key.as_str()).await
+    }
+
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        let mut listing = Listing::ok(Vec::new());
+        // Keyset pagination by key. A row whose key itself cannot be read (only possible in
+        // SQLite, which lets a hand edit store any type anywhere) cannot be a cursor: such rows
+        // are counted past with OFFSET from the last readable key.
+        let mut cursor: Option<String> = None;
+        let mut skip = 0i64;
+        loop {
+            let page = self.list_page(cursor.as_deref(), skip).await?;
+            let full = page.len() as i64 == LIST_PAGE;
+            for raw in page {
+                match raw.key().map(str::to_owned) {
+                    Some(key) => {
+                        match raw.decode(&key) {
+                            Ok(item) => listing.items.push(item),
+                            Err(bad) => listing.corrupt.push(bad),
+                        }
+                        cursor = Some(key);
+                        skip = 0;
+                    }
+                    None => {
+                        let after = cursor.as_deref().unwrap_or("");
+                        let fallback = format!("<unreadable lease_key after {after:?}>");
+                        if let Err(bad) = raw.decode(&fallback) {
+                            listing.corrupt.push(bad);
+                        }
+                        skip += 1;
+                    }
+                }
+            }
+            if !full {
+                return Ok(listing);
+            }
+        }
+    }
+
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        let c = encode_lease(lease)?;
+        let Ok(expected) = i64::try_from(expected.0) else {
+            // No row can hold this version.
+            return Err(self.conflict(&lease.key).await);
+        };
+        let new_version = match next_version(expected) {
+            Some(v) => v,
+            None => self.fresh_version().await?,
+        };
+        let sql = stmt(&self.shared.queries.update_lease);
+        let ns = self.namespace.as_str();
+        let key = lease.key.as_str();
+        let turn = self.write_turn().await;
+        let updated: SqlxResult<u64> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
+            .bind(c.owner)
+            .bind(c.epoch)
+            .bind(c.checkpoint_kind)
+            .bind(c.checkpoint_seq)
+            .bind(c.checkpoint_sub)
+            .bind(c.checkpoint_millis)
+            .bind(c.parents.as_str())
+            .bind(c.claim_by)
+            .bind(c.claim_at)
+            .bind(c.attributes.as_str())
+            .bind(c.updated_at_millis)
+            .bind(new_version)
+            .bind(ns)
+            .bind(key)
+            .bind(expected)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()));
+        drop(turn);
+        let updated = updated.map_err(|e| self.fail("update a lease", e))?;
+        if updated == 1 {
+            Ok(Version(new_version.unsigned_abs()))
+        } else {
+            Err(self.conflict(&lease.key).await)
+        }
+    }
+
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        check_name("lease key", key.as_str())?;
+        let Ok(expected) = i64::try_from(expected.0) else {
+            return Err(self.conflict(key).await);
+        };
+        let sql = stmt(&self.shared.queries.delete_lease);
+        let ns = self.namespace.as_str();
+        let turn = self.write_turn().await;
+        let deleted: SqlxResult<u64> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
+            .bind(ns)
+            .bind(key.as_str())
+            .bind(expected)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()));
+        drop(turn);
+        let deleted = deleted.map_err(|e| self.fail("delete a lease", e))?;
+        if deleted == 1 {
+            Ok(())
+        } else {
+            Err(self.conflict(key).await)
+        }
+    }
+
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        let c = encode_worker(record)?;
+        let (worker_id, beat, updated_at, lease_count, load, capacity) = (
+            c.worker_id.to_owned(),
+            c.beat,
+            c.updated_at_millis,
+            c.lease_count,
+            c.load,
+            c.capacity,
+        );
+        let shared = Arc::clone(&self.shared);
+        let namespace = self.namespace.clone();
+        // The statement runs in a task of its own, so that it finishes (or fails) even if the
+        // caller stops waiting, and holds `heartbeats` until then (see `Shared::heartbeats`).
+        // No write turn: a heartbeat must not queue behind a burst of lease writes (it would
+        // miss its deadline and fence the worker); it meets at most the one write in progress
+        // at SQLite's lock, which the busy handler resolves within milliseconds.
+        let in_flight = Arc::clone(&self.shared.heartbeats).read_owned().await;
+        let write = tokio::spawn(async move {
+            let _in_flight = in_flight;
+            let sql = stmt(&shared.queries.heartbeat);
+            let ns = namespace.as_str();
+            let done: SqlxResult<()> = on_pool!(&shared.pool, p => sqlx::query(sql)
+                .bind(ns)
+                .bind(worker_id.as_str())
+                .bind(beat)
+                .bind(updated_at)
+                .bind(lease_count)
+                .bind(load)
+                .bind(capacity)
+                .execute(p)
+                .await
+                .map(|_| ()));
+            done.map_err(|e| errors::backend(shared.dialect, "write a heartbeat", e))
+        });
+        match write.await {
+            Ok(result) => result,
+            Err(e) => Err(Error::retryable(format!(
+                "{}: the heartbeat write did not complete: {e}",
+                self.shared.dialect
+            ))),
+        }
+    }
+
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        let sql = stmt(&self.shared.queries.list_workers);
+        let ns = self.namespace.as_str();
+        let rows: SqlxResult<Vec<codec::RawWorker>> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
+            .bind(ns)
+            .fetch_all(p)
+            .await
+            .map(|rows| rows.iter().map(read_worker).collect()));
+        let rows = rows.map_err(|e| self.fail("list workers", e))?;
+        let mut listing = Listing::ok(Vec::new());
+        for raw in rows {
+            match raw.decode() {
+                Ok(w) => listing.items.push(w),
+                Err(bad) => listing.corrupt.push(bad),
+            }
+        }
+        Ok(listing)
+    }
+
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        check_name("worker id", id.as_str())?;
+        let sql = stmt(&self.shared.queries.remove_worker);
+        let ns = self.namespace.as_str();
+        // After every heartbeat already started, even abandoned ones (see `Shared::heartbeats`).
+        let _no_heartbeat_in_flight = self.shared.heartbeats.write().await;
+        let _turn = self.write_turn().await;
+        let done: SqlxResult<()> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
+            .bind(ns)
+            .bind(id.as_str())
+            .execute(p)
+            .await
+            .map(|_| ()));
+        done.map_err(|e| self.fail("remove a worker", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_are_identifiers() {
+        for good in ["shardlease_", "a", "_", "app_v2_", &"a".repeat(31)] {
+            assert!(validate_prefix(good).is_ok(), "{good}");
+        }
+        for bad in ["", "1abc", "Abc", "a-b", "x;DROP TABLE y", "ü", "a b", &"a".repeat(32)] {
+            assert!(matches!(validate_prefix(bad), Err(Error::Config(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn namespaces_are_checked() {
+        assert!(validate_namespace("orders").is_ok());
+        assert!(matches!(validate_namespace(""), Err(Error::Config(_))));
+        assert!(matches!(validate_namespace("a\0"), Err(Error::Config(_))));
+    }
+}

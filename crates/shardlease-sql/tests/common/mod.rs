@@ -1,0 +1,441 @@
+//! Shared by the per-dialect test files: the conformance suite's factory over a [`SqlStore`],
+//! how each test finds its server, raw SQL for tests that break rows by hand, and the checks that
+//! every dialect runs (corrupt rows, hostile identifiers, concurrent migrations, redaction).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use shardlease_core::{
+    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Position, Result, Version, WorkerId,
+    WorkerRecord,
+};
+use shardlease_sql::{Dialect, SqlPool, SqlStore};
+use shardlease_testkit::{fresh_namespace, StoreFactory};
+
+/// The conformance suite's factory: every namespace on one pool.
+pub struct SqlFactory {
+    base: SqlStore,
+    _file: Option<TempDb>,
+}
+
+impl SqlFactory {
+    /// Connects to `url` (panics when that fails: a configured server must work).
+    pub async fn connect(url: &str) -> SqlFactory {
+        let base = SqlStore::connect(url, "conformance-base")
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", shardlease_sql::redact_url(url)));
+        SqlFactory { base, _file: None }
+    }
+
+    /// A factory over a new SQLite file, removed when the factory is dropped.
+    pub async fn sqlite_file() -> SqlFactory {
+        let file = TempDb::new("conformance");
+        let mut factory = SqlFactory::connect(&file.url()).await;
+        factory._file = Some(file);
+        factory
+    }
+
+    /// The store the factory opens namespaces from.
+    pub fn base(&self) -> &SqlStore {
+        &self.base
+    }
+}
+
+#[async_trait]
+impl StoreFactory for SqlFactory {
+    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+        Ok(Arc::new(self.base.with_namespace(namespace)?))
+    }
+
+    async fn cleanup(&self, namespace: &str) -> Result<()> {
+        self.base.with_namespace(namespace)?.delete_namespace().await
+    }
+
+    fn name(&self) -> String {
+        format!("sql/{}", self.base.dialect())
+    }
+}
+
+/// The PostgreSQL test server's URL, or `None` (the test says it is skipped).
+pub fn postgres_url() -> Option<String> {
+    shardlease_testkit::suite::env_or_skip("SHARDLEASE_TEST_POSTGRES_URL")
+}
+
+/// The MySQL/MariaDB test server's URL, or `None` (the test says it is skipped).
+pub fn mysql_url() -> Option<String> {
+    shardlease_testkit::suite::env_or_skip("SHARDLEASE_TEST_MYSQL_URL")
+}
+
+/// A SQLite database file of its own under the target directory, removed (with its WAL and
+/// shared-memory files) on drop.
+pub struct TempDb {
+    path: std::path::PathBuf,
+}
+
+impl TempDb {
+    /// A new, not yet existing, database file.
+    pub fn new(tag: &str) -> TempDb {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("shardlease-sql");
+        std::fs::create_dir_all(&dir).expect("create the test directory");
+        TempDb { path: dir.join(format!("{}.db", fresh_namespace(tag))) }
+    }
+
+    /// Its `sqlite://` URL.
+    pub fn url(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = self.path.clone().into_os_string();
+            name.push(suffix);
+            let _ = std::fs::remove_file(name);
+        }
+    }
+}
+
+/// A placeholder of `dialect`.
+pub fn ph(dialect: Dialect, n: usize) -> String {
+    match dialect {
+        Dialect::Postgres => format!("${n}"),
+        Dialect::Sqlite => format!("?{n}"),
+        Dialect::MySql => "?".into(),
+    }
+}
+
+/// Runs `sql` with text parameters `binds` on the store's pool (for tests that break rows by
+/// hand); returns the rows affected.
+pub async fn exec_raw(store: &SqlStore, sql: &str, binds: &[&str]) -> u64 {
+    let sql = sql.to_owned();
+    let result = match store.pool() {
+        SqlPool::Postgres(p) => {
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.clone()));
+            for b in binds {
+                q = q.bind(*b);
+            }
+            q.execute(p).await.map(|r| r.rows_affected())
+        }
+        SqlPool::Sqlite(p) => {
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.clone()));
+            for b in binds {
+                q = q.bind(*b);
+            }
+            q.execute(p).await.map(|r| r.rows_affected())
+        }
+        SqlPool::MySql(p) => {
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.clone()));
+            for b in binds {
+                q = q.bind(*b);
+            }
+            q.execute(p).await.map(|r| r.rows_affected())
+        }
+        _ => unreachable!(),
+    };
+    result.unwrap_or_else(|e| panic!("raw SQL failed: {sql}: {e}"))
+}
+
+/// Sets column `column` of lease `key` to the SQL expression `value` (a literal written by the
+/// test) by hand, as an operator's bad edit would.
+pub async fn vandalize(store: &SqlStore, key: &str, column: &str, value: &str) {
+    let d = store.dialect();
+    let sql = format!(
+        "UPDATE {} SET {column} = {value} WHERE namespace = {} AND lease_key = {}",
+        store.leases_table(),
+        ph(d, 1),
+        ph(d, 2)
+    );
+    let n = exec_raw(store, &sql, &[store.namespace(), key]).await;
+    assert_eq!(n, 1, "{sql} must change one row");
+}
+
+fn created(outcome: Result<CreateOutcome>) -> Version {
+    match outcome {
+        Ok(CreateOutcome::Created(v)) => v,
+        other => panic!("expected Created, got {other:?}"),
+    }
+}
+
+/// Rows with garbage in a column are `Corrupt` for that key (get, stale update, stale delete)
+/// and listed as corrupt, while the other leases keep working; nothing panics.
+pub async fn corrupt_rows_are_reported(base: &SqlStore) {
+    let store = base.with_namespace(&fresh_namespace("corrupt")).unwrap();
+    let d = store.dialect();
+    let mut vandalism: Vec<(&str, &str, &str)> = vec![
+        ("kind", "checkpoint_kind", "'bogus'"),
+        ("seq", "checkpoint_seq", "'12abc'"),
+        ("parents", "parents", "'not json'"),
+        ("attrs", "attributes", "'{\"a\": 1'"),
+        ("epoch", "epoch", "-5"),
+        ("claim", "claim_by", "'w-half-a-claim'"),
+        ("sub", "checkpoint_sub", "-1"),
+    ];
+    if d == Dialect::Sqlite {
+        // SQLite keeps whatever type a hand edit writes.
+        vandalism.push(("typed", "epoch", "'garbage'"));
+        vandalism.push(("blob", "parents", "x'00ff'"));
+    }
+    let good = ["good-1", "good-2"];
+    let mut versions = std::collections::HashMap::new();
+    for key in good.iter().copied().chain(vandalism.iter().map(|v| v.0)) {
+        let lease = Lease::new(key, Position::sequence(7u64));
+        versions.insert(key.to_owned(), created(store.create_lease(&lease).await));
+    }
+    let stale = versions["good-1"];
+    for (key, column, value) in &vandalism {
+        vandalize(&store, key, column, value).await;
+    }
+
+    for (key, column, _) in &vandalism {
+        let k = LeaseKey::from(*key);
+        match store.get_lease(&k).await {
+            Err(Error::Corrupt { key: got, reason }) => {
+                assert_eq!(got, *key);
+                assert!(!reason.is_empty(), "{column}");
+            }
+            other => panic!("{key} ({column}): expected Corrupt, got {other:?}"),
+        }
+        // A stale CAS re-reads the row for its Conflict: Corrupt again.
+        let err = store.update_lease(&Lease::new(*key, Position::Latest), stale).await;
+        assert!(matches!(err, Err(Error::Corrupt { .. })), "{key}: {err:?}");
+        let err = store.delete_lease(&k, stale).await;
+        assert!(matches!(err, Err(Error::Corrupt { .. })), "{key}: {err:?}");
+    }
+
+    let listing = store.list_leases().await.unwrap();
+    let mut items: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+    items.sort_unstable();
+    assert_eq!(items, good.to_vec(), "only the good leases decode");
+    let mut bad: Vec<&str> = listing.corrupt.iter().map(|c| c.key.as_str()).collect();
+    bad.sort_unstable();
+    let mut want: Vec<&str> = vandalism.iter().map(|v| v.0).collect();
+    want.sort_unstable();
+    assert_eq!(bad, want, "every vandalized row is listed as corrupt: {:?}", listing.corrupt);
+
+    // The good leases keep working.
+    for key in good {
+        let (lease, v) = store.get_lease(&key.into()).await.unwrap().unwrap();
+        let moved = lease.transferred_to(Some(WorkerId::from("w1")));
+        store.update_lease(&moved, v).await.unwrap();
+    }
+    // Writing a corrupt row at its real version repairs it.
+    let key = vandalism[0].0;
+    let repaired = Lease::new(key, Position::ShardEnd);
+    store.update_lease(&repaired, versions[key]).await.unwrap();
+    assert_eq!(store.get_lease(&key.into()).await.unwrap().unwrap().0, repaired);
+
+    // A corrupt worker record is listed as corrupt; the others are listed.
+    store.heartbeat(&WorkerRecord::new("w-good".into(), 1)).await.unwrap();
+    store.heartbeat(&WorkerRecord::new("w-bad".into(), 1)).await.unwrap();
+    let sql = format!(
+        "UPDATE {} SET lease_count = -1 WHERE namespace = {} AND worker_id = {}",
+        store.workers_table(),
+        ph(d, 1),
+        ph(d, 2)
+    );
+    assert_eq!(exec_raw(&store, &sql, &[store.namespace(), "w-bad"]).await, 1);
+    let workers = store.list_workers().await.unwrap();
+    assert_eq!(workers.items.len(), 1);
+    assert_eq!(workers.items[0].id.as_str(), "w-good");
+    assert_eq!(workers.corrupt.len(), 1);
+    assert_eq!(workers.corrupt[0].key, "w-bad");
+    store.delete_namespace().await.unwrap();
+}
+
+/// Identifiers built to break naive SQL either round-trip exactly or are rejected clearly.
+pub async fn hostile_identifiers(base: &SqlStore, url: &str) {
+    // A table prefix is an identifier spliced into statements: only [a-z_][a-z0-9_]{0,30}.
+    for prefix in ["x;DROP TABLE shardlease_leases;--", "Shard", "a b", "x'", "9a", ""] {
+        match SqlStore::builder(url).table_prefix(prefix).namespace("n").connect().await {
+            Err(Error::Config(m)) => assert!(m.contains("table prefix"), "{m}"),
+            other => panic!("prefix {prefix:?}: expected a Config error, got {other:?}"),
+        }
+    }
+    let url_prefix = format!(
+        "{url}{}table_prefix=x%3BDROP%20TABLE%20y",
+        if url.contains('?') { "&" } else { "?" }
+    );
+    assert!(matches!(SqlStore::connect(&url_prefix, "n").await, Err(Error::Config(_))));
+
+    let suffix = fresh_namespace("hostile");
+    let namespaces = [
+        format!("it's \"{suffix}\"; DROP TABLE shardlease_leases; --"),
+        format!("{suffix}-名前空間-ü-🦀"),
+        format!("{suffix}%"),
+        format!("{suffix}_"),
+        format!("{suffix}\\"),
+        format!("{suffix}__"),
+    ];
+    let keys = [
+        "'",
+        "''",
+        "\"",
+        "\\",
+        "%",
+        "_",
+        "a%",
+        "a_",
+        "--",
+        "/* x */",
+        "a",
+        "A",
+        "a ",
+        " a",
+        "ä",
+        "a\u{308}",
+        "🦀/shardId-0001",
+        "key\nwith newline",
+        "Robert'); DROP TABLE x;--",
+    ];
+    let max_key = "🦀".repeat(255);
+    let mut stores = Vec::new();
+    for (i, ns) in namespaces.iter().enumerate() {
+        let store = base.with_namespace(ns).unwrap();
+        for key in keys.iter().copied().chain([max_key.as_str()]) {
+            let mut lease = Lease::new(key, Position::sequence(i as u64 + 1));
+            lease.owner = Some(WorkerId::from(format!("worker '{i}\" 🦀")));
+            lease.parents = vec![LeaseKey::from("'parent'"), LeaseKey::from(key)];
+            lease.attributes.insert("q'uote".into(), "nul\0 and \"quotes\" and 🦀".into());
+            let v = created(store.create_lease(&lease).await);
+            assert_eq!(
+                store.get_lease(&lease.key).await.unwrap(),
+                Some((lease.clone(), v)),
+                "{ns:?} / {key:?} must round-trip"
+            );
+        }
+        store.heartbeat(&WorkerRecord::new(format!("w'{i}\"").into(), 1)).await.unwrap();
+        stores.push(store);
+    }
+    for (store, ns) in stores.iter().zip(&namespaces) {
+        let listing = store.list_leases().await.unwrap();
+        assert!(listing.corrupt.is_empty(), "{:?}", listing.corrupt);
+        let mut got: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+        got.sort_unstable();
+        let mut want: Vec<&str> = keys.iter().copied().chain([max_key.as_str()]).collect();
+        want.sort_unstable();
+        assert_eq!(got, want, "{ns:?}: each namespace lists exactly its own keys");
+        assert_eq!(store.list_workers().await.unwrap().items.len(), 1, "{ns:?}");
+    }
+
+    // Too long, or a NUL: rejected with InvalidInput before any SQL runs.
+    let store = &stores[0];
+    for bad in ["🦀".repeat(256), "nul\0key".to_owned()] {
+        let lease = Lease::new(bad.as_str(), Position::Latest);
+        assert!(matches!(store.create_lease(&lease).await, Err(Error::InvalidInput(_))));
+        assert!(matches!(store.get_lease(&lease.key).await, Err(Error::InvalidInput(_))));
+    }
+    assert!(matches!(base.with_namespace("nul\0ns"), Err(Error::Config(_))));
+    assert!(matches!(base.with_namespace(""), Err(Error::Config(_))));
+
+    // The tables are all still there.
+    let probe = base.with_namespace(&fresh_namespace("after-hostile")).unwrap();
+    assert!(probe.list_leases().await.unwrap().items.is_empty());
+    for store in &stores {
+        store.delete_namespace().await.unwrap();
+    }
+}
+
+/// Many stores connecting at once with a new table prefix all run the migrations and succeed;
+/// `create_schema=false` on a prefix with no tables is a clear `Config` error. Drops the tables.
+pub async fn concurrent_migrations(url: &str) {
+    let prefix = format!("t{}_", fresh_namespace("").replace('-', "_").trim_start_matches("ns_"));
+    match SqlStore::builder(url).table_prefix(&prefix).create_schema(false).connect().await {
+        Err(Error::Config(m)) => assert!(m.contains("missing"), "{m}"),
+        other => panic!("create_schema=false without tables: expected Config, got {other:?}"),
+    }
+    let connects = (0..6).map(|i| {
+        let url = url.to_owned();
+        let prefix = prefix.clone();
+        tokio::spawn(async move {
+            SqlStore::builder(url)
+                .table_prefix(prefix)
+                .namespace(format!("m{i}"))
+                .max_connections(2)
+                .connect()
+                .await
+        })
+    });
+    let mut stores = Vec::new();
+    for handle in connects.collect::<Vec<_>>() {
+        stores.push(handle.await.unwrap().unwrap_or_else(|e| panic!("concurrent connect: {e}")));
+    }
+    for store in &stores {
+        created(store.create_lease(&Lease::new("k", Position::Latest)).await);
+    }
+    let again =
+        SqlStore::builder(url).table_prefix(&prefix).create_schema(false).connect().await.unwrap();
+    assert_eq!(again.table_prefix(), prefix);
+    assert_eq!(again.with_namespace("m0").unwrap().list_leases().await.unwrap().items.len(), 1);
+    let migrations = format!("{prefix}schema_migrations");
+    for table in [
+        again.leases_table().to_owned(),
+        again.workers_table().to_owned(),
+        format!("{prefix}namespaces"),
+        migrations,
+    ] {
+        exec_raw(&again, &format!("DROP TABLE {table}"), &[]).await;
+    }
+}
+
+/// Connection errors never show the password, in `Display` or `Debug`.
+pub async fn passwords_stay_secret(unreachable_url_with_password: &str, secret: &str) {
+    let err = SqlStore::connect(unreachable_url_with_password, "n")
+        .await
+        .expect_err("the URL points at a closed port");
+    let shown = format!("{err} / {err:?}");
+    assert!(!shown.contains(secret), "the password leaked: {shown}");
+    assert!(shown.contains("***"), "the URL is shown redacted: {shown}");
+    assert!(err.is_retryable(), "a refused connection is retryable: {shown}");
+    let builder = SqlStore::builder(unreachable_url_with_password);
+    assert!(!format!("{builder:?}").contains(secret));
+}
+
+/// A lease whose write count within its incarnation is exhausted moves to a fresh incarnation
+/// on its next update, without reusing a version.
+pub async fn versions_roll_over_to_a_new_incarnation(base: &SqlStore) {
+    let store = base.with_namespace(&fresh_namespace("rollover")).unwrap();
+    let v0 = created(store.create_lease(&Lease::new("k", Position::Latest)).await);
+    let last = i64::try_from(v0.0).unwrap() | ((1 << 31) - 1);
+    let sql = format!(
+        "UPDATE {} SET version = {last} WHERE namespace = {} AND lease_key = {}",
+        store.leases_table(),
+        ph(store.dialect(), 1),
+        ph(store.dialect(), 2)
+    );
+    exec_raw(&store, &sql, &[store.namespace(), "k"]).await;
+    let (lease, v) = store.get_lease(&"k".into()).await.unwrap().unwrap();
+    assert_eq!(v.0, last as u64);
+    let next = store.update_lease(&lease, v).await.unwrap();
+    assert_ne!(next.0 >> 31, v.0 >> 31, "a fresh incarnation");
+    assert!(next != v0 && next != v);
+    let next2 = store.update_lease(&lease, next).await.unwrap();
+    assert_eq!(next2.0, next.0 + 1);
+    store.delete_namespace().await.unwrap();
+}
+
+/// Creates take incarnations from the namespace's counter row, 64 at a time per store handle:
+/// one handle numbers its leases 1, 2, 3, ...; another handle (another process) reserves the
+/// next block.
+pub async fn incarnations_come_from_the_counter(base: &SqlStore) {
+    let ns = fresh_namespace("incarnations");
+    let store = base.with_namespace(&ns).unwrap();
+    let mut incarnations = Vec::new();
+    for i in 0..70 {
+        let v = created(store.create_lease(&Lease::new(format!("k{i}"), Position::Latest)).await);
+        assert_eq!(v.0 & ((1 << 31) - 1), 0, "a created lease has written nothing yet");
+        incarnations.push(v.0 >> 31);
+    }
+    assert_eq!(incarnations, (1..=70).collect::<Vec<u64>>());
+    let other = base.with_namespace(&ns).unwrap();
+    let v = created(other.create_lease(&Lease::new("other", Position::Latest)).await);
+    assert_eq!(v.0 >> 31, 129, "a second handle reserves the next block of 64");
+    store.delete_namespace().await.unwrap();
+}

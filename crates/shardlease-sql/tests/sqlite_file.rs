@@ -1,0 +1,154 @@
+//! The SQL store on SQLite files (no server needed): the whole conformance suite (each test on
+//! a file of its own), corrupt rows, hostile identifiers, concurrent migrations, and several
+//! pools and several processes sharing one file.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use common::{SqlFactory, TempDb};
+use shardlease_core::{Error, Lease, LeaseKey, LeaseStore, Position, WorkerRecord};
+use shardlease_sql::SqlStore;
+
+async fn factory() -> Option<SqlFactory> {
+    Some(SqlFactory::sqlite_file().await)
+}
+
+shardlease_testkit::store_conformance_tests!(@async factory());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_rows_are_reported() {
+    let f = SqlFactory::sqlite_file().await;
+    common::corrupt_rows_are_reported(f.base()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_identifiers() {
+    let file = TempDb::new("hostile");
+    let f = SqlFactory::connect(&file.url()).await;
+    common::hostile_identifiers(f.base(), &file.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations() {
+    let file = TempDb::new("migrations");
+    common::concurrent_migrations(&file.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incarnations_come_from_the_counter() {
+    let f = SqlFactory::sqlite_file().await;
+    common::incarnations_come_from_the_counter(f.base()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_roll_over_to_a_new_incarnation() {
+    let f = SqlFactory::sqlite_file().await;
+    common::versions_roll_over_to_a_new_incarnation(f.base()).await;
+}
+
+/// Read-modify-CAS increments of one lease from `tasks` tasks on `store`; returns conflicts.
+async fn increment(store: Arc<dyn LeaseStore>, key: &str, tasks: usize, each: u64) -> u64 {
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let store = store.clone();
+            let key = LeaseKey::from(key);
+            tokio::spawn(async move {
+                let mut conflicts = 0;
+                for _ in 0..each {
+                    loop {
+                        let (mut lease, v) = store.get_lease(&key).await.unwrap().unwrap();
+                        lease.epoch += 1;
+                        match store.update_lease(&lease, v).await {
+                            Ok(_) => break,
+                            Err(Error::Conflict { .. }) => conflicts += 1,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+                conflicts
+            })
+        })
+        .collect();
+    let mut conflicts = 0;
+    for h in handles {
+        conflicts += h.await.unwrap();
+    }
+    conflicts
+}
+
+/// Two pools on one file (as two processes would have) racing on one lease lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pools_share_one_file() {
+    let file = TempDb::new("two-pools");
+    let a = SqlStore::connect(&file.url(), "shared").await.unwrap();
+    let b = SqlStore::connect(&file.url(), "shared").await.unwrap();
+    a.create_lease(&Lease::new("k", Position::Latest)).await.unwrap();
+    let (ca, cb) = tokio::join!(
+        increment(Arc::new(a.clone()), "k", 4, 25),
+        increment(Arc::new(b.clone()), "k", 4, 25)
+    );
+    let (lease, _) = b.get_lease(&"k".into()).await.unwrap().unwrap();
+    assert_eq!(lease.epoch, 200, "{ca} + {cb} conflicts retried");
+}
+
+/// The variable that makes [`child_process`] run: the database URL, and how many increments.
+const CHILD_VAR: &str = "SHARDLEASE_SQLITE_CHILD";
+
+/// Three processes on one file, each incrementing one lease 40 times by CAS and heartbeating:
+/// the result is exactly 120 and all three worker records are there.
+#[test]
+fn processes_share_one_file() {
+    let file = TempDb::new("processes");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let store = SqlStore::connect(&file.url(), "shared").await.unwrap();
+        store.create_lease(&Lease::new("k", Position::Latest)).await.unwrap();
+    });
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|i| {
+            Command::new(&exe)
+                .args(["--exact", "child_process", "--nocapture", "--test-threads", "1"])
+                .env(CHILD_VAR, format!("{}|{i}", file.url()))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "a child process failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    runtime.block_on(async {
+        let store = SqlStore::connect(&file.url(), "shared").await.unwrap();
+        let (lease, _) = store.get_lease(&"k".into()).await.unwrap().unwrap();
+        assert_eq!(lease.epoch, 120);
+        assert_eq!(store.list_workers().await.unwrap().items.len(), 3);
+    });
+}
+
+/// One process of [`processes_share_one_file`]; on its own it says it is skipped.
+#[test]
+fn child_process() {
+    let Ok(spec) = std::env::var(CHILD_VAR) else {
+        println!("child_process: SKIPPED (it only runs as a child of processes_share_one_file)");
+        return;
+    };
+    let (url, i) = spec.rsplit_once('|').unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let store = SqlStore::connect(url, "shared").await.unwrap();
+        store.heartbeat(&WorkerRecord::new(format!("process-{i}").into(), 1)).await.unwrap();
+        increment(Arc::new(store), "k", 2, 20).await;
+    });
+}
