@@ -33,12 +33,18 @@ pub struct CorruptRecord {
 
 /// The result of a list call: the records that decoded, and the ones that did not.
 /// A corrupt record never hides the others.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Listing<T> {
     /// Records that decoded.
     pub items: Vec<T>,
     /// Records that did not.
     pub corrupt: Vec<CorruptRecord>,
+}
+
+impl<T> Default for Listing<T> {
+    fn default() -> Self {
+        Listing { items: Vec::new(), corrupt: Vec::new() }
+    }
 }
 
 impl<T> Listing<T> {

@@ -235,12 +235,13 @@ impl WorkerHandle {
                 lease_task::transfer(shared, &token, None).await;
             }
         }
+        withdraw_claims(shared).await;
         shared.cancel.cancel();
         let loops = std::mem::take(&mut *lock(&self.loops));
         for l in loops {
             let _ = l.await;
         }
-        let removed = shared.store.remove_worker(&shared.id()).await;
+        let removed = remove_record(shared).await;
         *done = true;
         removed
     }
@@ -257,6 +258,53 @@ impl WorkerHandle {
             t.join.abort();
         }
     }
+}
+
+/// Withdraws this worker's pending claims before it leaves. A peer that already answered one hands
+/// the lease to this worker: such a lease is released at once rather than left to a departed owner
+/// (it would otherwise wait a failover timeout).
+async fn withdraw_claims(shared: &Shared) {
+    let me = shared.id();
+    let claimed: Vec<LeaseKey> = lock(&shared.my_claims).keys().cloned().collect();
+    for key in claimed {
+        for _ in 0..4 {
+            let Ok(Some((lease, version))) = shared.store.get_lease(&key).await else { break };
+            let next = if lease.is_owned_by(&me) {
+                lease.transferred_to(None)
+            } else if lease.live_claim().is_some_and(|c| c.by == me) {
+                crate::lease::Lease { claim: None, ..lease }
+            } else {
+                break;
+            };
+            match shared.store.update_lease(&next, version).await {
+                Err(crate::error::Error::Conflict { .. }) => continue,
+                _ => break,
+            }
+        }
+    }
+}
+
+/// Removes the worker record, then lists to confirm: a heartbeat that timed out on this side may
+/// still land on the server after the removal and bring the record back.
+async fn remove_record(shared: &Shared) -> Result<()> {
+    let me = shared.id();
+    let mut result = Ok(());
+    for attempt in 0..3 {
+        result = shared.store.remove_worker(&me).await;
+        let back = match shared.store.list_workers().await {
+            Ok(l) => l.items.iter().any(|r| r.id == me),
+            Err(_) => false,
+        };
+        if !back {
+            break;
+        }
+        warn!(
+            attempt,
+            "the worker record came back after removal (a late heartbeat); removing again"
+        );
+        tokio::time::sleep(shared.cfg.heartbeat_interval).await;
+    }
+    result
 }
 
 impl Drop for WorkerHandle {
