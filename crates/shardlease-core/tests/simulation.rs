@@ -9,7 +9,7 @@
 //! owned with shares within one).
 //!
 //! Replay one seed: `SHARDLEASE_SIM_SEED=1234 cargo test -p shardlease-core --test simulation`.
-//! Run more seeds: `SHARDLEASE_SIM_SEEDS=500 cargo test ...` (default 24; the first seed is
+//! Run more seeds: `SHARDLEASE_SIM_SEEDS=500 cargo test ...` (default 100; the first seed is
 //! `SHARDLEASE_SIM_FIRST_SEED`, default 1).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -38,7 +38,7 @@ fn simulated_fleets_keep_every_invariant() {
         Some(s) => vec![s],
         None => {
             let first = env_u64("SHARDLEASE_SIM_FIRST_SEED").unwrap_or(1);
-            let n = env_u64("SHARDLEASE_SIM_SEEDS").unwrap_or(24);
+            let n = env_u64("SHARDLEASE_SIM_SEEDS").unwrap_or(100);
             (first..first + n).collect()
         }
     };
