@@ -111,29 +111,30 @@ impl Cluster {
         &self.observer
     }
 
-    fn next_config(&mut self) -> Config {
-        self.started += 1;
+    /// The configuration of worker number `n` (`w<n>`, its own RNG seed).
+    fn config_for(&self, n: u32) -> Config {
         let mut cfg = self.template.clone();
-        cfg.worker_id = WorkerId::new(format!("w{}", self.started));
-        cfg.rng_seed = self
-            .template
-            .rng_seed
-            .map(|s| s.wrapping_mul(31).wrapping_add(u64::from(self.started)));
+        cfg.worker_id = WorkerId::new(format!("w{n}"));
+        cfg.rng_seed =
+            self.template.rng_seed.map(|s| s.wrapping_mul(31).wrapping_add(u64::from(n)));
         cfg
     }
 
     /// Builds the next worker (id `w1`, `w2`, ...) without starting it.
     pub fn build_worker(&mut self) -> Result<Worker> {
-        let cfg = self.next_config();
+        self.started += 1;
+        self.worker_numbered(self.started)
+    }
+
+    fn worker_numbered(&self, n: u32) -> Result<Worker> {
+        let cfg = self.config_for(n);
         let store = (self.store_for)(&cfg.worker_id);
         Worker::builder(cfg, store, self.source.clone(), self.factory.clone()).build()
     }
 
     /// Creates the leases for the source's shards now (through a worker that is never started).
     pub async fn sync_shards(&mut self) -> Result<()> {
-        let w = self.build_worker()?;
-        self.started -= 1;
-        w.sync_shards().await
+        self.worker_numbered(0)?.sync_shards().await
     }
 
     /// Starts one more worker and returns its id.

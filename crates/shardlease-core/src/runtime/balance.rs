@@ -197,6 +197,7 @@ fn reconcile(
         return (Vec::new(), Vec::new());
     }
     let by_ref: std::collections::HashMap<&LeaseKey, &Lease> = by_key.clone().into_iter().collect();
+    let former = lock(&shared.former_ids).clone();
     let tasks = lock(&shared.tasks);
     let ended = {
         let mut ended = lock(&shared.task_ended);
@@ -204,7 +205,7 @@ fn reconcile(
         ended.clone()
     };
     let idle = leases.iter().filter(|(lease, _)| {
-        lease.owner.as_ref().is_some_and(|o| shared.is_me_or_former(o))
+        lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))
             && is_active(lease, &by_ref)
             && !tasks.contains_key(&lease.key)
     });

@@ -167,11 +167,6 @@ impl Shared {
         (old, new)
     }
 
-    /// Whether `owner` is this worker or one of its earlier incarnations.
-    pub(crate) fn is_me_or_former(&self, owner: &WorkerId) -> bool {
-        *owner == self.id() || lock(&self.former_ids).contains(owner)
-    }
-
     /// A random u64 from the worker's RNG.
     pub(crate) fn random(&self) -> u64 {
         lock(&self.rng).random()
