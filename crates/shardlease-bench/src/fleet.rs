@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease::balancer::is_active;
 use shardlease::runtime::WorkerStats;
 use shardlease::{
-    Balancer, Config, GreedyBalancer, Lease, LeaseStore, OnePerPassBalancer, Position,
-    ProcessorFactory, ShardSource, Worker, WorkerHandle, WorkerId,
+    Balancer, Config, GreedyBalancer, Lease, LeaseKey, LeaseStore, OnePerPassBalancer, Position,
+    ProcessorFactory, ShardSource, WorkerId,
 };
+use shardlease_testkit::cluster::Cluster;
 
 use crate::args::Policy;
 use crate::counting_store::CountingStore;
@@ -53,48 +53,16 @@ pub fn balancer(policy: Policy) -> Arc<dyn Balancer> {
     }
 }
 
-/// Who owns what, as the store says.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Coverage {
-    /// Active leases (not finished, parents finished or gone).
-    pub active: usize,
-    /// Active leases with no owner, or an owner that is not a running worker of the fleet.
-    pub uncovered: usize,
-    /// Active leases per running worker (zero included), by the id the fleet started it with.
-    pub shares: BTreeMap<WorkerId, usize>,
-    /// Owner of each active lease as the store names it (`None` when unowned).
-    pub owners: BTreeMap<String, Option<WorkerId>>,
-}
-
-impl Coverage {
-    /// Every active lease is owned by a running worker (and there is at least one).
-    pub fn is_covered(&self) -> bool {
-        self.active > 0 && self.uncovered == 0
-    }
-
-    /// Largest share.
-    pub fn max_share(&self) -> usize {
-        self.shares.values().max().copied().unwrap_or(0)
-    }
-
-    /// Smallest share.
-    pub fn min_share(&self) -> usize {
-        self.shares.values().min().copied().unwrap_or(0)
-    }
-
-    /// Covered and shares within one of each other.
-    pub fn is_balanced(&self) -> bool {
-        self.is_covered() && self.max_share() - self.min_share() <= 1
-    }
-}
+/// Who owns what, as the store says (the testkit's view, shared with the conformance suite).
+pub use shardlease_testkit::cluster::Coverage;
 
 /// Counts changes of owner across successive observations: a lease seen owned by one worker and
 /// later by another is one move, whether it was handed over or released (or abandoned) and taken.
 /// A lease's first owner is not a move. Epochs are not used: the runtime may bump a lease's epoch
-/// without a change of owner (re-taking a lease it was handed, say).
+/// without a change of owner (re-taking a lease of an earlier incarnation, say).
 #[derive(Clone, Debug, Default)]
 pub struct MoveCounter {
-    last_owner: HashMap<String, WorkerId>,
+    last_owner: HashMap<LeaseKey, WorkerId>,
     moves: u64,
 }
 
@@ -117,16 +85,11 @@ impl MoveCounter {
     }
 }
 
-/// A fleet of workers sharing one store and one source.
+/// The testkit's [`Cluster`] with the run's balancer, its workers writing through a
+/// [`CountingStore`] while the bench observes through the uncounted store underneath.
 pub struct Fleet {
-    observer: Arc<dyn LeaseStore>,
+    cluster: Cluster,
     counted: Arc<CountingStore>,
-    source: Arc<dyn ShardSource>,
-    factory: Arc<dyn ProcessorFactory>,
-    template: Config,
-    policy: Policy,
-    workers: BTreeMap<WorkerId, WorkerHandle>,
-    started: u64,
 }
 
 impl Fleet {
@@ -138,16 +101,17 @@ impl Fleet {
         template: Config,
         policy: Policy,
     ) -> Self {
-        Fleet {
-            counted: Arc::new(CountingStore::new(store.clone())),
-            observer: store,
+        let counted = Arc::new(CountingStore::new(store.clone()));
+        let view: Arc<dyn LeaseStore> = counted.clone();
+        let cluster = Cluster::with_store_per_worker(
+            store,
+            Arc::new(move |_| view.clone()),
             source,
             factory,
             template,
-            policy,
-            workers: BTreeMap::new(),
-            started: 0,
-        }
+        )
+        .with_balancer(balancer(policy));
+        Fleet { cluster, counted }
     }
 
     /// The counting view the workers use.
@@ -155,134 +119,62 @@ impl Fleet {
         &self.counted
     }
 
-    fn worker(
-        &self,
-        id: WorkerId,
-        store: Arc<dyn LeaseStore>,
-        n: u64,
-    ) -> Result<Worker, BenchError> {
-        let mut cfg = self.template.clone().with_worker_id(id);
-        cfg.rng_seed = self.template.rng_seed.map(|s| s.wrapping_mul(31).wrapping_add(n));
-        Ok(Worker::builder(cfg, store, self.source.clone(), self.factory.clone())
-            .balancer(balancer(self.policy))
-            .build()?)
-    }
-
-    /// Creates a lease for every shard of the source now, through a worker that never starts and
-    /// through the uncounted store (creation is not part of any figure).
-    pub async fn sync_shards(&self) -> Result<(), BenchError> {
-        let w = self.worker(WorkerId::new("bench-sync"), self.observer.clone(), 0)?;
-        Ok(w.sync_shards().await?)
+    /// Creates a lease for every shard of the source now, through the uncounted store (creation is
+    /// not part of any figure).
+    pub async fn sync_shards(&mut self) -> Result<(), BenchError> {
+        Ok(self.cluster.sync_shards().await?)
     }
 
     /// Starts one more worker (ids `w1`, `w2`, ...; `w1.1` and so on after a self-fence) and
     /// returns the id it started with, by which the fleet knows it.
     pub fn start_worker(&mut self) -> Result<WorkerId, BenchError> {
-        self.started += 1;
-        let id = WorkerId::new(format!("w{}", self.started));
-        let counted: Arc<dyn LeaseStore> = self.counted.clone();
-        let handle = self.worker(id.clone(), counted, self.started)?.start();
-        self.workers.insert(id.clone(), handle);
-        Ok(id)
+        Ok(self.cluster.start_worker()?)
     }
 
     /// Starts `n` more workers, back to back.
     pub fn start_workers(&mut self, n: usize) -> Result<Vec<WorkerId>, BenchError> {
-        (0..n).map(|_| self.start_worker()).collect()
+        Ok(self.cluster.start_workers(n)?)
     }
 
     /// The running workers' ids.
     pub fn running(&self) -> Vec<WorkerId> {
-        self.workers.keys().cloned().collect()
+        self.cluster.running()
     }
 
     /// Gracefully shuts one worker down (checkpoint, release, remove its record).
     pub async fn shutdown(&mut self, id: &WorkerId) -> Result<(), BenchError> {
-        match self.workers.remove(id) {
-            Some(h) => Ok(h.shutdown().await?),
-            None => Ok(()),
-        }
+        Ok(self.cluster.shutdown(id).await?)
     }
 
     /// Crashes one worker: everything stops, nothing is released, its record stays behind.
     pub fn crash(&mut self, id: &WorkerId) {
-        if let Some(h) = self.workers.remove(id) {
-            h.crash();
-        }
+        self.cluster.crash(id);
     }
 
     /// Every running worker's counters.
     pub fn stats(&self) -> BTreeMap<WorkerId, WorkerStats> {
-        self.workers.iter().map(|(id, h)| (id.clone(), h.stats())).collect()
+        self.cluster.stats()
     }
 
-    /// Every active lease, as the store says.
+    /// Every lease, as the store says.
     pub async fn leases(&self) -> Result<Vec<Lease>, BenchError> {
-        Ok(self.observer.list_leases().await?.items.into_iter().map(|(l, _)| l).collect())
+        Ok(self.cluster.leases().await?)
     }
 
-    /// Who owns what right now. A worker that fenced itself comes back under a new id (a new
-    /// incarnation); leases count toward a worker's share only under its current id.
+    /// Who owns what right now, shares under the id each worker started with.
     pub async fn coverage(&self) -> Result<Coverage, BenchError> {
-        let leases = self.leases().await?;
-        let by_key: HashMap<_, _> = leases.iter().map(|l| (&l.key, l)).collect();
-        let current: HashMap<WorkerId, &WorkerId> =
-            self.workers.iter().map(|(name, h)| (WorkerId::new(h.id().as_str()), name)).collect();
-        let mut cov = Coverage {
-            shares: self.workers.keys().map(|w| (w.clone(), 0)).collect(),
-            ..Coverage::default()
-        };
-        for l in &leases {
-            if !is_active(l, &by_key) {
-                continue;
-            }
-            cov.active += 1;
-            cov.owners.insert(l.key.as_str().to_owned(), l.owner.clone());
-            let name = l.owner.as_ref().and_then(|o| current.get(o));
-            match name.and_then(|n| cov.shares.get_mut(*n)) {
-                Some(n) => *n += 1,
-                None => cov.uncovered += 1,
-            }
-        }
-        Ok(cov)
+        Ok(self.cluster.coverage().await?)
     }
 
-    /// Whether every worker is processing exactly the leases the store says it owns (a lease
-    /// handed over is not "held" until the new owner's task runs).
+    /// Whether every worker is processing exactly the leases the store says it owns.
     pub fn tasks_match(&self, cov: &Coverage) -> bool {
-        cov.shares
-            .iter()
-            .all(|(w, n)| self.workers.get(w).is_some_and(|h| h.held_leases().len() == *n))
+        self.cluster.tasks_match(cov)
     }
 
-    /// Shuts every running worker down gracefully, all at once.
-    pub async fn shutdown_all(&mut self) -> Result<(), BenchError> {
-        let all: Vec<_> = std::mem::take(&mut self.workers).into_values().collect();
-        let results = futures::future::join_all(all.iter().map(WorkerHandle::shutdown)).await;
-        results.into_iter().collect::<shardlease::Result<Vec<()>>>()?;
-        Ok(())
-    }
-
-    /// Stops every worker and deletes every lease and worker record of the namespace (a crashed
-    /// worker leaves its record behind), so runs on a shared store leave nothing.
+    /// Stops every worker (a worker still running when the fleet is dropped is crashed, so a run
+    /// that failed half-way leaves none behind) and deletes every lease and worker record of the
+    /// namespace.
     pub async fn teardown(&mut self) -> Result<(), BenchError> {
-        let stopped = self.shutdown_all().await;
-        for (lease, version) in self.observer.list_leases().await?.items {
-            // A conflict means something still writes; the namespace is unique, so ignore it.
-            let _ = self.observer.delete_lease(&lease.key, version).await;
-        }
-        for record in self.observer.list_workers().await?.items {
-            self.observer.remove_worker(&record.id).await?;
-        }
-        stopped
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        // A run that failed half-way must not leave workers running into the next run.
-        for h in self.workers.values() {
-            h.crash();
-        }
+        Ok(self.cluster.teardown().await?)
     }
 }

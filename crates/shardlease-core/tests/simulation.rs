@@ -105,19 +105,8 @@ async fn simulate(seed: u64) -> Result<String, String> {
     let mut cluster =
         Cluster::with_store_per_worker(base.clone(), store_for, src, rec.factory(), cfg);
 
-    // The initial shard sync goes through a fault-free view; the workers' own syncs face faults.
-    let sync_store: Arc<dyn LeaseStore> = base.clone();
-    shardlease_core::Worker::builder(
-        Config::new("sim").with_worker_id("sync").with_initial_position(Position::TrimHorizon),
-        sync_store,
-        Arc::new(source.clone()),
-        rec.factory(),
-    )
-    .build()
-    .map_err(|e| e.to_string())?
-    .sync_shards()
-    .await
-    .map_err(|e| e.to_string())?;
+    // The initial shard sync goes through the fault-free view; the workers' own syncs face faults.
+    cluster.sync_shards().await.map_err(|e| e.to_string())?;
 
     let first_workers = rng.random_range(1..=4);
     cluster.start_workers(first_workers).map_err(|e| e.to_string())?;

@@ -371,29 +371,11 @@ async fn open_pool(url: &str, parsed: &StoreUrl, settings: &PoolSettings) -> Res
     match dialect {
         #[cfg(feature = "postgres")]
         Dialect::Postgres => {
-            let options = sqlx::postgres::PgConnectOptions::from_str(&parsed.sqlx_url)
-                .map_err(|e| errors::connecting(dialect, url, e))?;
-            probe(dialect, url, &options).await?;
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(settings.max_connections.unwrap_or(DEFAULT_SERVER_CONNECTIONS))
-                .acquire_timeout(settings.acquire_timeout)
-                .connect_with(options)
-                .await
-                .map_err(|e| errors::connecting(dialect, url, e))?;
-            Ok(SqlPool::Postgres(pool))
+            Ok(SqlPool::Postgres(open_server_pool(dialect, url, parsed, settings).await?))
         }
         #[cfg(feature = "mysql")]
         Dialect::MySql => {
-            let options = sqlx::mysql::MySqlConnectOptions::from_str(&parsed.sqlx_url)
-                .map_err(|e| errors::connecting(dialect, url, e))?;
-            probe(dialect, url, &options).await?;
-            let pool = sqlx::mysql::MySqlPoolOptions::new()
-                .max_connections(settings.max_connections.unwrap_or(DEFAULT_SERVER_CONNECTIONS))
-                .acquire_timeout(settings.acquire_timeout)
-                .connect_with(options)
-                .await
-                .map_err(|e| errors::connecting(dialect, url, e))?;
-            Ok(SqlPool::MySql(pool))
+            Ok(SqlPool::MySql(open_server_pool(dialect, url, parsed, settings).await?))
         }
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => open_sqlite(url, parsed, settings).await,
@@ -404,6 +386,29 @@ async fn open_pool(url: &str, parsed: &StoreUrl, settings: &PoolSettings) -> Res
             other.name()
         ))),
     }
+}
+
+/// Opens a pool on a database server (PostgreSQL, MySQL): probe first, then the pool.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn open_server_pool<DB>(
+    dialect: Dialect,
+    url: &str,
+    parsed: &StoreUrl,
+    settings: &PoolSettings,
+) -> Result<sqlx::Pool<DB>>
+where
+    DB: sqlx::Database,
+    <DB::Connection as sqlx::Connection>::Options: FromStr<Err = sqlx::Error>,
+{
+    let options = <<DB::Connection as sqlx::Connection>::Options>::from_str(&parsed.sqlx_url)
+        .map_err(|e| errors::connecting(dialect, url, e))?;
+    probe(dialect, url, &options).await?;
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(settings.max_connections.unwrap_or(DEFAULT_SERVER_CONNECTIONS))
+        .acquire_timeout(settings.acquire_timeout)
+        .connect_with(options)
+        .await
+        .map_err(|e| errors::connecting(dialect, url, e))
 }
 
 /// Opens one connection and closes it again, so that a wrong host, port or password fails at

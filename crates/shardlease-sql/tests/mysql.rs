@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[macro_use]
 mod common;
 
 use common::SqlFactory;
@@ -11,38 +12,8 @@ async fn factory() -> Option<SqlFactory> {
     Some(SqlFactory::connect(&common::mysql_url()?).await)
 }
 
-shardlease_testkit::store_conformance_tests!(@async factory());
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupt_rows_are_reported() {
-    let Some(f) = factory().await else { return };
-    common::corrupt_rows_are_reported(f.base()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_identifiers() {
-    let Some(url) = common::mysql_url() else { return };
-    let f = SqlFactory::connect(&url).await;
-    common::hostile_identifiers(f.base(), &url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_migrations() {
-    let Some(url) = common::mysql_url() else { return };
-    common::concurrent_migrations(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn incarnations_come_from_the_counter() {
-    let Some(f) = factory().await else { return };
-    common::incarnations_come_from_the_counter(f.base()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn versions_roll_over_to_a_new_incarnation() {
-    let Some(f) = factory().await else { return };
-    common::versions_roll_over_to_a_new_incarnation(f.base()).await;
-}
+dialect_tests!(factory());
+server_tests!(common::mysql_url());
 
 /// Needs no server: port 1 refuses the connection.
 #[tokio::test]

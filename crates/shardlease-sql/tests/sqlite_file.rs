@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[macro_use]
 mod common;
 
 use std::process::{Command, Stdio};
@@ -17,13 +18,7 @@ async fn factory() -> Option<SqlFactory> {
     Some(SqlFactory::sqlite_file().await)
 }
 
-shardlease_testkit::store_conformance_tests!(@async factory());
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupt_rows_are_reported() {
-    let f = SqlFactory::sqlite_file().await;
-    common::corrupt_rows_are_reported(f.base()).await;
-}
+dialect_tests!(factory());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_identifiers() {
@@ -36,18 +31,6 @@ async fn hostile_identifiers() {
 async fn concurrent_migrations() {
     let file = TempDb::new("migrations");
     common::concurrent_migrations(&file.url()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn incarnations_come_from_the_counter() {
-    let f = SqlFactory::sqlite_file().await;
-    common::incarnations_come_from_the_counter(f.base()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn versions_roll_over_to_a_new_incarnation() {
-    let f = SqlFactory::sqlite_file().await;
-    common::versions_roll_over_to_a_new_incarnation(f.base()).await;
 }
 
 /// Read-modify-CAS increments of one lease from `tasks` tasks on `store`; returns conflicts.

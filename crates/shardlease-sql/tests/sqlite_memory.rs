@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[macro_use]
 mod common;
 
 use common::SqlFactory;
@@ -13,30 +14,12 @@ async fn factory() -> Option<SqlFactory> {
     Some(SqlFactory::connect("sqlite::memory:").await)
 }
 
-shardlease_testkit::store_conformance_tests!(@async factory());
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupt_rows_are_reported() {
-    let Some(f) = factory().await else { return };
-    common::corrupt_rows_are_reported(f.base()).await;
-}
+dialect_tests!(factory());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_identifiers() {
     let f = SqlFactory::connect("sqlite::memory:").await;
     common::hostile_identifiers(f.base(), "sqlite::memory:").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn incarnations_come_from_the_counter() {
-    let Some(f) = factory().await else { return };
-    common::incarnations_come_from_the_counter(f.base()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn versions_roll_over_to_a_new_incarnation() {
-    let Some(f) = factory().await else { return };
-    common::versions_roll_over_to_a_new_incarnation(f.base()).await;
 }
 
 /// Each `sqlite::memory:` connect is a database of its own; namespaces of one store share it.

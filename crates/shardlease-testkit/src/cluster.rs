@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shardlease_core::balancer::is_active;
+use shardlease_core::runtime::WorkerStats;
 use shardlease_core::{
-    Config, Lease, LeaseStore, ProcessorFactory, Result, ShardSource, Worker, WorkerHandle,
-    WorkerId,
+    Balancer, Config, Lease, LeaseKey, LeaseStore, ProcessorFactory, Result, ShardSource, Worker,
+    WorkerHandle, WorkerId,
 };
 
 /// Makes the store view a worker uses (the same store for all, or one fault-injecting view each).
@@ -45,16 +46,31 @@ pub struct Coverage {
     pub active: usize,
     /// Active leases with no owner or an owner that is not running.
     pub uncovered: usize,
-    /// Active leases per running worker (zero included).
+    /// Active leases per running worker (zero included), by the id it started with.
     pub shares: BTreeMap<WorkerId, usize>,
+    /// The owner of each active lease as the store names it (`None` when unowned).
+    pub owners: BTreeMap<LeaseKey, Option<WorkerId>>,
 }
 
 impl Coverage {
+    /// Largest share.
+    pub fn max_share(&self) -> usize {
+        self.shares.values().max().copied().unwrap_or(0)
+    }
+
+    /// Smallest share.
+    pub fn min_share(&self) -> usize {
+        self.shares.values().min().copied().unwrap_or(0)
+    }
+
     /// Largest share minus smallest share.
     pub fn spread(&self) -> usize {
-        let max = self.shares.values().max().copied().unwrap_or(0);
-        let min = self.shares.values().min().copied().unwrap_or(0);
-        max - min
+        self.max_share() - self.min_share()
+    }
+
+    /// There is at least one active lease and every one is owned by a running worker.
+    pub fn is_covered(&self) -> bool {
+        self.active > 0 && self.uncovered == 0
     }
 
     /// Every active lease owned by a running worker and shares within one of each other.
@@ -70,6 +86,7 @@ pub struct Cluster {
     source: Arc<dyn ShardSource>,
     factory: Arc<dyn ProcessorFactory>,
     template: Config,
+    balancer: Option<Arc<dyn Balancer>>,
     workers: BTreeMap<WorkerId, WorkerHandle>,
     started: u32,
 }
@@ -101,9 +118,16 @@ impl Cluster {
             source,
             factory,
             template,
+            balancer: None,
             workers: BTreeMap::new(),
             started: 0,
         }
+    }
+
+    /// Workers started from now on use `balancer` instead of the default one.
+    pub fn with_balancer(mut self, balancer: Arc<dyn Balancer>) -> Self {
+        self.balancer = Some(balancer);
+        self
     }
 
     /// The test's view of the store.
@@ -123,18 +147,23 @@ impl Cluster {
     /// Builds the next worker (id `w1`, `w2`, ...) without starting it.
     pub fn build_worker(&mut self) -> Result<Worker> {
         self.started += 1;
-        self.worker_numbered(self.started)
-    }
-
-    fn worker_numbered(&self, n: u32) -> Result<Worker> {
-        let cfg = self.config_for(n);
+        let cfg = self.config_for(self.started);
         let store = (self.store_for)(&cfg.worker_id);
-        Worker::builder(cfg, store, self.source.clone(), self.factory.clone()).build()
+        self.worker(cfg, store)
     }
 
-    /// Creates the leases for the source's shards now (through a worker that is never started).
+    fn worker(&self, cfg: Config, store: Arc<dyn LeaseStore>) -> Result<Worker> {
+        let builder = Worker::builder(cfg, store, self.source.clone(), self.factory.clone());
+        match &self.balancer {
+            Some(b) => builder.balancer(b.clone()).build(),
+            None => builder.build(),
+        }
+    }
+
+    /// Creates the leases for the source's shards now, through a worker that is never started
+    /// and through the test's own view of the store (no faults, not counted).
     pub async fn sync_shards(&mut self) -> Result<()> {
-        self.worker_numbered(0)?.sync_shards().await
+        self.worker(self.config_for(0), self.observer.clone())?.sync_shards().await
     }
 
     /// Starts one more worker and returns its id.
@@ -178,8 +207,14 @@ impl Cluster {
 
     /// Shuts every worker down.
     pub async fn shutdown_all(&mut self) {
+        let _ = self.try_shutdown_all().await;
+    }
+
+    /// Shuts every worker down, all at once; the first error, if any.
+    pub async fn try_shutdown_all(&mut self) -> Result<()> {
         let all: Vec<_> = std::mem::take(&mut self.workers).into_values().collect();
-        futures::future::join_all(all.iter().map(|h| h.shutdown())).await;
+        let results = futures::future::join_all(all.iter().map(|h| h.shutdown())).await;
+        results.into_iter().collect()
     }
 
     /// Every lease, as the store says.
@@ -204,6 +239,7 @@ impl Cluster {
                 continue;
             }
             cov.active += 1;
+            cov.owners.insert(l.key.clone(), l.owner.clone());
             match l.owner.as_ref().and_then(|o| current.get(o)).and_then(|b| cov.shares.get_mut(*b))
             {
                 Some(n) => *n += 1,
@@ -217,11 +253,34 @@ impl Cluster {
     /// shares within one of each other.
     pub async fn is_balanced(&self) -> bool {
         let Ok(cov) = self.coverage().await else { return false };
-        cov.is_balanced()
-            && cov
-                .shares
-                .iter()
-                .all(|(w, n)| self.workers.get(w).is_some_and(|h| h.held_leases().len() == *n))
+        cov.is_balanced() && self.tasks_match(&cov)
+    }
+
+    /// Whether every running worker is processing exactly the leases `cov` says it owns (a lease
+    /// handed over is not held until the new owner's task runs).
+    pub fn tasks_match(&self, cov: &Coverage) -> bool {
+        cov.shares
+            .iter()
+            .all(|(w, n)| self.workers.get(w).is_some_and(|h| h.held_leases().len() == *n))
+    }
+
+    /// Every running worker's counters, by the id it started with.
+    pub fn stats(&self) -> BTreeMap<WorkerId, WorkerStats> {
+        self.workers.iter().map(|(id, h)| (id.clone(), h.stats())).collect()
+    }
+
+    /// Shuts every worker down, then deletes every lease and worker record of the namespace (a
+    /// crashed worker leaves its record behind), so runs on a shared store leave nothing.
+    pub async fn teardown(&mut self) -> Result<()> {
+        let stopped = self.try_shutdown_all().await;
+        for (lease, version) in self.observer.list_leases().await?.items {
+            // A conflict means something still writes; the namespace is the run's own: ignore it.
+            let _ = self.observer.delete_lease(&lease.key, version).await;
+        }
+        for record in self.observer.list_workers().await?.items {
+            self.observer.remove_worker(&record.id).await?;
+        }
+        stopped
     }
 
     /// Waits until [`is_balanced`](Self::is_balanced), polling every `every`.

@@ -162,7 +162,7 @@ impl Run<'_> {
             moves.borrow_mut().observe(&c);
             let reached = match goal {
                 Goal::Covered => c.is_covered(),
-                Goal::Balanced => c.is_balanced() && fleet.tasks_match(&c),
+                Goal::Balanced => c.is_covered() && c.is_balanced() && fleet.tasks_match(&c),
             };
             Ok(if reached {
                 Check::Done(c)

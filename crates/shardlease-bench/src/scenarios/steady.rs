@@ -65,7 +65,7 @@ async fn measure(run: &Run<'_>, fleet: &mut Fleet) -> Result<Report, BenchError>
         "writes_per_heartbeat_per_worker",
         writes.as_f64().map_or(Value::Null, |w| rounded(w * heartbeat)),
     );
-    r.set("balanced_at_end", end.is_balanced() && fleet.tasks_match(&end));
+    r.set("balanced_at_end", end.is_covered() && end.is_balanced() && fleet.tasks_match(&end));
     note_health(&mut r, fleet);
     Ok(r)
 }

@@ -2,7 +2,7 @@
 //! how each test finds its server, raw SQL for tests that break rows by hand, and the checks that
 //! every dialect runs (corrupt rows, hostile identifiers, concurrent migrations, redaction).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unused_macros)]
 
 use std::sync::Arc;
 
@@ -13,6 +13,51 @@ use shardlease_core::{
 };
 use shardlease_sql::{Dialect, SqlPool, SqlStore};
 use shardlease_testkit::{fresh_namespace, StoreFactory};
+
+/// The tests every dialect runs on its factory: the conformance suite, corrupt rows, and version
+/// incarnations. `$factory` is an async expression giving `Option<SqlFactory>` (`None`: skipped).
+macro_rules! dialect_tests {
+    ($factory:expr) => {
+        shardlease_testkit::store_conformance_tests!(@async $factory);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn corrupt_rows_are_reported() {
+            let Some(f) = $factory.await else { return };
+            common::corrupt_rows_are_reported(f.base()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn incarnations_come_from_the_counter() {
+            let Some(f) = $factory.await else { return };
+            common::incarnations_come_from_the_counter(f.base()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn versions_roll_over_to_a_new_incarnation() {
+            let Some(f) = $factory.await else { return };
+            common::versions_roll_over_to_a_new_incarnation(f.base()).await;
+        }
+    };
+}
+
+/// The tests a database server runs on top of [`dialect_tests!`]: hostile identifiers and
+/// concurrent migrations against the server `$url` names (an `Option<String>`; `None`: skipped).
+macro_rules! server_tests {
+    ($url:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn hostile_identifiers() {
+            let Some(url) = $url else { return };
+            let f = common::SqlFactory::connect(&url).await;
+            common::hostile_identifiers(f.base(), &url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn concurrent_migrations() {
+            let Some(url) = $url else { return };
+            common::concurrent_migrations(&url).await;
+        }
+    };
+}
 
 /// The conformance suite's factory: every namespace on one pool.
 pub struct SqlFactory {
