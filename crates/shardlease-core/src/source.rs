@@ -79,6 +79,20 @@ impl Batch {
 pub trait ShardReader: Send {
     /// The next batch. An empty batch without `end` means "nothing new yet".
     async fn next_batch(&mut self) -> Result<Batch>;
+
+    /// Where this reader started, as a position that does not move with time: for a reader opened
+    /// at `LATEST`, the position just after the last record the shard held when it opened
+    /// (`TRIM_HORIZON` when it held none); for `AT_TIMESTAMP`, the same for the last record before
+    /// the timestamp. `None` when the reader cannot tell (the default).
+    ///
+    /// The runtime checkpoints this position before the first batch, so a lease that changes
+    /// hands before its first record resumes where its first owner started instead of at a new
+    /// `LATEST` (which would skip every record written in between). A reader that returns `None`
+    /// is pinned at `AT_TIMESTAMP` of its opening minus a margin for clock skew instead (some
+    /// records may then be read twice after a handoff; none is skipped).
+    fn resolved_start(&self) -> Option<Position> {
+        None
+    }
 }
 
 /// A sharded stream.

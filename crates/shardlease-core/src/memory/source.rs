@@ -391,7 +391,15 @@ impl ShardSource for MemorySource {
             }
             Position::ShardEnd => (records.len(), true),
         };
+        let resolved = match from {
+            Position::Latest | Position::AtTimestamp { .. } => Some(match cursor {
+                0 => Position::TrimHorizon,
+                n => records[n - 1].position(),
+            }),
+            _ => None,
+        };
         Ok(Box::new(MemoryReader {
+            resolved,
             state: Arc::clone(&self.state),
             index,
             id: shard.clone(),
@@ -404,6 +412,8 @@ impl ShardSource for MemorySource {
 
 /// A reader of one shard of a [`MemorySource`].
 struct MemoryReader {
+    /// Where a `LATEST` / `AT_TIMESTAMP` open landed, as a fixed position.
+    resolved: Option<Position>,
     state: Arc<Mutex<StreamState>>,
     index: usize,
     id: LeaseKey,
@@ -440,6 +450,10 @@ impl ShardReader for MemoryReader {
             _ => 0,
         };
         Ok(Batch { records, millis_behind: Some(millis_behind), end: None })
+    }
+
+    fn resolved_start(&self) -> Option<Position> {
+        self.resolved.clone()
     }
 }
 

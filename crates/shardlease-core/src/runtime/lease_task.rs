@@ -176,6 +176,16 @@ struct Task {
     processor: Option<Box<dyn RecordProcessor>>,
 }
 
+/// How far before its opening a `LATEST` start is pinned when the reader cannot say where it
+/// landed: a generous allowance for the clock skew between this machine and the stream's.
+const UNRESOLVED_LATEST_MARGIN_MILLIS: i64 = 60_000;
+
+fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
@@ -251,6 +261,13 @@ impl Task {
         if start.is_shard_end() {
             return Step::Done(());
         }
+        let (start, mut reader) = match start {
+            Position::Latest | Position::AtTimestamp { .. } => match self.pin(start).await {
+                Step::Done((p, r)) => (p, Some(r)),
+                Step::Exit(e) => return Step::Exit(e),
+            },
+            other => (other, None),
+        };
         let ctx = LeaseContext {
             token: self.token.clone(),
             start: start.clone(),
@@ -265,7 +282,6 @@ impl Task {
             return Step::Exit(e);
         }
         let mut position = start;
-        let mut reader: Option<Box<dyn ShardReader>> = None;
         let mut backoff = self.shared.backoff();
         loop {
             if let Some(r) = self.pending_stop() {
@@ -334,6 +350,53 @@ impl Task {
                 Ok(p) => return Step::Done(p.unwrap_or_else(|| lease.checkpoint.clone())),
                 Err(e) => {
                     warn!(error = %e, "fetching the checkpoint failed; retrying");
+                    let d = backoff.next(&self.shared);
+                    if let Some(r) = self.pause(d).await {
+                        return Step::Exit(Exit::Stopped(r));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens the shard at a start that moves with time (`LATEST`, `AT_TIMESTAMP`) and checkpoints
+    /// the fixed position the reader landed on before any record is processed, so whoever holds
+    /// the lease next resumes exactly there: a lease handed over, released or failed over before
+    /// its first record must not be reopened at a newer `LATEST` (the records in between would be
+    /// skipped). See `ShardReader::resolved_start` for readers that cannot tell.
+    async fn pin(&mut self, start: Position) -> Step<(Position, Box<dyn ShardReader>)> {
+        let mut backoff = self.shared.backoff();
+        let reader = loop {
+            if let Some(r) = self.pending_stop() {
+                return Step::Exit(Exit::Stopped(r));
+            }
+            match self.shared.source.open(self.key(), &start).await {
+                Ok(r) => break r,
+                Err(e) => {
+                    warn!(error = %e, position = %start, "opening the shard failed; retrying");
+                    let d = backoff.next(&self.shared);
+                    if let Some(r) = self.pause(d).await {
+                        return Step::Exit(Exit::Stopped(r));
+                    }
+                }
+            }
+        };
+        let pinned = match (reader.resolved_start(), &start) {
+            (Some(p), _) => p,
+            (None, Position::Latest) => Position::AtTimestamp {
+                millis: now_millis().saturating_sub(UNRESOLVED_LATEST_MARGIN_MILLIS),
+            },
+            (None, _) => return Step::Done((start, reader)),
+        };
+        loop {
+            match self.cp.checkpoint(pinned.clone()).await {
+                Ok(()) => {
+                    debug!(from = %start, pinned = %pinned, "start position pinned");
+                    return Step::Done((pinned, reader));
+                }
+                Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
+                Err(e) => {
+                    warn!(error = %e, "pinning the start position failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -439,8 +502,9 @@ impl Task {
                         return Ok(false);
                     }
                 }
-                let lease = Lease::new(child.id.clone(), Position::TrimHorizon)
-                    .with_parents(child.parents.iter().cloned());
+                let start = super::shard_sync::child_start(&self.shared.cfg.initial_position);
+                let lease =
+                    Lease::new(child.id.clone(), start).with_parents(child.parents.iter().cloned());
                 store.create_lease(&lease).await?;
                 Ok(true)
             }

@@ -127,6 +127,12 @@ fn has_leased_descendant(
 }
 
 /// Where a new shard's lease starts.
+///
+/// A shard whose parent has (or is getting) a lease continues where that parent ends, whatever the
+/// initial position: the parent's lease leads into it. This is checked before anything else, so a
+/// closed shard is "history" only when no ancestor leads into it (a lagging grandparent must not
+/// have its grandchildren's records skipped because the shard between them closed before any sync
+/// saw it open).
 fn initial_checkpoint(
     shared: &Shared,
     shard: &ShardInfo,
@@ -135,21 +141,29 @@ fn initial_checkpoint(
     finished_now: &BTreeSet<&LeaseKey>,
 ) -> Position {
     let initial = &shared.cfg.initial_position;
-    if matches!(initial, Position::TrimHorizon) {
-        return Position::TrimHorizon;
-    }
-    // LATEST / AT_TIMESTAMP: history before "now" is skipped. A closed shard that already has
-    // children is history, so it is created finished.
-    if shard.closed && !kids.is_empty() {
-        return Position::ShardEnd;
-    }
-    // A shard whose parent is (or will be) processed continues where the parent ends.
     let parent_leads_in =
         shard.parents.iter().any(|p| existing.contains(p.as_str()) && !finished_now.contains(p));
     if parent_leads_in {
-        Position::TrimHorizon
-    } else {
-        initial.clone()
+        return child_start(initial);
+    }
+    match initial {
+        // LATEST: history before "now" is skipped. A closed shard that already has children is
+        // history, so it is created finished.
+        Position::Latest if shard.closed && !kids.is_empty() => Position::ShardEnd,
+        // AT_TIMESTAMP: every shard, open or closed, is read from the timestamp; a closed shard
+        // whose records all came before it ends at once. Finishing it here would skip the records
+        // it received between the timestamp and its close.
+        other => other.clone(),
+    }
+}
+
+/// Where the lease of a shard that continues a leased parent starts: from its first record, or,
+/// under an `AT_TIMESTAMP` start, from that timestamp (the parents are read from it too, so
+/// nothing after it is skipped and nothing before it is read).
+pub(crate) fn child_start(initial: &Position) -> Position {
+    match initial {
+        Position::AtTimestamp { .. } => initial.clone(),
+        _ => Position::TrimHorizon,
     }
 }
 
