@@ -32,7 +32,8 @@ pub struct Timings {
 
 /// The configuration every worker of a run starts from: the runtime's ratios scaled from the
 /// heartbeat (`Config::with_heartbeat`), then the balance interval and failover timeout from the
-/// flags and a claim timeout of three balance intervals. Leases start at `TrimHorizon` so every
+/// flags and a claim timeout of three balance intervals (longer if a handoff's shutdown timeout
+/// needs it, see `Config::validate`). Leases start at `TrimHorizon` so every
 /// record a scenario writes is delivered.
 pub fn config_template(namespace: &str, t: &Timings, seed: Option<u64>) -> Config {
     let mut c = Config::new(namespace)
@@ -40,7 +41,7 @@ pub fn config_template(namespace: &str, t: &Timings, seed: Option<u64>) -> Confi
         .with_initial_position(Position::TrimHorizon);
     c.balance_interval = t.balance;
     c.failover_timeout = t.failover;
-    c.claim_timeout = t.balance * 3;
+    c.claim_timeout = (t.balance * 3).max(c.shutdown_timeout + t.heartbeat * 2);
     c.rng_seed = seed;
     c
 }

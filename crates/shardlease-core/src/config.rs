@@ -10,6 +10,10 @@ use crate::error::{Error, Result};
 use crate::ids::{validate_name, Namespace, WorkerId};
 use crate::position::Position;
 
+/// The longest any configured duration may be (30 days): longer is surely a mistake, and every
+/// sum of timings stays far from overflowing an `Instant`.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 86_400);
+
 /// Configuration of one worker.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -79,14 +83,17 @@ impl Config {
 
     /// Scales every timing from one heartbeat interval, keeping the default ratios
     /// (failover 5×, balance 2.5×, claim timeout 7.5×, shard sync 30×). Handy for tests and demos.
+    /// The arithmetic saturates: an absurd heartbeat gives absurd timings that
+    /// [`validate`](Self::validate) rejects by name, never a panic.
     pub fn with_heartbeat(mut self, heartbeat: Duration) -> Self {
+        let times = |n: u32| heartbeat.saturating_mul(n);
         self.heartbeat_interval = heartbeat;
-        self.failover_timeout = heartbeat * 5;
-        self.balance_interval = heartbeat * 5 / 2;
-        self.claim_timeout = heartbeat * 15 / 2;
-        self.shard_sync_interval = heartbeat * 30;
+        self.failover_timeout = times(5);
+        self.balance_interval = times(5) / 2;
+        self.claim_timeout = times(15) / 2;
+        self.shard_sync_interval = times(30);
         self.idle_poll_interval = heartbeat / 2;
-        self.shutdown_timeout = heartbeat * 5;
+        self.shutdown_timeout = times(5);
         self.retry_min_delay = (heartbeat / 20).max(Duration::from_millis(1));
         self.retry_max_delay = heartbeat;
         self
@@ -108,6 +115,13 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         validate_name("namespace", self.namespace.as_str())?;
         validate_name("worker id", self.worker_id.as_str())?;
+        if self.worker_id.as_str().contains(crate::runtime::INCARNATION_SEPARATOR) {
+            return Err(Error::Config(format!(
+                "worker id must not contain '{}' (it separates the id from the suffix a worker \
+                 takes when it comes back after fencing itself)",
+                crate::runtime::INCARNATION_SEPARATOR
+            )));
+        }
         let positive = [
             ("heartbeat_interval", self.heartbeat_interval),
             ("failover_timeout", self.failover_timeout),
@@ -118,9 +132,15 @@ impl Config {
             ("idle_poll_interval", self.idle_poll_interval),
             ("retry_min_delay", self.retry_min_delay),
         ];
-        for (name, d) in positive {
+        for (name, d) in positive.into_iter().chain([("retry_max_delay", self.retry_max_delay)]) {
             if d.is_zero() {
                 return Err(Error::Config(format!("{name} must be greater than zero")));
+            }
+            if d > MAX_DURATION {
+                return Err(Error::Config(format!(
+                    "{name} must be at most {} days, got {d:?}",
+                    MAX_DURATION.as_secs() / 86_400
+                )));
             }
         }
         if self.failover_timeout < self.heartbeat_interval * 3 {
@@ -129,6 +149,25 @@ impl Config {
                  slow heartbeat would get a live worker judged dead",
                 self.failover_timeout, self.heartbeat_interval
             )));
+        }
+        // A claimant takes a claimed lease by force once its record stood still for the claim
+        // timeout. The owner notices a claim within a (jittered) balance interval and acknowledges
+        // it with a write, then has `shutdown_timeout` to finish its batch, let the processor
+        // flush and transfer; each of those windows must end a heartbeat before the claimant
+        // gives up on it, or a slow but legitimate handoff gets two owners.
+        let noticing = self.balance_interval.mul_f64(1.0 + self.jitter.clamp(0.0, 0.5));
+        for (what, window) in [
+            ("balance_interval × (1 + jitter)", noticing),
+            ("shutdown_timeout", self.shutdown_timeout),
+        ] {
+            if self.claim_timeout < window.saturating_add(self.heartbeat_interval) {
+                return Err(Error::Config(format!(
+                    "claim_timeout ({:?}) must be at least {what} ({window:?}) + heartbeat_interval \
+                     ({:?}): a claimant must not take a lease by force while its owner is still \
+                     handing it over",
+                    self.claim_timeout, self.heartbeat_interval
+                )));
+            }
         }
         if self.max_leases_per_worker == Some(0) {
             return Err(Error::Config(
@@ -200,5 +239,33 @@ mod tests {
         let mut c = Config::new("app");
         c.max_claims_per_pass = Some(0);
         assert!(err(c).contains("max_claims_per_pass"));
+        assert!(err(Config::new("app").with_worker_id("w#1")).contains("must not contain '#'"));
+    }
+
+    #[test]
+    fn huge_durations_are_errors_not_panics() {
+        let e = err(Config::new("app").with_heartbeat(Duration::MAX));
+        assert!(e.contains("at most 30 days"), "{e}");
+        for set in [
+            |c: &mut Config| c.heartbeat_interval = Duration::MAX,
+            |c: &mut Config| c.shard_sync_interval = Duration::MAX,
+            |c: &mut Config| c.idle_poll_interval = Duration::MAX,
+            |c: &mut Config| c.retry_max_delay = Duration::MAX,
+        ] {
+            let mut c = Config::new("app");
+            set(&mut c);
+            assert!(err(c).contains("at most 30 days"));
+        }
+    }
+
+    #[test]
+    fn a_claim_timeout_shorter_than_a_handoff_is_rejected() {
+        let mut c = Config::new("app");
+        c.shutdown_timeout = c.claim_timeout;
+        let e = err(c);
+        assert!(e.contains("claim_timeout") && e.contains("shutdown_timeout"), "{e}");
+        let mut c = Config::new("app");
+        c.balance_interval = c.claim_timeout;
+        assert!(err(c).contains("balance_interval"));
     }
 }

@@ -9,6 +9,7 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use shardlease_core::runtime::INCARNATION_SEPARATOR;
 use shardlease_core::{
     CreateOutcome, Lease, LeaseKey, LeaseStore, Listing, Result, Version, VersionedLease, WorkerId,
     WorkerRecord,
@@ -60,13 +61,13 @@ impl AuditStore {
             self.log.push(format!("{who} changed the owner of {} without a new epoch", prev.key));
         }
         if next.checkpoint != prev.checkpoint {
-            // A worker that fenced itself comes back as `<id>.<n>`: the same writer.
+            // A worker that fenced itself comes back as `<id>#<suffix>`: the same writer.
             let same_writer = match (&prev.owner, &self.writer) {
                 (Some(o), Some(w)) => {
                     o == w
                         || o.as_str()
                             .strip_prefix(w.as_str())
-                            .is_some_and(|rest| rest.starts_with('.'))
+                            .is_some_and(|rest| rest.starts_with(INCARNATION_SEPARATOR))
                 }
                 _ => false,
             };

@@ -175,6 +175,19 @@ impl Cluster {
         Ok(id)
     }
 
+    /// Starts a new process under an id used before, as a restarted pod with a stable name does.
+    /// A worker still running under that id is crashed first (its handle dropped).
+    pub fn restart_as(&mut self, id: &WorkerId) -> Result<()> {
+        self.crash(id);
+        self.started += 1;
+        let mut cfg = self.config_for(self.started);
+        cfg.worker_id = id.clone();
+        let store = (self.store_for)(id);
+        let h = self.worker(cfg, store)?.start();
+        self.workers.insert(id.clone(), h);
+        Ok(())
+    }
+
     /// Starts `n` more workers.
     pub fn start_workers(&mut self, n: usize) -> Result<Vec<WorkerId>> {
         (0..n).map(|_| self.start_worker()).collect()

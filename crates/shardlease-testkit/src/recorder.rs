@@ -2,16 +2,20 @@
 //! promises of the runtime: nothing lost, nothing processed twice in a graceful handoff, and no
 //! child-shard record before every record of its parents.
 //!
-//! It checkpoints after every batch through the fenced handle, like a careful user would, and can
-//! be told to fail or panic on the next calls to exercise retries and panic containment.
+//! By default it checkpoints after every batch through the fenced handle, like a careful user
+//! would; it can instead checkpoint every k batches and flush (slowly, if asked) in
+//! `shutdown_requested`, like a batching sink. It can be told to fail or panic on the next calls
+//! to exercise retries and panic containment. Each processor instance is tracked on its own, so
+//! two owners processing one shard at the same time are caught even at the same epoch.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use shardlease_core::{
-    Batch, BoxError, CheckpointHandle, LeaseContext, LeaseKey, MemorySource, ProcessorFactory,
-    RecordProcessor, SequenceNumber,
+    Batch, BoxError, CheckpointHandle, LeaseContext, LeaseKey, MemorySource, Position,
+    ProcessorFactory, RecordProcessor, SequenceNumber,
 };
 
 #[derive(Debug, Default)]
@@ -19,8 +23,10 @@ struct State {
     clock: u64,
     /// (shard, seq) → (deliveries, first delivery time, last delivery time)
     deliveries: BTreeMap<(LeaseKey, SequenceNumber), (u32, u64, u64)>,
-    /// shard → epoch → (first delivery time, last delivery time)
-    epochs: BTreeMap<LeaseKey, BTreeMap<u64, (u64, u64)>>,
+    /// shard → processor instance → (epoch, first delivery time, last delivery time)
+    spans: BTreeMap<LeaseKey, BTreeMap<u64, (u64, u64, u64)>>,
+    /// Processor instances created so far.
+    instances: u64,
     fail_next: u32,
     panic_next: u32,
     errors_returned: u64,
@@ -31,15 +37,37 @@ struct State {
 }
 
 /// Shared log of deliveries; clone it freely.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Recorder {
     state: Arc<Mutex<State>>,
+    checkpoint_every: u32,
+    shutdown_delay: Duration,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder { state: Arc::default(), checkpoint_every: 1, shutdown_delay: Duration::ZERO }
+    }
 }
 
 impl Recorder {
     /// An empty recorder.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Processors of this recorder checkpoint after every `k`-th batch (at least 1) and flush the
+    /// rest in `shutdown_requested`.
+    pub fn with_checkpoint_every(mut self, k: u32) -> Self {
+        self.checkpoint_every = k.max(1);
+        self
+    }
+
+    /// Processors of this recorder spend `d` in `shutdown_requested` before their final
+    /// checkpoint, like a sink flushing a buffer.
+    pub fn with_shutdown_delay(mut self, d: Duration) -> Self {
+        self.shutdown_delay = d;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -50,7 +78,12 @@ impl Recorder {
     pub fn factory(&self) -> Arc<dyn ProcessorFactory> {
         let rec = self.clone();
         Arc::new(move |_ctx: &LeaseContext| -> Box<dyn RecordProcessor> {
-            Box::new(RecordingProcessor { rec: rec.clone() })
+            let instance = {
+                let mut st = rec.lock();
+                st.instances += 1;
+                st.instances
+            };
+            Box::new(RecordingProcessor { rec: rec.clone(), instance, batches: 0, pending: None })
         })
     }
 
@@ -109,18 +142,22 @@ impl Recorder {
         out
     }
 
-    /// Shards processed by two owners at once: a delivery under an epoch after the first delivery
-    /// under a later epoch. Graceful handoffs, crashes and self-fencing never cause this.
+    /// Shards processed by two owners at once: a processor instance delivering a record after
+    /// another instance of the same shard, created later, started delivering. Each lease task has
+    /// its own instance, so this catches two owners at the same epoch too (a restarted process
+    /// resuming a lease without a new epoch). Graceful handoffs, crashes and self-fencing never
+    /// cause it.
     pub fn overlaps(&self) -> Vec<String> {
         let st = self.lock();
         let mut out = Vec::new();
-        for (key, epochs) in &st.epochs {
-            let spans: Vec<(&u64, &(u64, u64))> = epochs.iter().collect();
-            for (i, (e1, (_, last))) in spans.iter().enumerate() {
-                for (e2, (first, _)) in &spans[i + 1..] {
+        for (key, spans) in &st.spans {
+            let mut spans: Vec<&(u64, u64, u64)> = spans.values().collect();
+            spans.sort_by_key(|(_, first, _)| *first);
+            for (i, (e1, _, last)) in spans.iter().enumerate() {
+                for (e2, first, _) in &spans[i + 1..] {
                     if last > first {
                         out.push(format!(
-                            "{key}: epoch {e1} delivered at t={last} after epoch {e2} started at t={first}"
+                            "{key}: a processor at epoch {e1} delivered at t={last} after one at epoch {e2} started at t={first}"
                         ));
                     }
                 }
@@ -160,6 +197,10 @@ impl Recorder {
 
 struct RecordingProcessor {
     rec: Recorder,
+    instance: u64,
+    batches: u32,
+    /// The end of the last batch processed but not yet checkpointed.
+    pending: Option<Position>,
 }
 
 #[async_trait]
@@ -187,14 +228,25 @@ impl RecordProcessor for RecordingProcessor {
             for r in &batch.records {
                 st.clock += 1;
                 let t = st.clock;
-                let span = st.epochs.entry(key.clone()).or_default().entry(epoch).or_insert((t, t));
-                span.1 = t;
+                let span = st
+                    .spans
+                    .entry(key.clone())
+                    .or_default()
+                    .entry(self.instance)
+                    .or_insert((epoch, t, t));
+                span.2 = t;
                 let e = st.deliveries.entry((key.clone(), r.seq.clone())).or_insert((0, t, t));
                 e.0 += 1;
                 e.2 = t;
             }
         }
-        cp.checkpoint_batch(batch).await?;
+        self.batches += 1;
+        if self.batches.is_multiple_of(self.rec.checkpoint_every) {
+            cp.checkpoint_batch(batch).await?;
+            self.pending = None;
+        } else if let Some(p) = batch.last_position() {
+            self.pending = Some(p);
+        }
         Ok(())
     }
 
@@ -203,13 +255,20 @@ impl RecordProcessor for RecordingProcessor {
     }
 
     async fn shard_ended(&mut self, cp: &CheckpointHandle) -> Result<(), BoxError> {
-        cp.checkpoint(shardlease_core::Position::ShardEnd).await?;
+        cp.checkpoint(Position::ShardEnd).await?;
+        self.pending = None;
         self.rec.lock().shard_ends += 1;
         Ok(())
     }
 
-    async fn shutdown_requested(&mut self, _cp: &CheckpointHandle) -> Result<(), BoxError> {
+    async fn shutdown_requested(&mut self, cp: &CheckpointHandle) -> Result<(), BoxError> {
         self.rec.lock().shutdowns += 1;
+        if !self.rec.shutdown_delay.is_zero() {
+            tokio::time::sleep(self.rec.shutdown_delay).await;
+        }
+        if let Some(p) = self.pending.take() {
+            cp.checkpoint(p).await?;
+        }
         Ok(())
     }
 }

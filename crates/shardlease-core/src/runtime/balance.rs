@@ -9,11 +9,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::future::join_all;
+use futures::StreamExt;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::lease_task;
-use super::shared::{lock, Shared, StopReason};
+use super::shared::{lock, MyClaim, Shared, StopReason};
 use crate::balancer::{is_active, Plan, Snapshot};
 use crate::error::Error;
 use crate::lease::{Claim, Lease, LeaseKey, Version, VersionedLease, WorkerId};
@@ -54,7 +55,6 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
 
 /// One balance pass.
 pub(crate) async fn pass(shared: &Arc<Shared>) {
-    let list_started = Instant::now();
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
         Err(e) => {
@@ -76,7 +76,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     let leases = listing.items;
     let me = shared.id();
     let live = live_set(shared, &me, &leases);
-    let (resume, retake) = reconcile(shared, &me, &leases, list_started);
+    let (resume, retake) = reconcile(shared, &me, &leases);
     for (lease, version) in resume {
         lease_task::spawn(shared, lease, version);
     }
@@ -169,17 +169,18 @@ fn live_set(shared: &Shared, me: &WorkerId, leases: &[VersionedLease]) -> BTreeS
 
 /// Stops tasks whose lease moved on, and returns the active leases this worker owns but is not
 /// running, in two groups:
-/// - owned by this incarnation (handed over to it, or taken while an older task for the key was
-///   still stopping): resumed directly, unless a task for the key ended after this listing began
-///   (the listing may predate a hand-over);
-/// - owned by an earlier incarnation (before a self-fence): re-taken by compare-and-set with a new
-///   epoch, because a peer may have judged that incarnation dead and be taking the same leases;
-///   the CAS makes exactly one of the two win.
+/// - granted to this process at exactly the listed epoch (it took the lease while an older task
+///   for the key was still stopping, or a peer handed it over answering this process's claim):
+///   resumed directly;
+/// - anything else the store says this worker (or an earlier incarnation of it) owns: re-taken by
+///   compare-and-set with a new epoch. A predecessor process with the same id may have held it and
+///   a peer that judged that process dead may be taking it right now; the CAS makes exactly one
+///   of the two win. A listing older than a handoff this worker made also lands here, and its
+///   CAS fails against the newer version.
 fn reconcile(
     shared: &Arc<Shared>,
     me: &WorkerId,
     leases: &[VersionedLease],
-    list_started: Instant,
 ) -> (Vec<VersionedLease>, Vec<VersionedLease>) {
     let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
     {
@@ -189,6 +190,8 @@ fn reconcile(
                 by_key.get(key).is_some_and(|l| l.is_owned_by(me) && l.epoch == task.epoch);
             if !still_mine && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
                 info!(key = %key, "lease moved on; stopping its task");
+                shared.bump(&shared.stats.lost, 1);
+                metrics::counter!("shardlease_leases_lost_total").increment(1);
                 task.stop.send_replace(Some(StopReason::LeaseLost));
             }
         }
@@ -199,19 +202,18 @@ fn reconcile(
     let by_ref: std::collections::HashMap<&LeaseKey, &Lease> = by_key.clone().into_iter().collect();
     let former = lock(&shared.former_ids).clone();
     let tasks = lock(&shared.tasks);
-    let ended = {
-        let mut ended = lock(&shared.task_ended);
-        ended.retain(|_, at| *at >= list_started);
-        ended.clone()
-    };
+    let granted = lock(&shared.granted).clone();
+    let claims = lock(&shared.my_claims).clone();
     let idle = leases.iter().filter(|(lease, _)| {
         lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))
             && is_active(lease, &by_ref)
             && !tasks.contains_key(&lease.key)
     });
-    let (resume, retake): (Vec<_>, Vec<_>) = idle.cloned().partition(|(l, _)| l.is_owned_by(me));
-    let resume = resume.into_iter().filter(|(l, _)| !ended.contains_key(&l.key)).collect();
-    (resume, retake)
+    idle.cloned().partition(|(l, _)| {
+        l.is_owned_by(me)
+            && (granted.get(&l.key) == Some(&l.epoch)
+                || claims.get(&l.key).is_some_and(|c| c.at + 1 == l.epoch))
+    })
 }
 
 /// This worker's claims still standing, pruned; returns those whose lease record has not changed
@@ -230,13 +232,14 @@ fn expired_claims(
     let mut mine = lock(&shared.my_claims);
     mine.retain(|k, _| standing.contains_key(k));
     let mut expired = BTreeSet::new();
-    for (key, (since, seen)) in mine.iter_mut() {
+    for (key, claim) in mine.iter_mut() {
         let Some(current) = standing.get(key) else { continue };
-        if current != seen {
-            // The owner wrote since (a checkpoint): it is not stuck; restart the clock.
-            *since = now;
-            *seen = *current;
-        } else if now.saturating_duration_since(*since) >= shared.cfg.claim_timeout {
+        if *current != claim.seen {
+            // The owner wrote since (a checkpoint, or the acknowledgement of this claim that
+            // starts its handoff): it is not stuck; restart the clock.
+            claim.since = now;
+            claim.seen = *current;
+        } else if now.saturating_duration_since(claim.since) >= shared.cfg.claim_timeout {
             expired.insert(key.clone());
         }
     }
@@ -268,6 +271,8 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
     for key in &plan.take_over {
         if let Some(v) = by_key.get(key) {
             if take(shared, v).await {
+                shared.bump(&shared.stats.taken, 1);
+                metrics::counter!("shardlease_leases_taken_total").increment(1);
                 info!(key = %key, "owner did not hand over a claimed lease in time; took it");
             }
         }
@@ -278,7 +283,8 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
             Lease { claim: Some(Claim { by: shared.id(), at: lease.epoch }), ..lease.clone() };
         match shared.store.update_lease(&next, version).await {
             Ok(v) => {
-                lock(&shared.my_claims).insert(key.clone(), (Instant::now(), v));
+                let claim = MyClaim { since: Instant::now(), seen: v, at: lease.epoch };
+                lock(&shared.my_claims).insert(key.clone(), claim);
                 shared.bump(&shared.stats.claims, 1);
                 metrics::counter!("shardlease_claims_total").increment(1);
                 debug!(key = %key, from = %owner, "claimed");
@@ -287,22 +293,41 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
             Err(e) => warn!(key = %key, error = %e, "claiming failed"),
         }
     }
+    // Handoffs: acknowledge every claim first, concurrently (bounded), so an owner answering
+    // hundreds of claims restarts every claimant's clock within one pass.
+    let mut running = Vec::new();
     for (key, to) in &plan.handoffs {
-        let running = {
-            let tasks = lock(&shared.tasks);
-            match tasks.get(key) {
-                Some(t) => {
-                    if t.stop.borrow().is_none() {
-                        t.stop.send_replace(Some(StopReason::Handoff(to.clone())));
-                    }
-                    true
+        let task = lock(&shared.tasks).get(key).map(|t| (t.epoch, t.stop.borrow().is_none()));
+        match task {
+            Some((epoch, true)) => running.push((key.clone(), to.clone(), epoch)),
+            Some((_, false)) => {} // already stopping
+            None => {
+                if let Some(token) = by_key.get(key).and_then(|v| v.0.token()) {
+                    lease_task::transfer(shared, &token, Some(to.clone())).await;
                 }
-                None => false,
             }
-        };
-        if !running {
-            if let Some(token) = by_key.get(key).and_then(|v| v.0.token()) {
-                lease_task::transfer(shared, &token, Some(to.clone())).await;
+        }
+    }
+    let acks = futures::stream::iter(running)
+        .map(|(key, to, epoch)| {
+            let shared = shared.clone();
+            async move {
+                // The write restarts the claimant's claim timeout, which validation keeps longer
+                // than the deadline given to the task here, so the claimant never takes the lease
+                // by force while the processor still flushes.
+                let sent = Instant::now();
+                let acked = acknowledge_claim(&shared, &key, epoch, &to).await;
+                acked.then_some((key, to, epoch, sent))
+            }
+        })
+        .buffer_unordered(shared.cfg.take_concurrency)
+        .collect::<Vec<_>>()
+        .await;
+    for (key, to, epoch, sent) in acks.into_iter().flatten() {
+        let deadline = sent + shared.cfg.shutdown_timeout;
+        if let Some(t) = lock(&shared.tasks).get(&key) {
+            if t.epoch == epoch && t.stop.borrow().is_none() {
+                t.stop.send_replace(Some(StopReason::Handoff { to, deadline }));
             }
         }
     }
@@ -339,6 +364,43 @@ async fn clear_claim(shared: &Shared, listed: &VersionedLease) {
     }
 }
 
+/// Acknowledges `to`'s claim on a lease this worker runs at `epoch` with a write that changes
+/// nothing but the record's version (which restarts the claimant's claim timeout). False when the
+/// lease or the claim moved on, or the store kept failing: the handoff is then left to a later
+/// pass.
+async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: u64, to: &WorkerId) -> bool {
+    let me = shared.id();
+    for _ in 0..8 {
+        let (lease, version) = match shared.store.get_lease(key).await {
+            Ok(Some(v)) => v,
+            Ok(None) => return false,
+            Err(e) => {
+                warn!(key = %key, error = %e, "reading a claimed lease failed");
+                return false;
+            }
+        };
+        let standing = lease.is_owned_by(&me)
+            && lease.epoch == epoch
+            && lease.live_claim().is_some_and(|c| &c.by == to);
+        if !standing {
+            return false;
+        }
+        match shared.store.update_lease(&lease, version).await {
+            Ok(v) => {
+                shared.checkpointer.observe(&lease, v);
+                debug!(key = %key, to = %to, "claim acknowledged; handing over");
+                return true;
+            }
+            Err(Error::Conflict { .. }) => continue,
+            Err(e) => {
+                warn!(key = %key, error = %e, "acknowledging a claim failed");
+                return false;
+            }
+        }
+    }
+    false
+}
+
 /// Takes one lease by CAS (owner = me, epoch + 1) and starts its task. False on conflict/error.
 async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool {
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
@@ -347,6 +409,7 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
     let next = lease.transferred_to(Some(shared.id()));
     match shared.store.update_lease(&next, *version).await {
         Ok(v) => {
+            lock(&shared.granted).insert(next.key.clone(), next.epoch);
             if !lease_task::spawn(shared, next.clone(), v) {
                 if shared.stop_taking.is_cancelled() {
                     // Shutting down: give back what this pass took at the last moment.

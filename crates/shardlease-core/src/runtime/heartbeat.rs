@@ -116,14 +116,18 @@ pub(crate) async fn fence(shared: &Shared) {
     for t in &tasks {
         t.stop.send_replace(Some(StopReason::Fenced));
     }
-    let grace = shared.cfg.heartbeat_interval / 2;
-    for t in tasks {
-        let abort = t.join.abort_handle();
-        if timeout(grace, t.join).await.is_err() {
-            abort.abort();
+    // One deadline for the whole fence, not one per task: with thousands of leases, half a
+    // heartbeat each would outlast the failover timeout.
+    let deadline = Instant::now() + shared.cfg.heartbeat_interval / 2;
+    let aborts: Vec<_> = tasks.iter().map(|t| t.join.abort_handle()).collect();
+    let joined = futures::future::join_all(tasks.into_iter().map(|t| t.join));
+    if tokio::time::timeout_at(deadline, joined).await.is_err() {
+        for a in &aborts {
+            a.abort();
         }
     }
     lock(&shared.my_claims).clear();
+    lock(&shared.granted).clear();
     // Start over as a new worker: peers that judged the old incarnation dead (possibly from a
     // listing older than our recovery) must never mistake the new one for it.
     let (old, new) = shared.reincarnate();

@@ -38,6 +38,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> boo
         return false;
     }
     shared.checkpointer.observe(&lease, version);
+    lock(&shared.granted).insert(lease.key.clone(), token.epoch);
     let (tx, rx) = watch::channel(None);
     let span = tracing::info_span!("lease", key = %lease.key, epoch = lease.epoch);
     let join = tokio::spawn(run(shared.clone(), lease.clone(), rx).instrument(span));
@@ -81,10 +82,10 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
             warn!("lease lost (a fenced write was refused)");
             shared.balance_now.notify_one();
         }
-        Exit::Stopped(StopReason::Handoff(to)) => {
+        Exit::Stopped(StopReason::Handoff { to, .. }) => {
             transfer(&shared, &token, Some(to)).await;
         }
-        Exit::Stopped(StopReason::Shutdown) => {
+        Exit::Stopped(StopReason::Shutdown { .. }) => {
             transfer(&shared, &token, None).await;
         }
         Exit::Stopped(StopReason::LeaseLost) => debug!("lease task stopped: the lease moved on"),
@@ -95,11 +96,16 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
             transfer(&shared, &token, None).await;
         }
     }
-    // Under the task-map lock, so a reconcile sees either the task or the moment it ended.
+    // Under the task-map lock, so a reconcile sees either the task or its grant gone: a listing
+    // older than this moment that still shows the lease as ours at this epoch then leads to a
+    // compare-and-set against a stale version, never to a second task.
     let mut tasks = lock(&shared.tasks);
-    lock(&shared.task_ended).insert(token.key.clone(), tokio::time::Instant::now());
     if tasks.get(&token.key).is_some_and(|t| t.epoch == token.epoch) {
         tasks.remove(&token.key);
+    }
+    let mut granted = lock(&shared.granted);
+    if granted.get(&token.key) == Some(&token.epoch) {
+        granted.remove(&token.key);
     }
 }
 
@@ -219,13 +225,25 @@ impl Task {
         }
     }
 
-    /// Waits for an abrupt stop request (lease lost or fenced).
+    /// Waits until in-flight processing must be abandoned: an abrupt stop (lease lost, fenced), or
+    /// a graceful one whose deadline has passed.
     async fn abrupt_stop(stop: &mut watch::Receiver<Option<StopReason>>) -> StopReason {
         loop {
-            if let Some(r) = stop.borrow_and_update().clone() {
-                if r.is_abrupt() {
-                    return r;
+            let current = stop.borrow_and_update().clone();
+            match current {
+                Some(r) if r.is_abrupt() => return r,
+                Some(r) => {
+                    if let Some(deadline) = r.deadline() {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(deadline) => return r,
+                            changed = stop.changed() => if changed.is_err() {
+                                return StopReason::Fenced;
+                            },
+                        }
+                        continue;
+                    }
                 }
+                None => {}
             }
             if stop.changed().await.is_err() {
                 return StopReason::Fenced;
@@ -532,8 +550,15 @@ impl Task {
             self.tell_lost().await;
             return Exit::Stopped(reason);
         }
+        let limit = match reason.deadline() {
+            Some(d) => d.saturating_duration_since(tokio::time::Instant::now()),
+            None => self.shared.cfg.shutdown_timeout,
+        };
+        if limit.is_zero() {
+            warn!(?reason, "the graceful stop's deadline passed during the last batch; stopping without shutdown_requested");
+            return Exit::Stopped(reason);
+        }
         if let Some(p) = self.processor.as_mut() {
-            let limit = self.shared.cfg.shutdown_timeout;
             let fut = AssertUnwindSafe(p.shutdown_requested(&self.cp)).catch_unwind();
             match tokio::time::timeout(limit, fut).await {
                 Ok(Ok(Ok(()))) => {}
@@ -547,10 +572,16 @@ impl Task {
         Exit::Stopped(reason)
     }
 
+    /// Tells the processor its lease is gone, waiting at most half a heartbeat: a fence must
+    /// finish before peers may judge this worker dead, whatever `lease_lost` does.
     async fn tell_lost(&mut self) {
+        let limit = self.shared.cfg.heartbeat_interval / 2;
         if let Some(p) = self.processor.as_mut() {
-            if let Err(p) = AssertUnwindSafe(p.lease_lost()).catch_unwind().await {
-                error!(panic = %panic_message(p), "lease_lost panicked");
+            let told = AssertUnwindSafe(p.lease_lost()).catch_unwind();
+            match tokio::time::timeout(limit, told).await {
+                Ok(Ok(())) => {}
+                Ok(Err(p)) => error!(panic = %panic_message(p), "lease_lost panicked"),
+                Err(_) => warn!(?limit, "lease_lost did not return in time; abandoned"),
             }
         }
     }

@@ -23,6 +23,7 @@ use crate::lease::LeaseKey;
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::store::LeaseStore;
+pub use shared::INCARNATION_SEPARATOR;
 use shared::{lock, Shared, StopReason};
 
 /// A configured worker, ready to [`start`](Worker::start).
@@ -155,8 +156,8 @@ impl std::fmt::Debug for WorkerHandle {
 }
 
 impl WorkerHandle {
-    /// This worker's current id: the configured one, or `<id>.<n>` after its n-th self-fence
-    /// (a worker that fenced itself comes back as a new incarnation).
+    /// This worker's current id: the configured one, or `<id>#<random>` after a self-fence (a
+    /// worker that fenced itself comes back as a new incarnation).
     pub fn id(&self) -> WorkerId {
         self.shared.id()
     }
@@ -216,12 +217,12 @@ impl WorkerHandle {
         info!(worker = %shared.id(), "shutting down");
         shared.stop_taking.cancel();
         let tasks: Vec<_> = std::mem::take(&mut *lock(&shared.tasks)).into_iter().collect();
+        let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
         for (_, t) in &tasks {
             if t.stop.borrow().is_none() {
-                t.stop.send_replace(Some(StopReason::Shutdown));
+                t.stop.send_replace(Some(StopReason::Shutdown { deadline }));
             }
         }
-        let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
         for (key, t) in tasks {
             let abort = t.join.abort_handle();
             if tokio::time::timeout_at(deadline, t.join).await.is_err() {

@@ -30,10 +30,20 @@ pub(crate) enum StopReason {
     LeaseLost,
     /// This worker fenced itself: tell the processor the lease is lost, write nothing.
     Fenced,
-    /// Hand the lease to a claimant: let the processor checkpoint, then transfer.
-    Handoff(WorkerId),
-    /// Graceful shutdown: let the processor checkpoint, then release.
-    Shutdown,
+    /// Hand the lease to a claimant: let the processor checkpoint, then transfer. Whatever the
+    /// processor is doing is abandoned at `deadline` (the claimant may take the lease by force
+    /// after its claim timeout, which validation keeps longer than this).
+    Handoff {
+        /// The claimant.
+        to: WorkerId,
+        /// When the in-flight batch and `shutdown_requested` are abandoned.
+        deadline: Instant,
+    },
+    /// Graceful shutdown: let the processor checkpoint, then release, by `deadline`.
+    Shutdown {
+        /// When the in-flight batch and `shutdown_requested` are abandoned.
+        deadline: Instant,
+    },
 }
 
 impl StopReason {
@@ -41,6 +51,27 @@ impl StopReason {
     pub(crate) fn is_abrupt(&self) -> bool {
         matches!(self, StopReason::LeaseLost | StopReason::Fenced)
     }
+
+    /// When a graceful stop stops waiting for the processor.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match self {
+            StopReason::Handoff { deadline, .. } | StopReason::Shutdown { deadline } => {
+                Some(*deadline)
+            }
+            StopReason::LeaseLost | StopReason::Fenced => None,
+        }
+    }
+}
+
+/// A claim this worker made on a peer's lease.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MyClaim {
+    /// When the claim timeout last restarted (the claim was written, or the record changed).
+    pub since: Instant,
+    /// The version of the lease record last seen under the claim.
+    pub seen: crate::lease::Version,
+    /// The epoch the claim was made against: a handoff answering it gives epoch `at + 1`.
+    pub at: u64,
 }
 
 /// A running lease task.
@@ -67,12 +98,13 @@ pub(crate) struct Stats {
 /// Everything a worker's tasks share.
 pub(crate) struct Shared {
     pub cfg: Config,
-    /// The current incarnation's id: the configured id at first, `<id>.<n>` after the n-th
+    /// The current incarnation's id: the configured id at first, `<id>#<random>` after a
     /// self-fence, so peers that judged the old incarnation dead never confuse it with this one.
+    /// `#` is not allowed in configured ids, so an incarnation never collides with another
+    /// worker's id, and the random part differs between processes restarted under one id.
     id: Mutex<WorkerId>,
     /// Ids of this process's earlier incarnations; their leases are re-taken by CAS.
     pub former_ids: Mutex<std::collections::BTreeSet<WorkerId>>,
-    incarnation: AtomicU64,
     pub store: Arc<dyn LeaseStore>,
     pub source: Arc<dyn ShardSource>,
     pub factory: Arc<dyn ProcessorFactory>,
@@ -84,14 +116,16 @@ pub(crate) struct Shared {
     pub stop_taking: CancellationToken,
     pub tasks: Mutex<BTreeMap<LeaseKey, LeaseTask>>,
     pub liveness: Mutex<Liveness>,
-    /// Claims this worker made: when, and the record version it last saw under the claim. The
-    /// claim timeout only runs while that version stands still (the owner writes nothing), so an
-    /// owner that is alive and checkpointing is never stolen from.
-    pub my_claims: Mutex<BTreeMap<LeaseKey, (Instant, crate::lease::Version)>>,
-    /// When each lease task last ended. A listing started before that moment may still show the
-    /// lease as this worker's (it was handed over or released since), so the reconcile of that
-    /// pass must not restart it.
-    pub task_ended: Mutex<BTreeMap<LeaseKey, Instant>>,
+    /// Claims this worker made. The claim timeout only runs while the lease record stands still
+    /// (the owner writes nothing), so an owner that is alive, checkpointing or acknowledging a
+    /// handoff is never stolen from.
+    pub my_claims: Mutex<BTreeMap<LeaseKey, MyClaim>>,
+    /// The epoch at which this process acquired each lease it runs or is about to run (by its own
+    /// compare-and-set, or by a handoff answering its own claim). A lease the store says this
+    /// worker owns at any other epoch was not given to this process (a crashed predecessor with
+    /// the same id held it, or a listing predates a handoff): it is re-taken by compare-and-set
+    /// with a new epoch, never resumed, so a peer taking it at the same moment cannot also win.
+    pub granted: Mutex<BTreeMap<LeaseKey, u64>>,
     /// Corrupt records already reported (reported once, then counted quietly).
     pub reported_corrupt: Mutex<std::collections::BTreeSet<String>>,
     pub balance_now: Notify,
@@ -106,6 +140,10 @@ pub(crate) struct Shared {
     pub stats: Stats,
     rng: Mutex<StdRng>,
 }
+
+/// Separates a configured worker id from the suffix a worker takes when it comes back after
+/// fencing itself (`<id>#<random>`); not allowed in configured ids.
+pub const INCARNATION_SEPARATOR: char = '#';
 
 /// Locks a std mutex, recovering the data if a panicking thread poisoned it.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -129,7 +167,6 @@ impl Shared {
         Shared {
             id: Mutex::new(cfg.worker_id.clone()),
             former_ids: Mutex::new(Default::default()),
-            incarnation: AtomicU64::new(0),
             liveness: Mutex::new(Liveness::new(cfg.failover_timeout)),
             cfg,
             store,
@@ -141,7 +178,7 @@ impl Shared {
             stop_taking: CancellationToken::new(),
             tasks: Mutex::new(BTreeMap::new()),
             my_claims: Mutex::new(BTreeMap::new()),
-            task_ended: Mutex::new(BTreeMap::new()),
+            granted: Mutex::new(BTreeMap::new()),
             reported_corrupt: Mutex::new(Default::default()),
             balance_now: Notify::new(),
             heartbeat_ok: watch::channel(None).0,
@@ -160,8 +197,9 @@ impl Shared {
 
     /// Starts a new incarnation after a self-fence; returns (old id, new id).
     pub(crate) fn reincarnate(&self) -> (WorkerId, WorkerId) {
-        let n = self.incarnation.fetch_add(1, Ordering::SeqCst) + 1;
-        let new = WorkerId::new(format!("{}.{n}", self.cfg.worker_id));
+        let suffix = self.random() as u32;
+        let new =
+            WorkerId::new(format!("{}{INCARNATION_SEPARATOR}{suffix:08x}", self.cfg.worker_id));
         let old = std::mem::replace(&mut *lock(&self.id), new.clone());
         lock(&self.former_ids).insert(old.clone());
         (old, new)
