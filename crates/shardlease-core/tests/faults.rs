@@ -333,3 +333,124 @@ async fn a_vanished_namespace_is_reported_loudly_and_rebuilt_from_the_last_listi
     assert_eq!(w.rec.duplicates(), 0, "resumed from the final checkpoints");
     w.cluster.shutdown_all().await;
 }
+
+/// The balance passes each running worker has run so far.
+fn passes(c: &Cluster) -> Vec<u64> {
+    c.running().iter().map(|id| c.handle(id).unwrap().stats().passes).collect()
+}
+
+/// Waits until every running worker has run `n` more balance passes.
+async fn more_passes(c: &Cluster, n: u64) {
+    let seen = passes(c);
+    wait_until("more balance passes on every worker", LONG, HB, || async {
+        passes(c).iter().zip(&seen).all(|(now, then)| *now >= then + n)
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_corrupt_parent_blocks_its_children_until_it_is_repaired() {
+    let (logs, _g) = capture();
+    let mut w = world(1, 30, 7);
+    let parent = w.source.shards()[0].id.clone();
+    w.source.split(&parent).unwrap();
+    for i in 0..20 {
+        w.source.put(&format!("child-{i}"), "to a child");
+    }
+    w.cluster.sync_shards().await.unwrap();
+    w.faults.corrupt(&parent);
+    w.cluster.start_workers(2).unwrap();
+    more_passes(&w.cluster, 10).await;
+    assert_eq!(w.rec.distinct(), 0, "a child started while its parent was unreadable");
+    assert!(logs.text().contains("corrupt lease record skipped"), "{}", logs.text());
+    w.faults.uncorrupt(&parent);
+    w.all_processed().await;
+    let order = w.rec.order_violations(&w.source);
+    assert!(order.is_empty(), "{order:?}");
+    w.cluster.shutdown_all().await;
+}
+
+/// The store loses every lease and a worker that never saw them (a fresh process) re-creates
+/// them at the initial position before the running workers notice: the running workers still
+/// restore their last checkpoints (nothing is processed again) and epochs only go up.
+#[tokio::test(start_paused = true)]
+async fn a_wiped_namespace_is_restored_even_when_a_fresh_create_got_there_first() {
+    let (logs, _g) = capture();
+    let mut w = world(4, 200, 8);
+    w.cluster.sync_shards().await.unwrap();
+    w.cluster.start_workers(2).unwrap();
+    w.all_processed().await;
+    more_passes(&w.cluster, 1).await;
+    let store = w.cluster.store().clone();
+    let before = store.list_leases().await.unwrap().items;
+    for (l, v) in &before {
+        store.delete_lease(&l.key, *v).await.unwrap();
+    }
+    w.cluster.sync_shards().await.unwrap(); // a fresh worker's shard sync, at TRIM_HORIZON
+    more_passes(&w.cluster, 2).await;
+    w.cluster.wait_balanced(LONG, HB).await.unwrap();
+    let after = store.list_leases().await.unwrap().items;
+    for (old, _) in &before {
+        let new = &after.iter().find(|(l, _)| l.key == old.key).unwrap().0;
+        assert!(new.epoch > old.epoch, "{old:?} → {new:?}");
+        assert!(!old.checkpoint.would_regress_to(&new.checkpoint), "{old:?} → {new:?}");
+    }
+    let text = logs.text();
+    assert!(text.contains("restored 4 of 4 lost leases"), "{text}");
+    for i in 0..100 {
+        w.source.put(&format!("after-{i}"), "x");
+    }
+    w.all_processed().await;
+    assert_eq!(w.rec.duplicates(), 0, "processing resumed from the restored checkpoints");
+    w.cluster.shutdown_all().await;
+}
+
+/// The store rolls back to an older copy of every lease (a failover to a lagging replica): older
+/// checkpoints, older owners, older epochs. Both workers remember newer ones and restore them,
+/// racing each other; every epoch ends above anything handed out before the rollback.
+#[tokio::test(start_paused = true)]
+async fn a_rolled_back_store_is_repaired_and_epochs_never_go_backwards() {
+    let (logs, _g) = capture();
+    let mut w = world(6, 300, 9);
+    w.cluster.sync_shards().await.unwrap();
+    w.cluster.start_worker().unwrap();
+    w.cluster.wait_balanced(LONG, HB).await.unwrap();
+    let store = w.cluster.store().clone();
+    let old_copy = store.list_leases().await.unwrap().items;
+    // Owners change (a join moves half the leases), checkpoints advance.
+    w.cluster.start_worker().unwrap();
+    for i in 0..300 {
+        w.source.put(&format!("more-{i}"), "x");
+    }
+    w.all_processed().await;
+    w.cluster.wait_balanced(LONG, HB).await.unwrap();
+    more_passes(&w.cluster, 1).await;
+    let newest = store.list_leases().await.unwrap().items;
+    for (old, _) in &old_copy {
+        let (_, v) = newest.iter().find(|(l, _)| l.key == old.key).unwrap();
+        store.update_lease(old, *v).await.unwrap();
+    }
+    more_passes(&w.cluster, 2).await;
+    w.cluster.wait_balanced(LONG, HB).await.unwrap();
+    let repaired = store.list_leases().await.unwrap().items;
+    for (l, _) in &repaired {
+        let (before, _) = newest.iter().find(|(n, _)| n.key == l.key).unwrap();
+        assert!(
+            l.epoch > before.epoch,
+            "{} at epoch {} after {} was handed out: {}",
+            l.key,
+            l.epoch,
+            before.epoch,
+            logs.text()
+        );
+        assert!(!before.checkpoint.would_regress_to(&l.checkpoint), "{before:?} → {l:?}");
+    }
+    for i in 0..100 {
+        w.source.put(&format!("after-{i}"), "x");
+    }
+    w.all_processed().await;
+    assert_eq!(w.rec.duplicates(), 0, "processing resumed from the newest checkpoints");
+    assert!(w.audit.violations().is_empty(), "{:?}", w.audit.violations());
+    w.cluster.shutdown_all().await;
+}

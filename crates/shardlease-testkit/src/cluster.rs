@@ -237,7 +237,9 @@ impl Cluster {
 
     /// Who owns what right now.
     pub async fn coverage(&self) -> Result<Coverage> {
-        let leases = self.leases().await?;
+        let listing = self.observer.list_leases().await?;
+        let corrupt = listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
+        let leases: Vec<Lease> = listing.items.into_iter().map(|(l, _)| l).collect();
         let by_key: HashMap<_, _> = leases.iter().map(|l| (&l.key, l)).collect();
         // Owners are named by a worker's current id, which changes when it fences itself and
         // comes back as a new incarnation; shares are reported under the id it started with.
@@ -248,7 +250,7 @@ impl Cluster {
             ..Coverage::default()
         };
         for l in &leases {
-            if !is_active(l, &by_key) {
+            if !is_active(l, &by_key, &corrupt) {
                 continue;
             }
             cov.active += 1;

@@ -23,6 +23,9 @@ pub struct Snapshot {
     pub me: WorkerId,
     /// Every (decodable) lease of the namespace.
     pub leases: Vec<Lease>,
+    /// Keys of lease records that could not be decoded. A child of one stays blocked: an
+    /// undecodable parent is not a finished parent.
+    pub corrupt: BTreeSet<LeaseKey>,
     /// Workers judged alive, `me` included. An owner not in this set holds nothing: its leases
     /// are available.
     pub live_workers: BTreeSet<WorkerId>,
@@ -70,8 +73,16 @@ pub trait Balancer: Send + Sync + Debug {
     fn plan(&self, snapshot: &Snapshot) -> Plan;
 }
 
-/// Whether `lease` counts toward shares: not finished, and every parent finished or gone.
-pub fn is_active(lease: &Lease, all: &std::collections::HashMap<&LeaseKey, &Lease>) -> bool {
+/// Whether `lease` counts toward shares: not finished, and every parent finished or gone. A
+/// parent whose record is `corrupt` is neither: it blocks its children until it is repaired.
+pub fn is_active(
+    lease: &Lease,
+    all: &std::collections::HashMap<&LeaseKey, &Lease>,
+    corrupt: &BTreeSet<LeaseKey>,
+) -> bool {
     !lease.is_finished()
-        && lease.parents.iter().all(|p| all.get(p).is_none_or(|parent| parent.is_finished()))
+        && lease
+            .parents
+            .iter()
+            .all(|p| !corrupt.contains(p) && all.get(p).is_none_or(|parent| parent.is_finished()))
 }

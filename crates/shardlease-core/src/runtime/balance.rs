@@ -13,11 +13,12 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::lease_task;
 use super::shared::{lock, MyClaim, Shared, StopReason};
+use super::{lease_task, recovery};
 use crate::balancer::{is_active, Plan, Snapshot};
 use crate::error::Error;
 use crate::lease::{Claim, Lease, LeaseKey, Version, VersionedLease, WorkerId};
+use crate::store::CreateOutcome;
 
 pub(crate) async fn balance_loop(shared: Arc<Shared>) {
     // Step 6 of the design: the first pass waits for a listing of worker records started at least
@@ -63,20 +64,21 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
         }
     };
     report_corrupt(shared, &listing.corrupt);
-    let empty = listing.items.is_empty() && listing.corrupt.is_empty();
-    if empty {
-        let previous = std::mem::take(&mut *lock(&shared.last_seen));
-        if !previous.is_empty() {
-            rebuild_vanished(shared, previous).await;
-        }
-    } else {
-        *lock(&shared.last_seen) = listing.items.iter().map(|(l, _)| l.clone()).collect();
+    let corrupt: BTreeSet<LeaseKey> =
+        listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
+    let lost = recovery::compare(&mut lock(&shared.remembered), &listing.items, &corrupt);
+    let mut leases = listing.items;
+    if !lost.is_empty() {
+        // Leave the lost leases out of this pass: the versions listed are about to change.
+        let keys: BTreeSet<&LeaseKey> = lost.iter().map(|l| &l.restore.key).collect();
+        leases.retain(|(l, _)| !keys.contains(&l.key));
+        let vanished = leases.is_empty() && corrupt.is_empty();
+        restore_lost(shared, lost, vanished).await;
     }
     let now = Instant::now();
-    let leases = listing.items;
     let me = shared.id();
     let live = live_set(shared, &me, &leases);
-    let (resume, retake) = reconcile(shared, &me, &leases);
+    let (resume, retake) = reconcile(shared, &me, &leases, &corrupt);
     for (lease, version) in resume {
         lease_task::spawn(shared, lease, version);
     }
@@ -89,6 +91,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     let snapshot = Snapshot {
         me: me.clone(),
         leases: leases.iter().map(|(l, _)| l.clone()).collect(),
+        corrupt,
         live_workers: live,
         max_leases_per_worker: shared.cfg.max_leases_per_worker,
         max_claims_per_pass: shared.cfg.max_claims_per_pass,
@@ -112,28 +115,63 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     execute(shared, &plan, &by_key).await;
 }
 
-/// Every lease vanished at once: the store was wiped, or restarted without persistence (a Redis
-/// without AOF, say). Running tasks are stopped by the reconcile that follows (their leases are
-/// gone). The leases are recreated at once from the last listing this worker saw: same parents,
-/// the checkpoints of then (records processed since are processed again, none skipped), and an
-/// epoch above the old one so fencing tokens held by downstream sinks never go backwards. The
-/// shard sync then adds any shard that listing did not have.
-async fn rebuild_vanished(shared: &Shared, previous: Vec<Lease>) {
-    error!(
-        leases = previous.len(),
-        held = lock(&shared.tasks).len(),
-        "every lease of the namespace vanished from the store: checkpoints written since this \
-         worker's last listing are LOST; recreating the leases from that listing"
-    );
-    metrics::counter!("shardlease_namespace_vanished_total").increment(1);
-    for old in previous {
-        let lease = Lease { owner: None, claim: None, epoch: old.epoch + 1, ..old };
-        if let Err(e) = shared.store.create_lease(&lease).await {
-            warn!(key = %lease.key, error = %e, "recreating a vanished lease failed");
-        }
+/// Writes back leases the store lost (see `recovery`): created again when they vanished,
+/// replaced by compare-and-set when they were rolled back or re-created at the initial position.
+/// Running tasks of those leases are stopped by the reconcile of a later pass (the epoch moved
+/// on). A restore that loses a race is retried at the next pass, which finds the lease lost again.
+async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished: bool) {
+    let total = lost.len();
+    if vanished {
+        error!(
+            leases = total,
+            held = lock(&shared.tasks).len(),
+            "every lease of the namespace vanished from the store: checkpoints written since this \
+             worker last listed them are LOST (those records will be processed again); restoring \
+             the leases as this worker last saw them"
+        );
+        metrics::counter!("shardlease_namespace_vanished_total").increment(1);
+    } else {
+        error!(
+            leases = total,
+            "the store lost or rolled back writes (a checkpoint moved backwards, an epoch went \
+             down or an unfinished lease vanished): restoring those leases as this worker last \
+             saw them"
+        );
     }
-    if let Err(e) = super::shard_sync::sync(shared).await {
-        warn!(error = %e, "shard sync after the namespace vanished failed");
+    metrics::counter!("shardlease_leases_restored_total").increment(total as u64);
+    let store = &shared.store;
+    let results: Vec<bool> = futures::stream::iter(lost)
+        .map(|l| async move {
+            let done = match l.over {
+                None => store
+                    .create_lease(&l.restore)
+                    .await
+                    .map(|o| matches!(o, CreateOutcome::Created(_))),
+                Some(v) => store.update_lease(&l.restore, v).await.map(|_| true),
+            };
+            match done {
+                Ok(true) => true,
+                Ok(false) | Err(Error::Conflict { .. }) => false,
+                Err(e) => {
+                    warn!(key = %l.restore.key, error = %e, "restoring a lost lease failed");
+                    false
+                }
+            }
+        })
+        .buffer_unordered(shared.cfg.take_concurrency)
+        .collect()
+        .await;
+    let restored = results.iter().filter(|ok| **ok).count();
+    error!(
+        restored,
+        not_restored = total - restored,
+        "restored {restored} of {total} lost leases; the others changed meanwhile and are checked \
+         again at the next pass"
+    );
+    if vanished {
+        if let Err(e) = super::shard_sync::sync(shared).await {
+            warn!(error = %e, "shard sync after the namespace vanished failed");
+        }
     }
     shared.balance_now.notify_one();
 }
@@ -181,6 +219,7 @@ fn reconcile(
     shared: &Arc<Shared>,
     me: &WorkerId,
     leases: &[VersionedLease],
+    corrupt: &BTreeSet<LeaseKey>,
 ) -> (Vec<VersionedLease>, Vec<VersionedLease>) {
     let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
     {
@@ -206,7 +245,7 @@ fn reconcile(
     let claims = lock(&shared.my_claims).clone();
     let idle = leases.iter().filter(|(lease, _)| {
         lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))
-            && is_active(lease, &by_ref)
+            && is_active(lease, &by_ref, corrupt)
             && !tasks.contains_key(&lease.key)
     });
     idle.cloned().partition(|(l, _)| {

@@ -516,13 +516,20 @@ impl Task {
         loop {
             let attempt: crate::error::Result<bool> = async {
                 for p in child.parents.iter().filter(|p| **p != me) {
-                    if store.get_lease(p).await?.is_none() {
-                        return Ok(false);
+                    match store.get_lease(p).await {
+                        Ok(Some(_)) => {}
+                        // Undecodable, but it exists; the child stays blocked by it.
+                        Err(Error::Corrupt { .. }) => {}
+                        Ok(None) => return Ok(false),
+                        Err(e) => return Err(e),
                     }
                 }
                 let start = super::shard_sync::child_start(&self.shared.cfg.initial_position);
-                let lease =
-                    Lease::new(child.id.clone(), start).with_parents(child.parents.iter().cloned());
+                let lease = Lease {
+                    epoch: super::recovery::creation_epoch(),
+                    ..Lease::new(child.id.clone(), start)
+                        .with_parents(child.parents.iter().cloned())
+                };
                 store.create_lease(&lease).await?;
                 Ok(true)
             }

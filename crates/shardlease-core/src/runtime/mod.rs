@@ -5,6 +5,7 @@
 mod balance;
 mod heartbeat;
 mod lease_task;
+mod recovery;
 mod shard_sync;
 mod shared;
 

@@ -91,8 +91,10 @@ pub(crate) async fn sync(shared: &Shared) -> Result<()> {
         if checkpoint.is_shard_end() {
             finished_now.insert(&shard.id);
         }
-        let lease =
-            Lease::new(shard.id.clone(), checkpoint).with_parents(shard.parents.iter().cloned());
+        let lease = Lease {
+            epoch: super::recovery::creation_epoch(),
+            ..Lease::new(shard.id.clone(), checkpoint).with_parents(shard.parents.iter().cloned())
+        };
         if let crate::store::CreateOutcome::Created(_) = shared.store.create_lease(&lease).await? {
             created += 1;
         }

@@ -134,9 +134,9 @@ pub(crate) struct Shared {
     /// When the last successful listing of worker records was started.
     pub workers_listed: watch::Sender<Option<Instant>>,
     pub fenced: AtomicBool,
-    /// The leases of the last non-empty listing, kept to rebuild a namespace that vanished (a store
-    /// that lost its data) from the last checkpoints seen rather than from the initial position.
-    pub last_seen: Mutex<Vec<crate::lease::Lease>>,
+    /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
+    /// repair a store that lost or rolled back writes (see `recovery`).
+    pub remembered: Mutex<BTreeMap<LeaseKey, crate::lease::Lease>>,
     pub stats: Stats,
     rng: Mutex<StdRng>,
 }
@@ -184,7 +184,7 @@ impl Shared {
             heartbeat_ok: watch::channel(None).0,
             workers_listed: watch::channel(None).0,
             fenced: AtomicBool::new(false),
-            last_seen: Mutex::new(Vec::new()),
+            remembered: Mutex::new(BTreeMap::new()),
             stats: Stats::default(),
             rng: Mutex::new(rng),
         }
