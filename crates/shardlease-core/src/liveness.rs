@@ -65,8 +65,19 @@ impl Liveness {
         }
     }
 
-    /// Records a listing of worker records taken at `now`.
-    pub fn observe(&mut self, records: &[WorkerRecord], now: Instant) -> LivenessChange {
+    /// Records a listing of worker records that was sent at `sent` and answered at `received`.
+    ///
+    /// The records describe some moment between the two. A beat seen for the first time is timed
+    /// from `received` (the latest it can have been written), and the standstill is judged at
+    /// `sent` (the earliest moment the listing can describe), so neither a slow reply nor a pause
+    /// of this process between the reply and this call can make a live peer look dead.
+    pub fn observe(
+        &mut self,
+        records: &[WorkerRecord],
+        sent: Instant,
+        received: Instant,
+    ) -> LivenessChange {
+        let (now, first_seen) = (sent, received.max(sent));
         self.last_observed = Some(now);
         let mut change = LivenessChange::default();
         let listed: BTreeSet<&WorkerId> = records.iter().map(|r| &r.id).collect();
@@ -75,7 +86,7 @@ impl Liveness {
         for id in gone {
             self.workers.remove(&id);
             self.dead.remove(&id);
-            self.absent_owners.insert(id.clone(), now);
+            self.absent_owners.insert(id.clone(), first_seen);
             change.vanished.push(id);
         }
         for r in records {
@@ -83,11 +94,11 @@ impl Liveness {
             match self.workers.get_mut(&r.id) {
                 Some(seen) if seen.beat == r.beat => {}
                 Some(seen) => {
-                    *seen = Seen { beat: r.beat, since: now };
+                    *seen = Seen { beat: r.beat, since: first_seen };
                     self.dead.remove(&r.id);
                 }
                 None => {
-                    self.workers.insert(r.id.clone(), Seen { beat: r.beat, since: now });
+                    self.workers.insert(r.id.clone(), Seen { beat: r.beat, since: first_seen });
                     change.appeared.push(r.id.clone());
                 }
             }
@@ -100,6 +111,21 @@ impl Liveness {
             }
         }
         change
+    }
+
+    /// Workers whose beat has stood still for at least `age` at the last observation, with that
+    /// beat: their records are garbage once `age` is far beyond the failover timeout (a worker
+    /// that stopped heartbeating fenced itself long ago), and may be removed on the condition
+    /// that the beat is still the same.
+    pub fn long_dead(&self, age: Duration) -> Vec<(WorkerId, u64)> {
+        let Some(now) = self.last_observed else { return Vec::new() };
+        self.workers
+            .iter()
+            .filter(|(id, seen)| {
+                self.dead.contains(*id) && now.saturating_duration_since(seen.since) >= age
+            })
+            .map(|(id, seen)| (id.clone(), seen.beat))
+            .collect()
     }
 
     /// Whether `id` counted as alive at the last observation. An owner with no worker record is
@@ -137,22 +163,38 @@ mod tests {
     async fn a_frozen_beat_dies_after_the_failover_timeout() {
         let t0 = Instant::now();
         let mut l = Liveness::new(Duration::from_secs(10));
-        let c = l.observe(&[rec("a", 1), rec("b", 7)], t0);
+        let c = l.observe(&[rec("a", 1), rec("b", 7)], t0, t0);
         assert_eq!(c.appeared.len(), 2);
         let a = WorkerId::new("a");
         assert!(l.is_alive(&a));
         // a keeps beating, b is frozen
-        let c = l.observe(&[rec("a", 2), rec("b", 7)], t0 + Duration::from_secs(6));
+        let c = l.observe(
+            &[rec("a", 2), rec("b", 7)],
+            t0 + Duration::from_secs(6),
+            t0 + Duration::from_secs(6),
+        );
         assert!(c.newly_dead.is_empty());
-        let c = l.observe(&[rec("a", 3), rec("b", 7)], t0 + Duration::from_secs(10));
+        let c = l.observe(
+            &[rec("a", 3), rec("b", 7)],
+            t0 + Duration::from_secs(10),
+            t0 + Duration::from_secs(10),
+        );
         assert_eq!(c.newly_dead, vec![WorkerId::new("b")]);
         assert!(c.needs_balance());
         assert_eq!(l.live_workers(), [a.clone()].into());
         // reported once only
-        let c = l.observe(&[rec("a", 4), rec("b", 7)], t0 + Duration::from_secs(11));
+        let c = l.observe(
+            &[rec("a", 4), rec("b", 7)],
+            t0 + Duration::from_secs(11),
+            t0 + Duration::from_secs(11),
+        );
         assert!(c.newly_dead.is_empty());
         // b comes back
-        let c = l.observe(&[rec("a", 5), rec("b", 8)], t0 + Duration::from_secs(12));
+        let c = l.observe(
+            &[rec("a", 5), rec("b", 8)],
+            t0 + Duration::from_secs(12),
+            t0 + Duration::from_secs(12),
+        );
         assert!(c.newly_dead.is_empty());
         assert!(l.is_alive(&WorkerId::new("b")));
     }
@@ -161,11 +203,12 @@ mod tests {
     async fn a_stale_view_never_makes_a_peer_dead() {
         let t0 = Instant::now();
         let mut l = Liveness::new(Duration::from_secs(10));
-        l.observe(&[rec("a", 1)], t0);
+        l.observe(&[rec("a", 1)], t0, t0);
         // No listing for a long time (this observer was partitioned): still alive.
         assert!(l.is_alive(&WorkerId::new("a")));
         // The next listing shows the beat moved on: alive.
-        let c = l.observe(&[rec("a", 40)], t0 + Duration::from_secs(60));
+        let c =
+            l.observe(&[rec("a", 40)], t0 + Duration::from_secs(60), t0 + Duration::from_secs(60));
         assert!(c.newly_dead.is_empty());
         assert!(l.is_alive(&WorkerId::new("a")));
     }
@@ -174,21 +217,42 @@ mod tests {
     async fn a_vanished_record_is_reported_and_its_owner_timed_from_then() {
         let t0 = Instant::now();
         let mut l = Liveness::new(Duration::from_secs(10));
-        l.observe(&[rec("a", 1), rec("b", 1)], t0);
-        let c = l.observe(&[rec("a", 2)], t0 + Duration::from_secs(1));
+        l.observe(&[rec("a", 1), rec("b", 1)], t0, t0);
+        let c = l.observe(&[rec("a", 2)], t0 + Duration::from_secs(1), t0 + Duration::from_secs(1));
         assert_eq!(c.vanished, vec![WorkerId::new("b")]);
         let b = WorkerId::new("b");
         assert!(l.is_alive(&b));
-        l.observe(&[rec("a", 3)], t0 + Duration::from_secs(5));
+        l.observe(&[rec("a", 3)], t0 + Duration::from_secs(5), t0 + Duration::from_secs(5));
         assert!(l.is_alive(&b));
-        l.observe(&[rec("a", 4)], t0 + Duration::from_secs(11));
+        l.observe(&[rec("a", 4)], t0 + Duration::from_secs(11), t0 + Duration::from_secs(11));
         assert!(!l.is_alive(&b));
         // an owner never seen is timed from the observation where it was first noticed
         let z = WorkerId::new("z");
         assert!(l.is_alive(&z));
-        l.observe(&[rec("a", 5)], t0 + Duration::from_secs(20));
+        l.observe(&[rec("a", 5)], t0 + Duration::from_secs(20), t0 + Duration::from_secs(20));
         assert!(l.is_alive(&z));
-        l.observe(&[rec("a", 6)], t0 + Duration::from_secs(21));
+        l.observe(&[rec("a", 6)], t0 + Duration::from_secs(21), t0 + Duration::from_secs(21));
         assert!(!l.is_alive(&z));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_listing_never_makes_a_live_peer_dead() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let mut l = Liveness::new(s(10));
+        // The first listing took 900 ms: the beat may have been written at its very end.
+        l.observe(&[rec("a", 1)], t0, t0 + ms(900));
+        // A listing sent 10.5 s later shows the same beat (its reply is slow too): the beat has
+        // provably stood still only 9.6 s. Judged from the replies (11.4 − 0.9 = 10.5 s) the peer
+        // would be dead.
+        let c = l.observe(&[rec("a", 1)], t0 + ms(10_500), t0 + ms(11_400));
+        assert!(c.newly_dead.is_empty(), "{c:?}");
+        assert!(l.is_alive(&WorkerId::new("a")));
+        let c = l.observe(&[rec("a", 1)], t0 + ms(10_900), t0 + ms(11_000));
+        assert_eq!(c.newly_dead, vec![WorkerId::new("a")]);
+        assert!(l.long_dead(s(60)).is_empty());
+        l.observe(&[rec("a", 1)], t0 + s(61), t0 + s(61));
+        assert_eq!(l.long_dead(s(60)), vec![(WorkerId::new("a"), 1)]);
     }
 }

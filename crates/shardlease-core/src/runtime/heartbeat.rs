@@ -47,7 +47,8 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 for c in &listing.corrupt {
                     warn!(key = %c.key, reason = %c.reason, "corrupt worker record skipped");
                 }
-                let change = lock(&shared.liveness).observe(&listing.items, Instant::now());
+                let change =
+                    lock(&shared.liveness).observe(&listing.items, list_started, Instant::now());
                 for w in &change.newly_dead {
                     info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
                 }

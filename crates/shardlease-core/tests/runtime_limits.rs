@@ -1,0 +1,158 @@
+//! The runtime's own bounds: a self-fence finishes within half a heartbeat however many leases
+//! it stops and whatever `lease_lost` does, and the counters tell the truth about take-overs.
+//!
+//! Paused time, in-memory store and stream.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardlease_core::store::CreateOutcome;
+use shardlease_core::{
+    Batch, BoxError, CheckpointHandle, Config, Error, Lease, LeaseContext, LeaseKey, LeaseStore,
+    Listing, MemorySource, MemoryStore, Position, RecordProcessor, Result, ShardSource, Version,
+    VersionedLease, WorkerId, WorkerRecord,
+};
+use shardlease_testkit::cluster::{wait_until, Cluster};
+use shardlease_testkit::Faults;
+use shardlease_testkit::FaultyStore;
+use tokio::time::Instant;
+
+const HB: Duration = Duration::from_secs(1);
+const LONG: Duration = Duration::from_secs(600);
+
+/// A processor that never returns from `lease_lost`.
+struct Stubborn;
+
+#[async_trait]
+impl RecordProcessor for Stubborn {
+    async fn process_records(
+        &mut self,
+        batch: &Batch,
+        cp: &CheckpointHandle,
+    ) -> std::result::Result<(), BoxError> {
+        cp.checkpoint_batch(batch).await?;
+        Ok(())
+    }
+
+    async fn lease_lost(&mut self) {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn config() -> Config {
+    let mut c =
+        Config::new("default").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    c.rng_seed = Some(3);
+    c
+}
+
+/// A worker with 64 leases whose processors hang in `lease_lost` is cut off from the store: its
+/// fence ends (it comes back as a new incarnation) within half a heartbeat of starting, not 64
+/// half-heartbeats later.
+#[tokio::test(start_paused = true)]
+async fn a_fence_is_bounded_as_a_whole() {
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let faults = Faults::new(1);
+    let views = {
+        let (base, faults) = (base.clone(), faults.clone());
+        Arc::new(move |w: &WorkerId| -> Arc<dyn LeaseStore> {
+            Arc::new(FaultyStore::new(base.clone(), faults.clone(), Some(w.clone())))
+        })
+    };
+    let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(64));
+    let factory = Arc::new(|_: &LeaseContext| -> Box<dyn RecordProcessor> { Box::new(Stubborn) });
+    let mut cluster = Cluster::with_store_per_worker(base, views, source, factory, config());
+    cluster.sync_shards().await.unwrap();
+    let id = cluster.start_worker().unwrap();
+    cluster.wait_balanced(LONG, HB / 10).await.unwrap();
+    faults.partition(&id);
+    let c = &cluster;
+    let h = c.handle(&id).unwrap();
+    wait_until("the fence starting", LONG, HB / 100, || async { h.stats().fenced > 0 })
+        .await
+        .unwrap();
+    let started = Instant::now();
+    wait_until("a new incarnation", LONG, HB / 100, || async { h.id() != id }).await.unwrap();
+    let took = started.elapsed();
+    assert!(took <= HB / 2 + HB / 10, "the fence took {took:?}");
+    faults.heal(&id);
+    cluster.shutdown_all().await;
+}
+
+/// Forwards to a store, but refuses this worker's lease updates while `stuck` is set: an owner
+/// that is alive (it heartbeats) but can neither answer claims nor checkpoint.
+#[derive(Debug)]
+struct Stuck {
+    inner: Arc<dyn LeaseStore>,
+    stuck: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl LeaseStore for Stuck {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        self.inner.create_lease(lease).await
+    }
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        self.inner.get_lease(key).await
+    }
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        self.inner.list_leases().await
+    }
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        if self.stuck.load(Ordering::SeqCst) {
+            return Err(Error::retryable("stuck"));
+        }
+        self.inner.update_lease(lease, expected).await
+    }
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        self.inner.delete_lease(key, expected).await
+    }
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        self.inner.heartbeat(record).await
+    }
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        self.inner.list_workers().await
+    }
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        self.inner.remove_worker(id).await
+    }
+}
+
+/// A newcomer claims two leases from an owner that is stuck; after the claim timeout it takes
+/// them over. Both sides count it: `taken` on the claimant, `lost` on the old owner.
+#[tokio::test(start_paused = true)]
+async fn a_take_over_is_counted_by_both_sides() {
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let stuck = Arc::new(AtomicBool::new(false));
+    let views = {
+        let (base, stuck) = (base.clone(), stuck.clone());
+        Arc::new(move |w: &WorkerId| -> Arc<dyn LeaseStore> {
+            let flag =
+                if w.as_str() == "w1" { stuck.clone() } else { Arc::new(AtomicBool::new(false)) };
+            Arc::new(Stuck { inner: base.clone(), stuck: flag })
+        })
+    };
+    let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(4));
+    let factory = shardlease_testkit::recorder::Recorder::new().factory();
+    let mut cluster = Cluster::with_store_per_worker(base, views, source, factory, config());
+    cluster.sync_shards().await.unwrap();
+    let owner = cluster.start_worker().unwrap();
+    cluster.wait_balanced(LONG, HB / 10).await.unwrap();
+    stuck.store(true, Ordering::SeqCst);
+    let newcomer = cluster.start_worker().unwrap();
+    cluster.wait_balanced(LONG, HB / 10).await.unwrap();
+    let c = &cluster;
+    wait_until("the old owner stopping what it lost", LONG, HB / 10, || async {
+        c.handle(&owner).unwrap().held_leases().len() == 2
+    })
+    .await
+    .unwrap();
+    let stats = cluster.stats();
+    assert_eq!((stats[&newcomer].claims, stats[&newcomer].taken), (2, 2), "{stats:?}");
+    assert_eq!(stats[&owner].lost, 2, "{stats:?}");
+    stuck.store(false, Ordering::SeqCst);
+    cluster.shutdown_all().await;
+}
