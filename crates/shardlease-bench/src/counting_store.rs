@@ -2,8 +2,9 @@
 //! can report what a fleet costs the store (reads and writes per second per worker).
 //!
 //! Reads are `get_lease`, `list_leases` and `list_workers`; writes are `create_lease`,
-//! `update_lease`, `delete_lease`, `heartbeat` and `remove_worker`. A call is counted when it is
-//! made, whatever its outcome; compare-and-set conflicts are also counted on their own.
+//! `update_lease`, `delete_lease`, `heartbeat`, `remove_worker` and `remove_worker_if`. A call is
+//! counted when it is made, whatever its outcome; compare-and-set conflicts are also counted on
+//! their own. `namespace` is forwarded and not counted (it is not a call to the store).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,12 +12,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 use shardlease::{
-    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Result, Version, VersionedLease,
-    WorkerId, WorkerRecord,
+    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result, Version,
+    VersionedLease, WorkerId, WorkerRecord,
 };
 
 /// The operations of the store contract, in reporting order.
-pub const OPERATIONS: [&str; 8] = [
+pub const OPERATIONS: [&str; 9] = [
     "create_lease",
     "get_lease",
     "list_leases",
@@ -25,6 +26,7 @@ pub const OPERATIONS: [&str; 8] = [
     "heartbeat",
     "list_workers",
     "remove_worker",
+    "remove_worker_if",
 ];
 
 /// Whether an operation of [`OPERATIONS`] reads (as opposed to writes).
@@ -36,7 +38,7 @@ pub fn is_read(op: &str) -> bool {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpCounts {
     /// Calls per operation, in the order of [`OPERATIONS`].
-    pub calls: [u64; 8],
+    pub calls: [u64; 9],
     /// `update_lease` calls refused with a conflict.
     pub update_conflicts: u64,
 }
@@ -94,7 +96,7 @@ pub fn per_second_per_worker(n: u64, seconds: f64, workers: usize) -> Value {
 #[derive(Debug)]
 pub struct CountingStore {
     inner: Arc<dyn LeaseStore>,
-    calls: [AtomicU64; 8],
+    calls: [AtomicU64; 9],
     update_conflicts: AtomicU64,
 }
 
@@ -106,7 +108,7 @@ impl CountingStore {
 
     /// The calls counted so far.
     pub fn counts(&self) -> OpCounts {
-        let mut calls = [0; 8];
+        let mut calls = [0; 9];
         for (c, a) in calls.iter_mut().zip(&self.calls) {
             *c = a.load(Ordering::Relaxed);
         }
@@ -165,6 +167,15 @@ impl LeaseStore for CountingStore {
         self.count(7);
         self.inner.remove_worker(id).await
     }
+
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        self.count(8);
+        self.inner.remove_worker_if(id, beat).await
+    }
+
+    fn namespace(&self) -> Option<Namespace> {
+        self.inner.namespace()
+    }
 }
 
 #[cfg(test)]
@@ -186,11 +197,13 @@ mod tests {
         store.heartbeat(&WorkerRecord::new(WorkerId::new("w"), 1)).await.unwrap();
         store.list_workers().await.unwrap();
         store.remove_worker(&WorkerId::new("w")).await.unwrap();
+        assert!(!store.remove_worker_if(&WorkerId::new("w"), 1).await.unwrap());
         store.delete_lease(&lease.key, v2).await.unwrap();
+        assert_eq!(store.namespace().map(|n| n.to_string()).as_deref(), Some("default"));
         let c = store.counts();
-        assert_eq!(c.calls, [1, 1, 1, 2, 1, 1, 1, 1]);
+        assert_eq!(c.calls, [1, 1, 1, 2, 1, 1, 1, 1, 1]);
         assert_eq!(c.update_conflicts, 1);
-        assert_eq!((c.reads(), c.writes()), (3, 6));
+        assert_eq!((c.reads(), c.writes()), (3, 7));
         assert_eq!(c.since(&c), OpCounts::default());
         let rates = c.rates_json(2.0, 1);
         assert_eq!(rates["update_lease"], serde_json::json!(1.0));

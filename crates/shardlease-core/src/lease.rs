@@ -8,9 +8,44 @@ pub use crate::ids::{LeaseKey, WorkerId};
 use crate::position::Position;
 
 /// An opaque store-assigned token naming one version of a record, used for compare-and-set.
-/// Stores map it to a counter column, an etcd `mod_revision`, a DynamoDB attribute, ...
+///
+/// **A version never repeats for a key**: every write of a record (create and update) gives it a
+/// version that key has never had, not after a delete and a re-create, and not after the store
+/// lost or rolled back writes (a Redis failover to a lagging replica, a database restored from a
+/// snapshot). Otherwise a writer holding a version from before the loss could win a
+/// compare-and-set against a record written since by someone else (the ABA problem). A counter
+/// does not give that, since a rollback rolls the counter back too; the stores of this workspace
+/// therefore draw every version at random ([`Version::random`]: 63 bits, so two draws collide
+/// with probability 2^-63).
+///
+/// Only equality means something. The order (derived, for use as a map key) says nothing about
+/// which version is newer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Version(pub u64);
+
+impl Version {
+    /// The largest version [`Version::random`] draws: `i64::MAX`, so a version fits a signed
+    /// 64-bit column (a SQL `BIGINT`) as a positive number.
+    pub const MAX_RANDOM: u64 = i64::MAX as u64;
+
+    /// A fresh version for a write: uniformly random in `1..=`[`Version::MAX_RANDOM`], from the
+    /// thread-local generator (seeded by the operating system, never by the caller).
+    pub fn random() -> Version {
+        Version(rand::random_range(1..=Version::MAX_RANDOM))
+    }
+
+    /// A fresh version for an update of a record now at `previous`: like [`Version::random`],
+    /// but never `previous` itself, so even the 2^-63 chance of a write leaving the version
+    /// unchanged is ruled out.
+    pub fn random_other_than(previous: Version) -> Version {
+        loop {
+            let v = Version::random();
+            if v != previous {
+                return v;
+            }
+        }
+    }
+}
 
 /// A handoff request: `by` asks the owner to hand the lease over. Valid only while the lease's
 /// epoch is still `at` (any change of owner makes it stale).
@@ -112,5 +147,21 @@ impl LeaseToken {
     /// Whether `lease` is still owned under this token.
     pub fn matches(&self, lease: &Lease) -> bool {
         lease.key == self.key && lease.is_owned_by(&self.owner) && lease.epoch == self.epoch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn random_versions_are_positive_i64s_and_do_not_repeat() {
+        let drawn: HashSet<Version> = (0..10_000).map(|_| Version::random()).collect();
+        assert_eq!(drawn.len(), 10_000, "63-bit draws do not collide in practice");
+        assert!(drawn.iter().all(|v| v.0 >= 1 && i64::try_from(v.0).is_ok()));
+        let previous = Version(42);
+        assert!((0..1_000).all(|_| Version::random_other_than(previous) != previous));
     }
 }

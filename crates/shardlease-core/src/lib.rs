@@ -36,7 +36,7 @@ pub use config::Config;
 pub use error::{BoxError, Error, Result};
 pub use ids::{LeaseKey, Namespace, WorkerId};
 pub use lease::{Claim, Lease, LeaseToken, Version, VersionedLease};
-pub use memory::{MemoryBackend, MemorySource, MemoryStore};
+pub use memory::{MemoryBackend, MemorySnapshot, MemorySource, MemoryStore};
 pub use position::{Position, SequenceNumber};
 pub use processor::{
     processor_fn, CheckpointHandle, LeaseContext, ProcessorFactory, RecordProcessor,

@@ -9,7 +9,7 @@ use std::fmt::Debug;
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::ids::WorkerId;
+use crate::ids::{Namespace, WorkerId};
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
 use crate::worker_record::WorkerRecord;
 
@@ -26,6 +26,14 @@ pub enum CreateOutcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CorruptRecord {
     /// The record's key as the store knows it.
+    ///
+    /// In a lease listing ([`LeaseStore::list_leases`]) it is **the lease key exactly** (the
+    /// string of [`LeaseKey`]), so the caller can match it against other leases: the runtime
+    /// keeps a corrupt parent blocking its children by comparing it with their `parents`. In a
+    /// worker listing it is the worker id. Only when the store cannot read the key itself does it
+    /// put something else here: the lossy UTF-8 rendering of a key that is not UTF-8 (Redis), or
+    /// a description in angle brackets (a SQLite key column holding a blob); such a record
+    /// matches no lease key, and no lease can name it as a parent.
     pub key: String,
     /// Why it could not be decoded.
     pub reason: String,
@@ -58,10 +66,31 @@ impl<T> Listing<T> {
 ///
 /// Implementations are thin translations into the store's native compare-and-set; they hold no
 /// lease logic. Run `shardlease_testkit`'s conformance suite against any implementation.
+///
+/// # Versions never repeat for a key
+///
+/// Every write of a lease (create and update) gives the record a [`Version`] that key has never
+/// had before, **even after the store lost or rolled back writes**: a Redis failover to a replica
+/// that had not seen the last writes, a database restored from a snapshot, a namespace rebuilt.
+/// The runtime caches `(owner, epoch, version)` and writes by compare-and-set on the version; if
+/// a version could come back, a writer holding a stale one could win a compare-and-set against a
+/// record another owner wrote since. A counter (a column incremented per write, a per-namespace
+/// sequence, a server-clock seed) does not meet the rule, because a rollback rolls the counter
+/// back too and the same numbers are handed out again. The stores of this workspace draw each
+/// new version with [`Version::random`] (63 random bits, never the version being replaced);
+/// a store whose native token is already unique across rollbacks (an etcd `mod_revision` is
+/// not, after a restore) may use that instead.
+///
+/// # Decorators
+///
+/// A store that wraps another (fault injection, auditing, counting) must forward every method,
+/// including the ones with a default body ([`remove_worker_if`](LeaseStore::remove_worker_if),
+/// [`namespace`](LeaseStore::namespace)), or the wrapped store's native behaviour is lost.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + Debug {
-    /// Creates `lease` if no lease with its key exists. Idempotent under races: exactly one of
-    /// several concurrent creators sees `Created`.
+    /// Creates `lease` if no lease with its key exists, at a version the key never had (see
+    /// [Versions never repeat for a key](LeaseStore#versions-never-repeat-for-a-key)).
+    /// Idempotent under races: exactly one of several concurrent creators sees `Created`.
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome>;
 
     /// Reads one lease. `Err(Corrupt)` when the record exists but cannot be decoded.
@@ -71,8 +100,10 @@ pub trait LeaseStore: Send + Sync + Debug {
     async fn list_leases(&self) -> Result<Listing<VersionedLease>>;
 
     /// Replaces the lease with key `lease.key` if its version is still `expected`; returns the new
-    /// version. Otherwise fails with `Error::Conflict` carrying the current record (or `None`
-    /// when it does not exist).
+    /// version, one the key never had (see
+    /// [Versions never repeat for a key](LeaseStore#versions-never-repeat-for-a-key)).
+    /// Otherwise fails with `Error::Conflict` carrying the current record (or `None` when it does
+    /// not exist).
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version>;
 
     /// Deletes the lease if its version is still `expected`; `Error::Conflict` otherwise.
@@ -86,4 +117,30 @@ pub trait LeaseStore: Send + Sync + Debug {
 
     /// Removes a worker record (a clean leave). Removing a missing record is not an error.
     async fn remove_worker(&self, id: &WorkerId) -> Result<()>;
+
+    /// Removes the worker record of `id` only if its `beat` is still `beat` (the beat the caller
+    /// saw when it judged the worker dead); returns whether it removed it. A record that has
+    /// moved on (the worker heartbeat since: it is alive after all) or is missing is left alone
+    /// and gives `Ok(false)`.
+    ///
+    /// The default body lists the workers, compares, then calls
+    /// [`remove_worker`](LeaseStore::remove_worker). That is **racy**: a heartbeat landing
+    /// between the listing and the removal is deleted with the record. Stores override it with an
+    /// atomic conditional delete (the stores of this workspace all do); the default exists so
+    /// that a store written against an older version of this trait keeps compiling.
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        let listing = self.list_workers().await?;
+        let current = listing.items.iter().any(|w| &w.id == id && w.beat == beat);
+        if current {
+            self.remove_worker(id).await?;
+        }
+        Ok(current)
+    }
+
+    /// The namespace this store reads and writes, if it knows it. The runtime takes it as the
+    /// single source of truth and rejects a configuration naming another namespace. Default:
+    /// `None` (unknown; nothing is checked).
+    fn namespace(&self) -> Option<Namespace> {
+        None
+    }
 }

@@ -1,18 +1,20 @@
 //! The key layout of one namespace.
 //!
 //! Every key of a namespace starts with the same hash tag `{<prefix>:<namespace>}`, so on Redis
-//! Cluster they all live in one slot and a Lua script may touch the record, the index and the
-//! version counter together. Braces and `%` in the prefix or namespace are percent-encoded, so
-//! the tag always ends at the first `}` and two namespaces can never produce the same key
-//! (`app` vs `app}:lease:x`, say).
+//! Cluster they all live in one slot and a Lua script may touch a record and its index together.
+//! Braces and `%` in the prefix or namespace are percent-encoded, so the tag always ends at the
+//! first `}` and two namespaces can never produce the same key (`app` vs `app}:lease:x`, say).
 //!
 //! ```text
 //! {shardlease:orders}:lease:<lease key>   hash: one lease
 //! {shardlease:orders}:leases              sorted set (all scores 0): the lease keys
 //! {shardlease:orders}:worker:<worker id>  hash: one worker's heartbeat record
 //! {shardlease:orders}:workers             sorted set (all scores 0): the worker ids
-//! {shardlease:orders}:version             counter behind every lease version
 //! ```
+//!
+//! Releases before random versions also kept a `{shardlease:orders}:version` counter. Nothing
+//! reads or writes it any more; [`scan_pattern`](Keys::scan_pattern) still matches it, so deleting
+//! a namespace removes it.
 
 /// The keys of one namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,11 +68,6 @@ impl Keys {
         format!("{}:workers", self.base)
     }
 
-    /// The counter every lease version is drawn from.
-    pub(crate) fn version_counter(&self) -> String {
-        format!("{}:version", self.base)
-    }
-
     /// A `SCAN MATCH` pattern matching every key of the namespace and nothing else.
     pub(crate) fn scan_pattern(&self) -> String {
         let mut out = String::with_capacity(self.base.len() + 2);
@@ -112,7 +109,6 @@ mod tests {
                 k.lease_index(),
                 k.worker("w-1"),
                 k.worker_index(),
-                k.version_counter(),
             ] {
                 assert_eq!(hash_tag(&key), tag, "{key}");
             }

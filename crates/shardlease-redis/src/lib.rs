@@ -27,8 +27,7 @@
 //! Each lease is a hash, each worker record is a hash, and two sorted sets (every score 0, so
 //! they sort by name and page with `ZRANGE … BYLEX`) index the namespace's lease keys and worker
 //! ids. Every key of a namespace starts with the hash tag `{<prefix>:<namespace>}`, so on Redis
-//! Cluster they share one slot, and a script may touch a record, its index and the version
-//! counter at once:
+//! Cluster they share one slot, and a script may touch a record and its index at once:
 //!
 //! ```text
 //! {shardlease:orders}:lease:shardId-000000000001   HGETALL → key, owner, epoch, checkpoint,
@@ -37,18 +36,19 @@
 //! {shardlease:orders}:worker:host-42-1f2e3d4c       HGETALL → id, beat, updated_at_millis,
 //!                                                   lease_count, load, capacity
 //! {shardlease:orders}:workers                      ZSET of worker ids
-//! {shardlease:orders}:version                      counter behind every lease version
 //! ```
 //!
-//! The version counter is the one key that outlives a namespace's last lease (it is what keeps
-//! versions from being reused); [`RedisStore::delete_namespace`] removes every key, counter
-//! included.
+//! Earlier releases also kept a `{shardlease:orders}:version` counter; nothing uses it any more,
+//! and [`RedisStore::delete_namespace`] removes it with every other key of the namespace.
 //!
 //! Fields are plain text an operator can read with `HGETALL`: numbers in decimal, the checkpoint
 //! as JSON of `Position` (`{"kind":"sequence","seq":"4959…","sub":0}`), parents, claim and
 //! attributes as JSON. A record that does not decode (a missing or garbled field, or a key of
 //! another type) is reported as `Error::Corrupt` by `get_lease`/`update_lease`/`delete_lease`
-//! and as a `Listing::corrupt` entry by the listings; the other records keep working.
+//! and as a `Listing::corrupt` entry by the listings; the other records keep working. A listing's
+//! corrupt entry is named by its index member, which is the lease key (or worker id) exactly;
+//! only a member that is not UTF-8 (which no lease key can be) is named by its lossy UTF-8
+//! rendering.
 //!
 //! ## Why Lua
 //!
@@ -57,9 +57,12 @@
 //! the current record in the same reply, so a `Conflict` carries it at no extra cost.
 //! `WATCH`/`MULTI` would need three round trips and client-side retries. The scripts are sent
 //! with `EVALSHA` and loaded again by themselves when the server does not know them (after a
-//! restart). Versions come from a per-namespace counter incremented inside the scripts, so a
-//! version is never reused after a delete and re-create; a missing counter is seeded from the
-//! server clock in microseconds, so versions keep growing even across a loss of data.
+//! restart). The version a write gives a record is a random 63-bit number drawn by the client
+//! and passed to the script, so a version never repeats for a key: not after a delete and
+//! re-create, and not after the server lost writes (a restart without persistence, a failover to
+//! a lagging replica), which would roll a counter kept in Redis back with the data.
+//! `remove_worker_if` is a script too: it deletes a worker's record only while its `beat` field
+//! is still the one the caller saw.
 //!
 //! ## Durability
 //!

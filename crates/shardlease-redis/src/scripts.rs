@@ -6,14 +6,16 @@
 //! current record when the comparison fails. [`redis::Script`] sends `EVALSHA` and falls back to
 //! loading the script when the server does not know it (after a restart, for instance).
 //!
-//! Every script declares all the keys it touches (record, index, counter) in `KEYS`, and they all
-//! share the namespace's hash tag, so the scripts run unchanged on Redis Cluster.
+//! Every script declares all the keys it touches (record, index) in `KEYS`, and they all share
+//! the namespace's hash tag, so the scripts run unchanged on Redis Cluster.
 //!
-//! Versions come from one counter per namespace, incremented by every create and update, so a
-//! version is never reused, not even after a delete and a re-create (no ABA). When the counter
-//! does not exist (a new namespace, or a server that lost its data) it is seeded from the
-//! server's clock in microseconds, so versions handed out after a data loss are larger than any
-//! handed out before it and a worker holding a pre-loss version can never match a new record.
+//! The version a create or update writes is an argument: a fresh random 63-bit number drawn by
+//! the client (`Version::random`, never the version being replaced). So a version never repeats
+//! for a key, not after a delete and re-create (no ABA), and not after the server lost writes (a
+//! restart without persistence, a failover to a replica that had not seen the last writes): a
+//! counter kept in Redis would be rolled back with the data and hand the same numbers out again,
+//! letting a worker holding a version from before the loss overwrite a record written since.
+//! The scripts are deterministic (no `TIME`, no counter), so they replicate as they are.
 //!
 //! Replies are arrays whose first item is a tag: `created`/`exists`, `updated`/`deleted`,
 //! `absent`, `conflict` (with the current hash as a flat field/value array) and `wrongtype`
@@ -21,20 +23,9 @@
 
 use redis::Script;
 
-/// Shared Lua prelude: effects replication (needed before Redis 5 for `TIME`), the version
-/// counter, and the full replacement of a lease hash from field/value arguments.
+/// Shared Lua prelude: the full replacement of a lease hash from field/value arguments, and the
+/// type of a key.
 const PRELUDE: &str = r#"
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local function next_version(counter)
-  local v = redis.call('INCR', counter)
-  if v == 1 then
-    local t = redis.call('TIME')
-    local us = tostring(t[2])
-    redis.call('SET', counter, tostring(t[1]) .. string.rep('0', 6 - #us) .. us)
-    v = redis.call('INCR', counter)
-  end
-  return string.format('%d', v)
-end
 local function replace(key, version, first)
   local args = {}
   for i = first, #ARGV do args[#args + 1] = ARGV[i] end
@@ -48,17 +39,16 @@ local function kind(key)
 end
 "#;
 
-/// KEYS: lease hash, lease index, version counter. ARGV: lease key, then field/value pairs.
+/// KEYS: lease hash, lease index. ARGV: lease key, new version, then field/value pairs.
 const CREATE: &str = r#"
 local t = kind(KEYS[1])
 if t ~= 'none' then return {'exists', t} end
-local v = next_version(KEYS[3])
-replace(KEYS[1], v, 2)
+replace(KEYS[1], ARGV[2], 3)
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
-return {'created', v}
+return {'created', ARGV[2]}
 "#;
 
-/// KEYS: lease hash, lease index, version counter. ARGV: lease key, expected version, then
+/// KEYS: lease hash, lease index. ARGV: lease key, expected version, new version, then
 /// field/value pairs.
 const UPDATE: &str = r#"
 local t = kind(KEYS[1])
@@ -67,10 +57,9 @@ if t ~= 'hash' then return {'wrongtype', t} end
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then
   return {'conflict', redis.call('HGETALL', KEYS[1])}
 end
-local v = next_version(KEYS[3])
-replace(KEYS[1], v, 3)
+replace(KEYS[1], ARGV[3], 4)
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
-return {'updated', v}
+return {'updated', ARGV[3]}
 "#;
 
 /// KEYS: lease hash, lease index. ARGV: lease key, expected version.
@@ -99,6 +88,18 @@ redis.call('ZADD', KEYS[2], 0, ARGV[1])
 return {'ok'}
 "#;
 
+/// KEYS: worker hash, worker index. ARGV: worker id, beat. Removes the record and its index entry
+/// only while its `beat` field is exactly that beat; replies 1 when it removed, 0 otherwise (a
+/// newer beat, a missing record, or a key that is not a hash, which is left for an operator).
+const REMOVE_WORKER_IF: &str = r#"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'hash' then return 0 end
+if redis.call('HGET', KEYS[1], 'beat') ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"#;
+
 /// The compiled scripts (each knows its SHA1 for `EVALSHA`).
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -110,6 +111,8 @@ pub(crate) struct Scripts {
     pub delete: Script,
     /// Worker record upsert with its index entry.
     pub heartbeat: Script,
+    /// Removal of a worker record while its beat is unchanged.
+    pub remove_worker_if: Script,
 }
 
 impl Scripts {
@@ -121,6 +124,7 @@ impl Scripts {
             update: with_prelude(UPDATE),
             delete: with_prelude(DELETE),
             heartbeat: Script::new(HEARTBEAT),
+            remove_worker_if: Script::new(REMOVE_WORKER_IF),
         }
     }
 }

@@ -421,11 +421,7 @@ impl RedisStore {
     ) -> Result<Reply> {
         let keys = &self.inner.keys;
         let mut invocation = script.prepare_invoke();
-        invocation
-            .key(keys.lease(key.as_str()))
-            .key(keys.lease_index())
-            .key(keys.version_counter())
-            .arg(key.as_str());
+        invocation.key(keys.lease(key.as_str())).key(keys.lease_index()).arg(key.as_str());
         for a in args {
             invocation.arg(a);
         }
@@ -594,8 +590,10 @@ fn flatten(pairs: Vec<(&'static str, String)>) -> Vec<String> {
 impl LeaseStore for RedisStore {
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
         let fields = codec::lease_fields(lease).map_err(Error::InvalidInput)?;
+        let mut args = vec![Version::random().0.to_string()];
+        args.extend(flatten(fields));
         let script = &self.inner.scripts.create;
-        match self.run_lease_script("create", script, &lease.key, &flatten(fields)).await? {
+        match self.run_lease_script("create", script, &lease.key, &args).await? {
             Reply::Version(v) => Ok(CreateOutcome::Created(v)),
             Reply::Done => Ok(CreateOutcome::AlreadyExists),
             _ => Err(unexpected(&format!("create of lease {}", lease.key), "unknown outcome")),
@@ -632,7 +630,8 @@ impl LeaseStore for RedisStore {
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         let fields = codec::lease_fields(lease).map_err(Error::InvalidInput)?;
-        let mut args = vec![expected.0.to_string()];
+        let new_version = Version::random_other_than(expected);
+        let mut args = vec![expected.0.to_string(), new_version.0.to_string()];
         args.extend(flatten(fields));
         let script = &self.inner.scripts.update;
         match self.run_lease_script("update", script, &lease.key, &args).await? {
@@ -689,6 +688,26 @@ impl LeaseStore for RedisStore {
             .await
             .map_err(|e| self.err(&format!("removing worker {id}"), e))?;
         Ok(())
+    }
+
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        let keys = &self.inner.keys;
+        let mut invocation = self.inner.scripts.remove_worker_if.prepare_invoke();
+        invocation
+            .key(keys.worker(id.as_str()))
+            .key(keys.worker_index())
+            .arg(id.as_str())
+            .arg(beat.to_string());
+        let mut conn = self.conn.clone();
+        let removed: i64 = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.err(&format!("removing worker {id} at beat {beat}"), e))?;
+        Ok(removed == 1)
+    }
+
+    fn namespace(&self) -> Option<Namespace> {
+        Some(self.inner.namespace.clone())
     }
 }
 

@@ -164,6 +164,12 @@ async fn corrupt_worker_records_are_reported_per_record() {
         assert!(corrupt["w3"].contains("WRONGTYPE"), "{corrupt:?}");
         assert!(corrupt["w4"].contains("`id`"), "{corrupt:?}");
 
+        // A conditional removal never removes what it cannot compare: a garbled beat, a key
+        // that is not a hash.
+        assert!(!store.remove_worker_if(&"w2".into(), 1).await.unwrap());
+        assert!(!store.remove_worker_if(&"w3".into(), 1).await.unwrap());
+        assert_eq!(store.list_workers().await.unwrap().corrupt.len(), 3, "all still listed");
+
         // A heartbeat rewrites the record whole, which repairs it.
         store.heartbeat(&WorkerRecord::new("w2".into(), 2)).await.unwrap();
         store.remove_worker(&"w3".into()).await.unwrap();

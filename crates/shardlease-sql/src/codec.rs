@@ -4,11 +4,9 @@
 //! driver decoded it (or why it could not), so one decoder serves all three dialects and a bad
 //! column becomes a [`CorruptRecord`] naming the column, never a panic.
 //!
-//! Versions: `version = incarnation × 2^31 + writes`. A create takes a fresh incarnation from
-//! the namespace's counter row (never handed out twice), an update adds one. So versions of one
-//! key never repeat, even across delete and re-create, while the compare-and-set stays a single
-//! `UPDATE` with no counter to touch. After 2^31 − 1 writes to one incarnation the next update
-//! moves the lease to a fresh incarnation instead of overflowing.
+//! Versions: every create and update writes a fresh random version ([`new_version`]), a
+//! positive `BIGINT`. A counter would repeat its numbers after the database is restored from a
+//! backup; random versions never repeat for a key (see `Version`), with no counter row to touch.
 
 use std::collections::BTreeMap;
 
@@ -18,26 +16,19 @@ use shardlease_core::{
 };
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-/// Bits of a version counting writes within one incarnation.
-pub(crate) const SERIAL_BITS: u32 = 31;
-/// Mask of the write count in a version.
-pub(crate) const SERIAL_MASK: i64 = (1 << SERIAL_BITS) - 1;
-/// The largest incarnation (versions stay below 2^63, a positive `BIGINT`).
-pub(crate) const MAX_INCARNATION: i64 = (1 << (63 - SERIAL_BITS)) - 1;
-
 /// Longest namespace, lease key or worker id, in characters (a `VARCHAR(255)` on MySQL; the same
 /// limit everywhere, so a store can move between dialects).
 pub(crate) const MAX_NAME_CHARS: usize = 255;
 
-/// The first version of incarnation `incarnation`.
-pub(crate) fn first_version(incarnation: i64) -> i64 {
-    incarnation << SERIAL_BITS
-}
-
-/// The version after `current`, or `None` when the incarnation's write count is exhausted and
-/// the lease must move to a fresh incarnation.
-pub(crate) fn next_version(current: i64) -> Option<i64> {
-    (current & SERIAL_MASK != SERIAL_MASK).then_some(current + 1)
+/// A fresh version for a write, as the `BIGINT` to store: random in `1..=i64::MAX`, and never
+/// `replacing` (the version an update replaces). See `Version::random`.
+pub(crate) fn new_version(replacing: Option<Version>) -> i64 {
+    let v = match replacing {
+        Some(previous) => Version::random_other_than(previous),
+        None => Version::random(),
+    };
+    // `Version::random` stays within `1..=i64::MAX`; the fallback is unreachable.
+    i64::try_from(v.0).unwrap_or(i64::MAX)
 }
 
 /// Checks a namespace, lease key or worker id against what every dialect can store.
@@ -347,16 +338,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn versions_count_writes_within_an_incarnation() {
-        let v = first_version(1);
-        assert_eq!(v, 1 << 31);
-        assert_eq!(next_version(v), Some(v + 1));
-        assert_eq!(next_version(v + SERIAL_MASK - 1), Some(v + SERIAL_MASK));
-        assert_eq!(next_version(v + SERIAL_MASK), None, "exhausted: move to a new incarnation");
-        let max = first_version(MAX_INCARNATION) + SERIAL_MASK;
-        assert_eq!(max, i64::MAX);
-        // Different incarnations never share a version.
-        assert!(first_version(1) + SERIAL_MASK < first_version(2));
+    fn new_versions_are_positive_and_never_the_replaced_one() {
+        for _ in 0..1000 {
+            assert!(new_version(None) > 0);
+            let v = new_version(Some(Version(7)));
+            assert!(v > 0 && v != 7);
+        }
     }
 
     #[test]
@@ -389,7 +376,7 @@ mod tests {
             key: Ok(Some("k".into())),
             owner: Ok(Some("w1".into())),
             epoch: Ok(Some(3)),
-            version: Ok(Some(first_version(5))),
+            version: Ok(Some(5 << 31)),
             checkpoint_kind: Ok(Some("sequence".into())),
             checkpoint_seq: Ok(Some("0012".into())),
             checkpoint_sub: Ok(Some(1)),

@@ -40,8 +40,10 @@
 //!   wall clock, for people only).
 //! - `<prefix>workers`: `namespace`, `worker_id`, `beat`, `updated_at_millis`, `lease_count`,
 //!   `load_figure`, `capacity`.
-//! - `<prefix>namespaces`: `namespace`, `last_incarnation`: the counter that makes versions
-//!   unique (below).
+//! - `<prefix>namespaces`: `namespace`, `last_incarnation`: the per-namespace counter earlier
+//!   releases drew versions from. It is no longer read or written (versions are random now,
+//!   below) but stays in schema 1, so that no migration is needed and older and newer workers can
+//!   share the tables; [`SqlStore::delete_namespace`] still clears a namespace's row.
 //!
 //! Keys compare byte by byte in every dialect (`COLLATE "C"` on PostgreSQL, a binary no-pad
 //! collation on MySQL), so `a`, `A` and `a ` are three leases. Namespaces, keys and worker ids
@@ -58,15 +60,23 @@
 //! same way; creates are an `INSERT` that does nothing on a duplicate key (`ON CONFLICT DO
 //! NOTHING`; a duplicate-key error on MySQL) and report `AlreadyExists`.
 //!
-//! A version is `incarnation × 2^31 + writes`. Every create takes a fresh incarnation from the
-//! namespace's counter row (reserved 64 at a time), and an update adds one, so a version is
-//! never reused for a key, not even after a delete and a re-create (no ABA), while the hot path
-//! stays one statement that touches one row.
+//! Every create and update writes a fresh random version (63 bits, a positive `BIGINT`, never
+//! the version it replaces), drawn by the client. So a version never repeats for a key: not
+//! after a delete and a re-create (no ABA), and not after the database was restored from a
+//! backup or failed over to a replica that had not seen the last writes. A counter (`version + 1`,
+//! a sequence) would hand out the same numbers again after such a rollback, and a worker holding
+//! one from before it could overwrite a record written since. The hot path stays one statement
+//! that touches one row.
+//!
+//! `remove_worker_if` (removing a dead worker's record only while its beat is the one seen) is
+//! one `DELETE ... WHERE namespace = ? AND worker_id = ? AND beat = ?`.
 //!
 //! Listing pages by key (1000 rows per query, keyset pagination), so a namespace of any size is
 //! never one huge result. A row that does not decode (a hand edit gone wrong) is reported as
 //! `Error::Corrupt` by `get_lease` and `update_lease`, and as a `Listing::corrupt` entry by
-//! `list_leases`; the other leases keep working.
+//! `list_leases`; the other leases keep working. The entry's key is the row's `lease_key`
+//! exactly; only a row whose `lease_key` itself is unreadable (SQLite lets a hand edit put a
+//! blob there) is named `<unreadable lease_key after "...">` instead, which matches no lease.
 //!
 //! ## SQLite: several processes, one file
 //!
@@ -94,7 +104,14 @@
 // With no dialect compiled in, the pool enum is empty and much of the crate is unused.
 #![cfg_attr(
     not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(dead_code, unused_imports, unused_macros, unused_variables, unreachable_code)
+    allow(
+        dead_code,
+        unused_imports,
+        unused_macros,
+        unused_variables,
+        unreachable_code,
+        clippy::never_loop
+    )
 )]
 
 use std::sync::Arc;

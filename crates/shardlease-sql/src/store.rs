@@ -12,15 +12,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardlease_core::{
-    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Result, Version,
-    VersionedLease, WorkerId, WorkerRecord,
+    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result,
+    Version, VersionedLease, WorkerId, WorkerRecord,
 };
 use sqlx::AssertSqlSafe;
 use tracing::debug;
 
 use crate::codec::{
-    self, check_name, encode_lease, encode_worker, first_version, next_version, read_lease,
-    read_worker, RawLease, MAX_INCARNATION,
+    self, check_name, encode_lease, encode_worker, new_version, read_lease, read_worker, RawLease,
 };
 use crate::dialect::{Dialect, Queries, Sql, Tables};
 use crate::errors::{self, redact_url};
@@ -38,9 +37,6 @@ type SqlxResult<T> = std::result::Result<T, sqlx::Error>;
 
 /// Leases read per query while listing.
 const LIST_PAGE: i64 = 1000;
-
-/// Incarnations reserved per round trip to the namespace's counter row.
-const INCARNATION_BLOCK: i64 = 64;
 
 /// Default pool size for PostgreSQL and MySQL.
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
@@ -148,13 +144,6 @@ pub(crate) struct Shared {
     heartbeats: Arc<tokio::sync::RwLock<()>>,
 }
 
-/// Incarnations reserved from the namespace's counter and not used yet: `next..=end`.
-#[derive(Debug)]
-struct Block {
-    next: i64,
-    end: i64,
-}
-
 /// A [`LeaseStore`] in one namespace of a SQL database (PostgreSQL, SQLite or MySQL/MariaDB).
 ///
 /// Cheap to clone; clones share the pool. [`SqlStore::with_namespace`] opens another namespace
@@ -163,7 +152,6 @@ struct Block {
 pub struct SqlStore {
     shared: Arc<Shared>,
     namespace: String,
-    incarnations: Arc<tokio::sync::Mutex<Block>>,
 }
 
 impl fmt::Debug for SqlStore {
@@ -498,11 +486,7 @@ impl SqlStore {
     }
 
     fn in_namespace(shared: Arc<Shared>, namespace: String) -> SqlStore {
-        SqlStore {
-            shared,
-            namespace,
-            incarnations: Arc::new(tokio::sync::Mutex::new(Block { next: 1, end: 0 })),
-        }
+        SqlStore { shared, namespace }
     }
 
     /// A store for another namespace on the same pool and tables.
@@ -541,9 +525,9 @@ impl SqlStore {
         &self.shared.pool
     }
 
-    /// Deletes every lease, worker record and the version counter of this namespace. Only for
-    /// a namespace no worker uses any more (tests, decommissioning): a worker still running
-    /// could see versions repeat.
+    /// Deletes every lease and worker record of this namespace (and its row in the
+    /// `<prefix>namespaces` table that releases before random versions kept). Only for a namespace
+    /// no worker uses any more (tests, decommissioning): running workers would recreate records.
     pub async fn delete_namespace(&self) -> Result<()> {
         for statement in &self.shared.queries.delete_namespace {
             let ns = self.namespace.as_str();
@@ -568,74 +552,6 @@ impl SqlStore {
 
     fn fail(&self, what: &str, e: sqlx::Error) -> Error {
         errors::backend(self.shared.dialect, what, e)
-    }
-
-    /// The first version of a fresh incarnation of a lease of this namespace.
-    async fn fresh_version(&self) -> Result<i64> {
-        let mut block = self.incarnations.lock().await;
-        if block.next > block.end {
-            let end = self.allocate_incarnations(INCARNATION_BLOCK).await?;
-            if end > MAX_INCARNATION {
-                return Err(Error::permanent(format!(
-                    "{}: namespace {:?} has used up its {MAX_INCARNATION} lease incarnations",
-                    self.shared.dialect, self.namespace
-                )));
-            }
-            *block = Block { next: end - INCARNATION_BLOCK + 1, end };
-        }
-        let incarnation = block.next;
-        block.next += 1;
-        Ok(first_version(incarnation))
-    }
-
-    /// Reserves `n` incarnations from the namespace's counter row; returns the last of them.
-    async fn allocate_incarnations(&self, n: i64) -> Result<i64> {
-        let sql = stmt(&self.shared.queries.allocate_incarnations);
-        let ns = self.namespace.as_str();
-        let turn = self.write_turn().await;
-        let end: std::result::Result<i64, sqlx::Error> = match &self.shared.pool {
-            #[cfg(feature = "postgres")]
-            SqlPool::Postgres(p) => {
-                use sqlx::Row;
-                sqlx::query(sql)
-                    .bind(ns)
-                    .bind(n)
-                    .bind(n)
-                    .fetch_one(p)
-                    .await
-                    .and_then(|r| r.try_get(0))
-            }
-            #[cfg(feature = "sqlite")]
-            SqlPool::Sqlite(p) => {
-                use sqlx::Row;
-                sqlx::query(sql)
-                    .bind(ns)
-                    .bind(n)
-                    .bind(n)
-                    .fetch_one(p)
-                    .await
-                    .and_then(|r| r.try_get(0))
-            }
-            #[cfg(feature = "mysql")]
-            SqlPool::MySql(p) => sqlx::query(sql)
-                .bind(ns)
-                .bind(n)
-                .bind(n)
-                .execute(p)
-                .await
-                .map(|r| i64::try_from(r.last_insert_id()).unwrap_or(i64::MAX)),
-            #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
-            SqlPool::NoDialect(never) => match *never {},
-        };
-        drop(turn);
-        let end = end.map_err(|e| self.fail("reserve lease incarnations", e))?;
-        if end < n {
-            return Err(Error::permanent(format!(
-                "{}: the incarnation counter of namespace {:?} returned {end}, expected at least {n}",
-                self.shared.dialect, self.namespace
-            )));
-        }
-        Ok(end)
     }
 
     /// Reads the raw row of `key`.
@@ -695,7 +611,7 @@ impl SqlStore {
 impl LeaseStore for SqlStore {
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
         let c = encode_lease(lease)?;
-        let version = self.fresh_version().await?;
+        let version = new_version(None);
         let sql = stmt(&self.shared.queries.insert_lease);
         let ns = self.namespace.as_str();
         let key = lease.key.as_str();
@@ -770,13 +686,10 @@ impl LeaseStore for SqlStore {
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         let c = encode_lease(lease)?;
+        let new_version = new_version(Some(expected));
         let Ok(expected) = i64::try_from(expected.0) else {
             // No row can hold this version.
             return Err(self.conflict(&lease.key).await);
-        };
-        let new_version = match next_version(expected) {
-            Some(v) => v,
-            None => self.fresh_version().await?,
         };
         let sql = stmt(&self.shared.queries.update_lease);
         let ns = self.namespace.as_str();
@@ -911,6 +824,30 @@ impl LeaseStore for SqlStore {
             .await
             .map(|_| ()));
         done.map_err(|e| self.fail("remove a worker", e))
+    }
+
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        check_name("worker id", id.as_str())?;
+        let Ok(beat) = i64::try_from(beat) else {
+            return Ok(false); // no row can hold this beat
+        };
+        let sql = stmt(&self.shared.queries.remove_worker_if);
+        let ns = self.namespace.as_str();
+        // No wait for heartbeats in flight (unlike `remove_worker`): one that lands afterwards
+        // recreates the record, which is right, since its worker is alive after all.
+        let _turn = self.write_turn().await;
+        let removed: SqlxResult<u64> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
+            .bind(ns)
+            .bind(id.as_str())
+            .bind(beat)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()));
+        removed.map(|n| n > 0).map_err(|e| self.fail("remove a worker conditionally", e))
+    }
+
+    fn namespace(&self) -> Option<Namespace> {
+        Some(Namespace::new(self.namespace.as_str()))
     }
 }
 

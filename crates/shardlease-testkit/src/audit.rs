@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use shardlease_core::runtime::INCARNATION_SEPARATOR;
 use shardlease_core::{
-    CreateOutcome, Lease, LeaseKey, LeaseStore, Listing, Result, Version, VersionedLease, WorkerId,
-    WorkerRecord,
+    CreateOutcome, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result, Version,
+    VersionedLease, WorkerId, WorkerRecord,
 };
 
 /// Violations found by [`AuditStore`] views.
@@ -123,5 +123,29 @@ impl LeaseStore for AuditStore {
     }
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
         self.inner.remove_worker(id).await
+    }
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        self.inner.remove_worker_if(id, beat).await
+    }
+    fn namespace(&self) -> Option<Namespace> {
+        self.inner.namespace()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shardlease_core::MemoryStore;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn conditional_removal_and_namespace_are_forwarded() {
+        let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+        let store = AuditStore::new(inner.clone(), None, AuditLog::new());
+        assert_eq!(store.namespace().map(|n| n.to_string()).as_deref(), Some("default"));
+        store.heartbeat(&WorkerRecord::new("w".into(), 2)).await.unwrap();
+        assert!(!store.remove_worker_if(&"w".into(), 1).await.unwrap());
+        assert!(store.remove_worker_if(&"w".into(), 2).await.unwrap());
+        assert!(inner.list_workers().await.unwrap().items.is_empty());
     }
 }

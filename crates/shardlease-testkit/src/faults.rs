@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shardlease_core::{
-    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Result, Version,
-    VersionedLease, WorkerId, WorkerRecord,
+    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result,
+    Version, VersionedLease, WorkerId, WorkerRecord,
 };
 
 #[cfg(test)]
@@ -96,8 +96,8 @@ impl Faults {
     }
 
     /// Makes each call fail with probability `rate` (clamped to `0.0..=1.0`; NaN means 0) with a
-    /// retryable backend error. For writes (create, update, delete, heartbeat, remove worker),
-    /// half of these failures happen after the write was applied.
+    /// retryable backend error. For writes (create, update, delete, heartbeat, remove worker,
+    /// conditional remove worker), half of these failures happen after the write was applied.
     pub fn set_error_rate(&self, rate: f64) {
         self.lock().error_rate = if rate.is_nan() { 0.0 } else { rate.clamp(0.0, 1.0) };
     }
@@ -326,5 +326,14 @@ impl LeaseStore for FaultyStore {
 
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
         self.run("remove_worker", Kind::Write, self.inner.remove_worker(id)).await
+    }
+
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        self.run("remove_worker_if", Kind::Write, self.inner.remove_worker_if(id, beat)).await
+    }
+
+    /// The inner store's namespace (never faulted: it is not a call to the store).
+    fn namespace(&self) -> Option<Namespace> {
+        self.inner.namespace()
     }
 }

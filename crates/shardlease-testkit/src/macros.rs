@@ -20,9 +20,11 @@ macro_rules! __conformance_cases {
             update_is_compare_and_set
             delete_is_compare_and_set
             concurrent_increments
+            a_rolled_back_record_never_accepts_a_stale_version
             list_many_leases
             namespaces_are_isolated
             worker_records
+            remove_worker_if_checks_the_beat
             one_worker_takes_every_lease_in_one_pass
             workers_share_leases_evenly
             a_joining_worker_gets_its_share_without_duplicates

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use shardlease_core::{LeaseStore, MemoryBackend, Result};
+use shardlease_core::{Lease, LeaseStore, MemoryBackend, Result, Version};
 
 use crate::suite::StoreFactory;
 
@@ -40,5 +40,18 @@ impl StoreFactory for MemoryFactory {
 
     fn name(&self) -> String {
         "memory".to_owned()
+    }
+
+    /// Puts the record back with [`MemoryStore::restore_raw`](shardlease_core::MemoryStore),
+    /// through a new handle on the namespace (it shares the records of `store`).
+    async fn restore_raw(
+        &self,
+        _store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+        lease: &Lease,
+        version: Version,
+    ) -> Result<bool> {
+        self.backend.store(namespace).restore_raw(lease, version);
+        Ok(true)
     }
 }

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use futures::FutureExt;
 use shardlease_core::{
-    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, MemoryBackend, Result, Version,
-    VersionedLease, WorkerId, WorkerRecord,
+    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, MemoryBackend, Namespace, Result,
+    Version, VersionedLease, WorkerId, WorkerRecord,
 };
 use shardlease_testkit::{suite, StoreFactory};
 
@@ -28,6 +28,8 @@ enum Bug {
     SharedNamespace,
     /// Removing a missing worker is an error.
     RemoveMissingFails,
+    /// Conditional removal ignores the beat.
+    RemoveIfIgnoresBeat,
 }
 
 #[derive(Debug)]
@@ -81,6 +83,16 @@ impl LeaseStore for Broken {
         }
         self.inner.remove_worker(id).await
     }
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        if self.bug == Bug::RemoveIfIgnoresBeat {
+            self.inner.remove_worker(id).await?;
+            return Ok(true);
+        }
+        self.inner.remove_worker_if(id, beat).await
+    }
+    fn namespace(&self) -> Option<Namespace> {
+        self.inner.namespace()
+    }
 }
 
 struct BrokenFactory {
@@ -133,6 +145,120 @@ async fn each_bug_fails_its_case() {
 
     let f = BrokenFactory::new(Bug::RemoveMissingFails);
     must_fail("remove missing fails", suite::worker_records(&f)).await;
+
+    let f = BrokenFactory::new(Bug::RemoveIfIgnoresBeat);
+    must_fail("remove_if ignores the beat", suite::remove_worker_if_checks_the_beat(&f)).await;
+
+    let f = CounterFactory { backend: MemoryBackend::new() };
+    suite::update_is_compare_and_set(&f).await; // a counter passes the plain CAS case ...
+    must_fail(
+        "counter versions", // ... but hands out versions again after a rollback
+        suite::a_rolled_back_record_never_accepts_a_stale_version(&f),
+    )
+    .await;
+}
+
+/// The attribute where [`CounterVersions`] keeps its version.
+const COUNTER: &str = "test.counter-version";
+
+/// A store whose versions count the writes of a record (1, 2, 3, ... kept in the record itself,
+/// like a SQL `version = version + 1` column): unique while nothing is lost, repeated after a
+/// rollback.
+#[derive(Debug)]
+struct CounterVersions {
+    inner: Arc<dyn LeaseStore>,
+}
+
+impl CounterVersions {
+    fn outer((mut lease, _): VersionedLease) -> VersionedLease {
+        let v = lease.attributes.remove(COUNTER).and_then(|v| v.parse().ok()).unwrap_or(0);
+        (lease, Version(v))
+    }
+
+    fn with_counter(lease: &Lease, v: u64) -> Lease {
+        let mut lease = lease.clone();
+        lease.attributes.insert(COUNTER.to_owned(), v.to_string());
+        lease
+    }
+
+    fn conflict(key: &LeaseKey, current: Option<VersionedLease>) -> Error {
+        Error::Conflict { key: key.clone(), current: current.map(|c| Box::new(Self::outer(c))) }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for CounterVersions {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        Ok(match self.inner.create_lease(&Self::with_counter(lease, 1)).await? {
+            CreateOutcome::Created(_) => CreateOutcome::Created(Version(1)),
+            CreateOutcome::AlreadyExists => CreateOutcome::AlreadyExists,
+        })
+    }
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        Ok(self.inner.get_lease(key).await?.map(Self::outer))
+    }
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        let listing = self.inner.list_leases().await?;
+        Ok(Listing::ok(listing.items.into_iter().map(Self::outer).collect()))
+    }
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        let current = self.inner.get_lease(&lease.key).await?;
+        match current {
+            Some(c) if Self::outer(c.clone()).1 == expected => {
+                let next = Self::with_counter(lease, expected.0 + 1);
+                match self.inner.update_lease(&next, c.1).await {
+                    Ok(_) => Ok(Version(expected.0 + 1)),
+                    Err(Error::Conflict { key, current }) => {
+                        Err(Self::conflict(&key, current.map(|c| *c)))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            other => Err(Self::conflict(&lease.key, other)),
+        }
+    }
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        match self.inner.get_lease(key).await? {
+            Some(c) if Self::outer(c.clone()).1 == expected => {
+                self.inner.delete_lease(key, c.1).await
+            }
+            other => Err(Self::conflict(key, other)),
+        }
+    }
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        self.inner.heartbeat(record).await
+    }
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        self.inner.list_workers().await
+    }
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        self.inner.remove_worker(id).await
+    }
+}
+
+struct CounterFactory {
+    backend: MemoryBackend,
+}
+
+#[async_trait]
+impl StoreFactory for CounterFactory {
+    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+        Ok(Arc::new(CounterVersions { inner: Arc::new(self.backend.store(namespace)) }))
+    }
+    fn name(&self) -> String {
+        "counter-versions".to_owned()
+    }
+    async fn restore_raw(
+        &self,
+        _store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+        lease: &Lease,
+        version: Version,
+    ) -> Result<bool> {
+        let inner = CounterVersions::with_counter(lease, version.0);
+        self.backend.store(namespace).restore_raw(&inner, Version::random());
+        Ok(true)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

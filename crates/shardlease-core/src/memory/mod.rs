@@ -4,13 +4,16 @@
 //!
 //! They exist so the whole runtime can be run, tested and demonstrated in one process with no
 //! external service: unit and conformance tests, simulations that reshard a stream while workers
-//! consume it, the quickstart and `memory://` URLs. They follow the same contracts as the real
-//! backends (compare-and-set with never-reused versions; big, strictly increasing sequence
-//! numbers; closed shards that report their children), so code tested against them behaves the
-//! same against DynamoDB or Kinesis.
+//! consume it (and roll the store back with [`MemoryStore::snapshot`] and
+//! [`MemoryStore::restore`]), the quickstart and `memory://` URLs. They follow the same contracts
+//! as the real backends (compare-and-set with versions that never repeat, even across a
+//! rollback; big, strictly increasing sequence numbers; closed shards that report their
+//! children), so code tested against them behaves the same against DynamoDB or Kinesis.
 
+mod snapshot;
 mod source;
 mod store;
 
+pub use snapshot::MemorySnapshot;
 pub use source::{MemorySource, DEFAULT_BATCH_LIMIT, FIRST_SEQUENCE};
 pub use store::{MemoryBackend, MemoryStore};

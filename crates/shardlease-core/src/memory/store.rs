@@ -4,14 +4,16 @@
 //! whole lease algorithm without any external service, and so the conformance suite has a store
 //! whose behaviour is obviously right to compare the real backends against.
 //!
-//! A [`MemoryBackend`] is one "server": it holds many namespaces and hands out one version counter
-//! that only grows, so a version is never reused, not even after a delete and re-create (no ABA).
-//! A [`MemoryStore`] is a handle on one namespace of a backend. Every operation takes one
-//! `std::sync::Mutex` (never held across an `.await`), which makes each record linearizable.
+//! A [`MemoryBackend`] is one "server": it holds many namespaces. A [`MemoryStore`] is a handle on
+//! one namespace of a backend. Every operation takes one `std::sync::Mutex` (never held across an
+//! `.await`), which makes each record linearizable.
+//!
+//! Every write draws a fresh random version ([`Version::random`]), so a version never repeats for
+//! a key: not after a delete and re-create (no ABA), and not after the namespace was rolled back
+//! with [`MemoryStore::restore`] (see the `snapshot` module), which a counter could not promise.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use async_trait::async_trait;
@@ -26,23 +28,15 @@ use crate::worker_record::WorkerRecord;
 const DEFAULT_NAMESPACE: &str = "default";
 
 /// The records of one namespace.
-#[derive(Default)]
-struct NamespaceState {
-    leases: BTreeMap<LeaseKey, VersionedLease>,
-    workers: BTreeMap<WorkerId, WorkerRecord>,
+#[derive(Clone, Default)]
+pub(super) struct NamespaceState {
+    pub(super) leases: BTreeMap<LeaseKey, VersionedLease>,
+    pub(super) workers: BTreeMap<WorkerId, WorkerRecord>,
 }
 
 /// What a backend shares between its handles.
 struct BackendInner {
-    /// The last version handed out; versions start at 1 and only grow.
-    last_version: AtomicU64,
     namespaces: Mutex<HashMap<Namespace, Arc<Mutex<NamespaceState>>>>,
-}
-
-impl BackendInner {
-    fn next_version(&self) -> Version {
-        Version(self.last_version.fetch_add(1, Ordering::SeqCst) + 1)
-    }
 }
 
 /// An in-memory coordination "server" holding any number of namespaces.
@@ -57,12 +51,7 @@ pub struct MemoryBackend {
 impl MemoryBackend {
     /// A new, empty backend, isolated from every other.
     pub fn new() -> Self {
-        MemoryBackend {
-            inner: Arc::new(BackendInner {
-                last_version: AtomicU64::new(0),
-                namespaces: Mutex::new(HashMap::new()),
-            }),
-        }
+        MemoryBackend { inner: Arc::new(BackendInner { namespaces: Mutex::new(HashMap::new()) }) }
     }
 
     /// The process-wide shared backend (what `memory://` URLs connect to). Every call returns a
@@ -104,9 +93,8 @@ impl Default for MemoryBackend {
 
 impl fmt::Debug for MemoryBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryBackend")
-            .field("last_version", &self.inner.last_version.load(Ordering::SeqCst))
-            .finish_non_exhaustive()
+        let namespaces = lock(&self.inner.namespaces).len();
+        f.debug_struct("MemoryBackend").field("namespaces", &namespaces).finish_non_exhaustive()
     }
 }
 
@@ -146,7 +134,15 @@ impl MemoryStore {
         self.lock().workers.len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, NamespaceState> {
+    /// Writes `lease` with exactly `version`, whatever the record holds now (created if
+    /// missing), bypassing compare-and-set: the conformance suite's rollback hook, which puts a
+    /// record back the way it was before later writes. Test-only; never call it from a worker.
+    #[doc(hidden)]
+    pub fn restore_raw(&self, lease: &Lease, version: Version) {
+        self.lock().leases.insert(lease.key.clone(), (lease.clone(), version));
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, NamespaceState> {
         lock(&self.state)
     }
 }
@@ -180,7 +176,7 @@ impl LeaseStore for MemoryStore {
         if state.leases.contains_key(&lease.key) {
             return Ok(CreateOutcome::AlreadyExists);
         }
-        let version = self.backend.inner.next_version();
+        let version = Version::random();
         state.leases.insert(lease.key.clone(), (lease.clone(), version));
         Ok(CreateOutcome::Created(version))
     }
@@ -197,7 +193,7 @@ impl LeaseStore for MemoryStore {
         let mut state = self.lock();
         match state.leases.get_mut(&lease.key) {
             Some(current) if current.1 == expected => {
-                let version = self.backend.inner.next_version();
+                let version = Version::random_other_than(expected);
                 *current = (lease.clone(), version);
                 Ok(version)
             }
@@ -228,6 +224,19 @@ impl LeaseStore for MemoryStore {
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
         self.lock().workers.remove(id);
         Ok(())
+    }
+
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        let mut state = self.lock();
+        let current = state.workers.get(id).is_some_and(|w| w.beat == beat);
+        if current {
+            state.workers.remove(id);
+        }
+        Ok(current)
+    }
+
+    fn namespace(&self) -> Option<Namespace> {
+        Some(self.namespace.clone())
     }
 }
 
@@ -266,7 +275,7 @@ mod tests {
         let v1 = created(store.create_lease(&lease("a")).await.unwrap());
         let owned = lease("a").transferred_to(Some("w1".into()));
         let v2 = store.update_lease(&owned, v1).await.unwrap();
-        assert!(v2 > v1);
+        assert_ne!(v2, v1);
 
         // A stale version conflicts and reports the current record.
         let stale = lease("a").transferred_to(Some("w2".into()));
@@ -317,10 +326,28 @@ mod tests {
             store.update_lease(&lease("a"), v1).await,
             Err(Error::Conflict { current: Some(_), .. })
         ));
-        // The counter is shared by the namespaces of a backend.
+        // Versions are random, so they differ across namespaces and backends too.
         let other = store.backend().store("other");
         let v3 = created(other.create_lease(&lease("a")).await.unwrap());
-        assert!(v3 > v2);
+        assert!(v3 != v1 && v3 != v2);
+        assert!([v1, v2, v3].iter().all(|v| v.0 >= 1 && v.0 <= Version::MAX_RANDOM));
+    }
+
+    #[tokio::test]
+    async fn a_record_put_back_by_hand_still_gets_fresh_versions() {
+        let store = MemoryStore::new();
+        let v1 = created(store.create_lease(&lease("a")).await.unwrap());
+        let b = lease("a").transferred_to(Some("b".into()));
+        let v2 = store.update_lease(&b, v1).await.unwrap();
+        store.restore_raw(&lease("a"), v1);
+        assert_eq!(store.get_lease(&"a".into()).await.unwrap(), Some((lease("a"), v1)));
+        let c = lease("a").transferred_to(Some("c".into()));
+        let v3 = store.update_lease(&c, v1).await.unwrap();
+        assert_ne!(v3, v2, "a rolled-back record must not hand out a version again");
+        match store.update_lease(&b, v2).await {
+            Err(Error::Conflict { current: Some(current), .. }) => assert_eq!(*current, (c, v3)),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
     }
 
     #[tokio::test]
@@ -363,6 +390,19 @@ mod tests {
         store.remove_worker(&"w1".into()).await.unwrap();
         store.remove_worker(&"never".into()).await.unwrap();
         assert_eq!(store.worker_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn remove_worker_if_checks_the_beat() {
+        let store = MemoryStore::new();
+        store.heartbeat(&WorkerRecord::new("w".into(), 3)).await.unwrap();
+        assert!(!store.remove_worker_if(&"w".into(), 2).await.unwrap(), "stale beat");
+        assert_eq!(store.worker_count(), 1);
+        assert!(store.remove_worker_if(&"w".into(), 3).await.unwrap());
+        assert_eq!(store.worker_count(), 0);
+        assert!(!store.remove_worker_if(&"w".into(), 3).await.unwrap(), "missing record");
+        let named = LeaseStore::namespace(&store);
+        assert_eq!(named.as_ref().map(Namespace::as_str), Some("default"));
     }
 
     #[tokio::test]

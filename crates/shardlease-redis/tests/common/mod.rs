@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use shardlease_core::{LeaseStore, Result};
+use shardlease_core::{Error, Lease, LeaseStore, Result, Version};
 use shardlease_redis::RedisStore;
 use shardlease_testkit::suite::{env_or_skip, skip};
 use shardlease_testkit::StoreFactory;
@@ -58,6 +58,39 @@ impl StoreFactory for RedisFactory {
 
     fn name(&self) -> String {
         "redis".to_owned()
+    }
+
+    /// Writes the content through `store` (its own encoding: an update at the current version,
+    /// or a create), then sets the hash's `version` field by hand with a raw `HSET`.
+    async fn restore_raw(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+        lease: &Lease,
+        version: Version,
+    ) -> Result<bool> {
+        match store.get_lease(&lease.key).await? {
+            Some((_, current)) => {
+                store.update_lease(lease, current).await?;
+            }
+            None => {
+                store.create_lease(lease).await?;
+            }
+        }
+        let raw = self.open(namespace).await?;
+        let mut conn = raw.manager();
+        let added: i64 = redis::cmd("HSET")
+            .arg(raw.lease_redis_key(&lease.key))
+            .arg("version")
+            .arg(version.0.to_string())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| Error::permanent(format!("restore_raw: HSET failed: {e}")))?;
+        // 0: the field existed and was overwritten, as it must have been.
+        if added != 0 {
+            return Err(Error::permanent("restore_raw: the lease hash had no version field"));
+        }
+        Ok(true)
     }
 }
 

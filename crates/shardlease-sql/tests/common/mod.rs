@@ -14,8 +14,9 @@ use shardlease_core::{
 use shardlease_sql::{Dialect, SqlPool, SqlStore};
 use shardlease_testkit::{fresh_namespace, StoreFactory};
 
-/// The tests every dialect runs on its factory: the conformance suite, corrupt rows, and version
-/// incarnations. `$factory` is an async expression giving `Option<SqlFactory>` (`None`: skipped).
+/// The tests every dialect runs on its factory: the conformance suite, corrupt rows, random
+/// versions and conditional worker removal. `$factory` is an async expression giving
+/// `Option<SqlFactory>` (`None`: skipped).
 macro_rules! dialect_tests {
     ($factory:expr) => {
         shardlease_testkit::store_conformance_tests!(@async $factory);
@@ -27,15 +28,15 @@ macro_rules! dialect_tests {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn incarnations_come_from_the_counter() {
+        async fn versions_are_random_and_never_repeat() {
             let Some(f) = $factory.await else { return };
-            common::incarnations_come_from_the_counter(f.base()).await;
+            common::versions_are_random_and_never_repeat(f.base()).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn versions_roll_over_to_a_new_incarnation() {
+        async fn remove_worker_if_is_one_conditional_delete() {
             let Some(f) = $factory.await else { return };
-            common::versions_roll_over_to_a_new_incarnation(f.base()).await;
+            common::remove_worker_if_is_one_conditional_delete(f.base()).await;
         }
     };
 }
@@ -100,6 +101,39 @@ impl StoreFactory for SqlFactory {
 
     fn name(&self) -> String {
         format!("sql/{}", self.base.dialect())
+    }
+
+    /// Writes the content through `store` (its own encoding: an update at the current version,
+    /// or a create), then sets the version by hand with a raw `UPDATE` on the factory's pool.
+    async fn restore_raw(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+        lease: &Lease,
+        version: Version,
+    ) -> Result<bool> {
+        match store.get_lease(&lease.key).await? {
+            Some((_, current)) => {
+                store.update_lease(lease, current).await?;
+            }
+            None => {
+                store.create_lease(lease).await?;
+            }
+        }
+        let raw = self.base.with_namespace(namespace)?;
+        let version = i64::try_from(version.0)
+            .map_err(|_| Error::InvalidInput(format!("{version:?} does not fit a BIGINT")))?;
+        let d = raw.dialect();
+        let sql = format!(
+            "UPDATE {} SET version = {version} WHERE namespace = {} AND lease_key = {}",
+            raw.leases_table(),
+            ph(d, 1),
+            ph(d, 2)
+        );
+        match exec_raw(&raw, &sql, &[namespace, lease.key.as_str()]).await {
+            1 => Ok(true),
+            n => Err(Error::permanent(format!("restore_raw: {sql} changed {n} rows, not 1"))),
+        }
     }
 }
 
@@ -443,44 +477,62 @@ pub async fn passwords_stay_secret(unreachable_url_with_password: &str, secret: 
     assert!(!format!("{builder:?}").contains(secret));
 }
 
-/// A lease whose write count within its incarnation is exhausted moves to a fresh incarnation
-/// on its next update, without reusing a version.
-pub async fn versions_roll_over_to_a_new_incarnation(base: &SqlStore) {
-    let store = base.with_namespace(&fresh_namespace("rollover")).unwrap();
-    let v0 = created(store.create_lease(&Lease::new("k", Position::Latest)).await);
-    let last = i64::try_from(v0.0).unwrap() | ((1 << 31) - 1);
+/// Creates and updates write random positive versions that never repeat, even when an update
+/// starts from a version set by hand to the largest `BIGINT` (no overflow, no counter); the
+/// namespace's row in the old incarnation counter table is never written.
+pub async fn versions_are_random_and_never_repeat(base: &SqlStore) {
+    let store = base.with_namespace(&fresh_namespace("random-versions")).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..50 {
+        let v = created(store.create_lease(&Lease::new(format!("k{i}"), Position::Latest)).await);
+        assert!(v.0 >= 1 && i64::try_from(v.0).is_ok(), "{v:?} is a positive BIGINT");
+        assert!(seen.insert(v), "{v:?} handed out twice");
+    }
+    let (lease, mut v) = store.get_lease(&"k0".into()).await.unwrap().unwrap();
+    for _ in 0..50 {
+        v = store.update_lease(&lease, v).await.unwrap();
+        assert!(v.0 >= 1 && i64::try_from(v.0).is_ok(), "{v:?} is a positive BIGINT");
+        assert!(seen.insert(v), "{v:?} handed out twice");
+    }
     let sql = format!(
-        "UPDATE {} SET version = {last} WHERE namespace = {} AND lease_key = {}",
+        "UPDATE {} SET version = {} WHERE namespace = {} AND lease_key = {}",
         store.leases_table(),
+        i64::MAX,
         ph(store.dialect(), 1),
         ph(store.dialect(), 2)
     );
-    exec_raw(&store, &sql, &[store.namespace(), "k"]).await;
-    let (lease, v) = store.get_lease(&"k".into()).await.unwrap().unwrap();
-    assert_eq!(v.0, last as u64);
+    exec_raw(&store, &sql, &[store.namespace(), "k1"]).await;
+    let (lease, v) = store.get_lease(&"k1".into()).await.unwrap().unwrap();
+    assert_eq!(v.0, i64::MAX as u64);
     let next = store.update_lease(&lease, v).await.unwrap();
-    assert_ne!(next.0 >> 31, v.0 >> 31, "a fresh incarnation");
-    assert!(next != v0 && next != v);
-    let next2 = store.update_lease(&lease, next).await.unwrap();
-    assert_eq!(next2.0, next.0 + 1);
+    assert!(next != v && next.0 >= 1, "{next:?}");
+    // Nothing wrote the namespace's row of the counter table earlier releases used.
+    let sql = format!(
+        "DELETE FROM {}namespaces WHERE namespace = {}",
+        store.table_prefix(),
+        ph(store.dialect(), 1)
+    );
+    assert_eq!(exec_raw(&store, &sql, &[store.namespace()]).await, 0, "no counter row");
     store.delete_namespace().await.unwrap();
 }
 
-/// Creates take incarnations from the namespace's counter row, 64 at a time per store handle:
-/// one handle numbers its leases 1, 2, 3, ...; another handle (another process) reserves the
-/// next block.
-pub async fn incarnations_come_from_the_counter(base: &SqlStore) {
-    let ns = fresh_namespace("incarnations");
+/// `remove_worker_if` deletes only the row of this namespace with that worker id and beat; a beat
+/// no `BIGINT` can hold matches nothing; an invalid worker id is refused like everywhere else.
+pub async fn remove_worker_if_is_one_conditional_delete(base: &SqlStore) {
+    let ns = fresh_namespace("remove-if");
     let store = base.with_namespace(&ns).unwrap();
-    let mut incarnations = Vec::new();
-    for i in 0..70 {
-        let v = created(store.create_lease(&Lease::new(format!("k{i}"), Position::Latest)).await);
-        assert_eq!(v.0 & ((1 << 31) - 1), 0, "a created lease has written nothing yet");
-        incarnations.push(v.0 >> 31);
-    }
-    assert_eq!(incarnations, (1..=70).collect::<Vec<u64>>());
-    let other = base.with_namespace(&ns).unwrap();
-    let v = created(other.create_lease(&Lease::new("other", Position::Latest)).await);
-    assert_eq!(v.0 >> 31, 129, "a second handle reserves the next block of 64");
+    let other = base.with_namespace(&format!("{ns}-other")).unwrap();
+    store.heartbeat(&WorkerRecord::new("w".into(), 5)).await.unwrap();
+    other.heartbeat(&WorkerRecord::new("w".into(), 5)).await.unwrap();
+    assert!(!store.remove_worker_if(&"w".into(), u64::MAX).await.unwrap());
+    assert!(!store.remove_worker_if(&"w".into(), 4).await.unwrap());
+    assert!(store.remove_worker_if(&"w".into(), 5).await.unwrap());
+    assert!(store.list_workers().await.unwrap().items.is_empty());
+    assert_eq!(other.list_workers().await.unwrap().items.len(), 1, "other namespace untouched");
+    let bad = WorkerId::from("nul\0id");
+    assert!(matches!(store.remove_worker_if(&bad, 5).await, Err(Error::InvalidInput(_))));
+    let named = LeaseStore::namespace(&store).unwrap();
+    assert_eq!(named.as_str(), ns, "the store names its namespace");
     store.delete_namespace().await.unwrap();
+    other.delete_namespace().await.unwrap();
 }

@@ -44,6 +44,21 @@ async fn without_faults_calls_pass_through() {
 }
 
 #[tokio::test]
+async fn conditional_removal_and_namespace_are_forwarded() {
+    let (inner, faults) = setup(2);
+    let store = view(&inner, &faults, Some("w1"));
+    assert_eq!(store.namespace().map(|n| n.to_string()).as_deref(), Some("default"));
+    store.heartbeat(&WorkerRecord::new("w9".into(), 4)).await.unwrap();
+    assert!(!store.remove_worker_if(&"w9".into(), 3).await.unwrap(), "stale beat");
+    assert!(store.remove_worker_if(&"w9".into(), 4).await.unwrap());
+    assert!(inner.list_workers().await.unwrap().items.is_empty());
+    faults.partition(&WorkerId::from("w1"));
+    let e = store.remove_worker_if(&"w9".into(), 4).await.unwrap_err();
+    assert!(is_partitioned(&e), "{e}");
+    assert_eq!(store.namespace().map(|n| n.to_string()).as_deref(), Some("default"));
+}
+
+#[tokio::test]
 async fn reads_fail_before_and_writes_fail_on_both_sides() {
     let (inner, faults) = setup(7);
     let store = view(&inner, &faults, None);

@@ -67,7 +67,9 @@ pub async fn list_many_leases_n(factory: &dyn StoreFactory, count: usize) {
 
 /// Two namespaces (one's name a prefix of the other's) are independent: the same key exists in
 /// both with different content and versions, writes and deletes in one never touch the other,
-/// and listing leases or workers in one never shows the other's.
+/// and listing leases or workers in one never shows the other's; `remove_worker_if` compares the
+/// record of its own namespace; a store that names its namespace (`LeaseStore::namespace`) names
+/// the one it was opened on.
 pub async fn namespaces_are_isolated(factory: &dyn StoreFactory) {
     with_scope(factory, "namespaces_are_isolated", |scope| async move {
         let (ns_a, a) = scope.fresh_store().await;
@@ -123,9 +125,20 @@ pub async fn namespaces_are_isolated(factory: &dyn StoreFactory) {
             [("worker-a".to_owned(), 50), ("worker-b".to_owned(), 1)],
             "{ns_b} lists only its own workers"
         );
+        let removed = ok(
+            b.remove_worker_if(&WorkerId::from("worker-a"), 1).await,
+            "remove_worker_if in the second with the first's beat",
+        );
+        assert!(!removed, "remove_worker_if in {ns_b} must compare {ns_b}'s record, not {ns_a}'s");
         ok(b.remove_worker(&WorkerId::from("worker-a")).await, "remove a worker in the second");
         let workers_a = ok(a.list_workers().await, "list workers of the first again").items;
         assert_eq!(workers_a.len(), 1, "removing a worker in {ns_b} must not touch {ns_a}");
+
+        for (ns, store) in [(&ns_a, &a), (&ns_b, &b)] {
+            if let Some(named) = store.namespace() {
+                assert_eq!(named.as_str(), ns, "a store that names its namespace names its own");
+            }
+        }
     })
     .await;
 }

@@ -16,6 +16,7 @@ mod create;
 mod lease_loop;
 mod lifecycle;
 mod listing;
+mod rollback;
 mod scope;
 mod skip;
 mod update;
@@ -25,7 +26,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rand::Rng;
-use shardlease_core::{LeaseStore, Result};
+use shardlease_core::{Lease, LeaseStore, Result, Version};
 
 pub use create::{create_and_get_round_trip, create_race_is_idempotent};
 pub use lease_loop::{
@@ -38,10 +39,11 @@ pub use lease_loop::{
 pub use listing::{
     list_many_leases, list_many_leases_n, namespaces_are_isolated, LIST_MANY_LEASES_COUNT,
 };
+pub use rollback::a_rolled_back_record_never_accepts_a_stale_version;
 pub use scope::{with_scope, Scope};
 pub use skip::{env_or_skip, skip, MaybeFactory};
 pub use update::{concurrent_increments, delete_is_compare_and_set, update_is_compare_and_set};
-pub use workers::worker_records;
+pub use workers::{remove_worker_if_checks_the_beat, worker_records};
 
 #[doc(hidden)]
 pub use lifecycle::__run_test;
@@ -62,6 +64,25 @@ pub trait StoreFactory: Send + Sync {
 
     /// The backend's name, for messages ("memory", "postgres", ...).
     fn name(&self) -> String;
+
+    /// The rollback hook: writes `lease` into `namespace` with exactly `version`, whatever the
+    /// record holds now (creating it if missing), bypassing compare-and-set, the way a store
+    /// that rolled back (a failover to a lagging replica, a restored backup) would hold an older
+    /// record. `store` is a store this factory opened on `namespace`. Returns `Ok(true)` when it
+    /// wrote, `Ok(false)` when the backend does not support it (the default), in which case the
+    /// cases needing it say they are skipped, which fails them under `CI=true`.
+    ///
+    /// A test hook only: implement it with whatever raw access the factory has (a test-only
+    /// method, a raw `UPDATE`, a raw `HSET`).
+    async fn restore_raw(
+        &self,
+        _store: &Arc<dyn LeaseStore>,
+        _namespace: &str,
+        _lease: &Lease,
+        _version: Version,
+    ) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 #[async_trait]
@@ -75,6 +96,15 @@ impl<T: StoreFactory + ?Sized> StoreFactory for Arc<T> {
     fn name(&self) -> String {
         (**self).name()
     }
+    async fn restore_raw(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+        lease: &Lease,
+        version: Version,
+    ) -> Result<bool> {
+        (**self).restore_raw(store, namespace, lease, version).await
+    }
 }
 
 #[async_trait]
@@ -87,6 +117,15 @@ impl<T: StoreFactory + ?Sized> StoreFactory for Box<T> {
     }
     fn name(&self) -> String {
         (**self).name()
+    }
+    async fn restore_raw(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+        lease: &Lease,
+        version: Version,
+    ) -> Result<bool> {
+        (**self).restore_raw(store, namespace, lease, version).await
     }
 }
 
@@ -157,5 +196,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), STORE_CASES.len());
         assert!(STORE_CASES.contains(&"concurrent_increments"));
+        assert!(STORE_CASES.contains(&"a_rolled_back_record_never_accepts_a_stale_version"));
+        assert!(STORE_CASES.contains(&"remove_worker_if_checks_the_beat"));
     }
 }

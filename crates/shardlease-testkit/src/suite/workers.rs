@@ -1,5 +1,6 @@
-//! The worker-record case: liveness is judged from heartbeat records, so an upsert must replace
-//! (never duplicate) a worker's record and a clean leave must make it vanish.
+//! The worker-record cases: liveness is judged from heartbeat records, so an upsert must replace
+//! (never duplicate) a worker's record, a clean leave must make it vanish, and removing a dead
+//! worker's record must not remove a record its worker refreshed meanwhile.
 
 use shardlease_core::{WorkerId, WorkerRecord};
 
@@ -52,6 +53,47 @@ pub async fn worker_records(factory: &dyn StoreFactory) {
         ok(store.heartbeat(&first).await, "heartbeat after remove");
         let listed = ok(store.list_workers().await, "list after rejoining").items;
         assert_eq!(listed.len(), 2, "a removed worker can heartbeat again: {listed:?}");
+    })
+    .await;
+}
+
+/// `remove_worker_if` removes a worker record only while its beat is the one given: with a stale
+/// beat (the worker heartbeat since, so it is alive) it returns `Ok(false)` and the record is
+/// still listed, unchanged; with the current beat it returns `Ok(true)` and the record is gone
+/// (other workers stay); for a missing record it returns `Ok(false)`.
+pub async fn remove_worker_if_checks_the_beat(factory: &dyn StoreFactory) {
+    with_scope(factory, "remove_worker_if_checks_the_beat", |scope| async move {
+        let (_, store) = scope.fresh_store().await;
+        let dead = WorkerId::from("worker-judged-dead");
+        let other = WorkerRecord::new(WorkerId::from("worker-other"), 9);
+        ok(store.heartbeat(&WorkerRecord::new(dead.clone(), 41)).await, "first heartbeat");
+        let mut alive = WorkerRecord::new(dead.clone(), 42);
+        alive.lease_count = 2;
+        ok(store.heartbeat(&alive).await, "a later heartbeat");
+        ok(store.heartbeat(&other).await, "heartbeat of another worker");
+
+        let removed = ok(store.remove_worker_if(&dead, 41).await, "remove_worker_if, stale beat");
+        assert!(!removed, "remove_worker_if with a stale beat must return false");
+        let mut listed = ok(store.list_workers().await, "list after a stale removal").items;
+        listed.sort_by(|x, y| x.id.cmp(&y.id));
+        assert_eq!(
+            listed,
+            [alive.clone(), other.clone()],
+            "a record whose beat moved on must not be removed"
+        );
+
+        let removed = ok(store.remove_worker_if(&dead, 42).await, "remove_worker_if, same beat");
+        assert!(removed, "remove_worker_if with the record's beat must return true");
+        let listed = ok(store.list_workers().await, "list after the removal").items;
+        assert_eq!(listed, std::slice::from_ref(&other), "the record is gone, the other stays");
+
+        let removed = ok(store.remove_worker_if(&dead, 42).await, "remove_worker_if, missing");
+        assert!(!removed, "remove_worker_if of a missing record must return false");
+        let never = WorkerId::from("never-seen");
+        let removed = ok(store.remove_worker_if(&never, 0).await, "remove_worker_if, never seen");
+        assert!(!removed, "remove_worker_if of a worker never seen must return false");
+        let listed = ok(store.list_workers().await, "list at the end").items;
+        assert_eq!(listed, [other], "removing missing records changes nothing");
     })
     .await;
 }
