@@ -109,7 +109,11 @@ async fn run(args: Args) -> shardlease::Result<()> {
     let processor = processor_fn(|_ctx, _batch| async move { Ok(()) });
     let mut handles = Vec::new();
     for _ in 0..args.workers {
-        let config = Config::new("fleet-demo")
+        // The store's namespace (the URL's `?namespace=`, "default" otherwise) is where the
+        // leases live; the Config must name the same one.
+        let namespace = shardlease::LeaseStore::namespace(&*store)
+            .map_or_else(|| shardlease::DEFAULT_NAMESPACE.to_owned(), |n| n.as_str().to_owned());
+        let config = Config::new(namespace)
             .with_heartbeat(args.heartbeat)
             .with_initial_position(Position::TrimHorizon);
         let worker =

@@ -91,8 +91,10 @@ impl Distribution {
         store: &dyn LeaseStore,
         workers: &[Arc<WorkerHandle>],
     ) -> shardlease::Result<Self> {
-        let leases: Vec<Lease> =
-            store.list_leases().await?.items.into_iter().map(|(l, _)| l).collect();
+        let listing = store.list_leases().await?;
+        let corrupt: BTreeSet<LeaseKey> =
+            listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
+        let leases: Vec<Lease> = listing.items.into_iter().map(|(l, _)| l).collect();
         let by_key: HashMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
         let running: BTreeMap<WorkerId, &WorkerHandle> =
             workers.iter().filter(|h| h.is_running()).map(|h| (h.id(), h.as_ref())).collect();
@@ -106,7 +108,7 @@ impl Distribution {
             if l.is_finished() {
                 d.finished.insert(l.key.clone());
             }
-            if !is_active(l, &by_key) {
+            if !is_active(l, &by_key, &corrupt) {
                 continue;
             }
             d.active += 1;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shardlease_core::{
-    Checkpointer, Config, Error, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position,
+    Checkpointer, Config, Error, LeaseKey, LeaseStore, MemoryBackend, MemorySource, Position,
     SequenceNumber, ShardSource, StoreCheckpointer, Worker,
 };
 use shardlease_testkit::audit::AuditLog;
@@ -62,7 +62,7 @@ struct World {
 }
 
 fn world(shards: usize, records: usize, seed: u64) -> World {
-    let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("faults"));
     let faults = Faults::new(seed);
     let audit = AuditLog::new();
     let store_for = audited_faulty_views(base.clone(), faults.clone(), audit.clone());
@@ -98,7 +98,7 @@ impl World {
 
 #[test]
 fn invalid_config_is_a_clear_error_when_the_worker_is_built() {
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("app"));
     let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(1));
     let cases: Vec<(Config, &str)> = vec![
         (
@@ -119,6 +119,9 @@ fn invalid_config_is_a_clear_error_when_the_worker_is_built() {
         ),
         (Config::new(""), "namespace"),
         (Config::new("app").with_worker_id(""), "worker id"),
+        (Config::new("app").with_worker_id("w#2"), "must not contain '#'"),
+        // The store is opened on "app": a Config naming another namespace is refused.
+        (Config::new("other"), "opened on namespace \"app\""),
     ];
     for (cfg, needle) in cases {
         let built =

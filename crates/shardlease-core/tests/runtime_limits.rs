@@ -156,3 +156,33 @@ async fn a_take_over_is_counted_by_both_sides() {
     stuck.store(false, Ordering::SeqCst);
     cluster.shutdown_all().await;
 }
+
+/// A crashed worker's record (a process with a generated id never comes back) is removed once
+/// its beat stood still for ten failover timeouts; a live worker's never is.
+#[tokio::test(start_paused = true)]
+async fn a_dead_workers_record_is_removed_after_ten_failover_timeouts() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(4));
+    let factory = shardlease_testkit::recorder::Recorder::new().factory();
+    let cfg = config();
+    let failover = cfg.failover_timeout;
+    let mut cluster = Cluster::new(store.clone(), source, factory, cfg);
+    cluster.sync_shards().await.unwrap();
+    let ids = cluster.start_workers(2).unwrap();
+    cluster.wait_balanced(LONG, HB / 10).await.unwrap();
+    cluster.crash(&ids[0]);
+    let crashed = Instant::now();
+    let listed = |id: WorkerId| {
+        let store = store.clone();
+        async move { store.list_workers().await.unwrap().items.iter().any(|r| r.id == id) }
+    };
+    assert!(listed(ids[0].clone()).await, "a crash leaves the record behind");
+    wait_until("the dead record removed", LONG, HB / 10, || async {
+        !listed(ids[0].clone()).await
+    })
+    .await
+    .unwrap();
+    assert!(crashed.elapsed() >= failover * 10, "removed after {:?}", crashed.elapsed());
+    assert!(listed(ids[1].clone()).await, "the live worker's record stays");
+    cluster.shutdown_all().await;
+}

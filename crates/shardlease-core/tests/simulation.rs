@@ -19,7 +19,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shardlease_core::{
-    Config, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position, ShardSource,
+    Config, LeaseKey, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource,
 };
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
@@ -87,7 +87,7 @@ enum Event {
 
 async fn simulate(seed: u64) -> Result<String, String> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("sim"));
     let faults = Faults::new(seed);
     let error_rate = rng.random_range(0.0..0.2);
     faults.set_error_rate(error_rate);

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{Config, LeaseStore, MemorySource, MemoryStore, Position, ShardSource};
+use shardlease_core::{Config, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource};
 use shardlease_testkit::cluster::Cluster;
 use shardlease_testkit::recorder::Recorder;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_split_and_process_everything() {
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("smoke"));
     let source = MemorySource::new(8);
     for i in 0..400 {
         source.put(&format!("k{i}"), format!("v{i}"));

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{Config, LeaseStore, MemorySource, MemoryStore, Position, ShardSource};
+use shardlease_core::{Config, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource};
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
 
 #[tokio::test(start_paused = true)]
 async fn eight_workers_started_together_take_128_each_in_one_pass_without_churn() {
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("startup"));
     let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(1024));
     let mut cfg = Config::new("startup")
         .with_heartbeat(Duration::from_secs(1))

@@ -56,6 +56,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                     info!(worker = %w, "peer left");
                 }
                 shared.workers_listed.send_replace(Some(list_started));
+                remove_long_dead(&shared).await;
                 metrics::gauge!("shardlease_live_workers").set(listing.items.len() as f64);
                 if change.needs_balance() {
                     shared.balance_now.notify_one();
@@ -69,6 +70,33 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
             _ = shared.cancel.cancelled() => return,
+        }
+    }
+}
+
+/// How many failover timeouts a worker's heartbeat must stand still before its record is removed.
+/// A worker that stopped heartbeating fenced itself after one failover timeout and comes back
+/// under a new id, so its record is garbage long before this; a process restarted under the same
+/// id beats again, and the removal is conditional on the beat, so it never loses a live record.
+const DEAD_RECORD_AGE_IN_FAILOVERS: u32 = 10;
+
+/// Removes the records of workers dead for [`DEAD_RECORD_AGE_IN_FAILOVERS`] failover timeouts
+/// (crashed processes with generated ids would otherwise leave one record each, listed by every
+/// worker on every heartbeat forever).
+async fn remove_long_dead(shared: &Shared) {
+    let age = shared.cfg.failover_timeout.saturating_mul(DEAD_RECORD_AGE_IN_FAILOVERS);
+    let garbage = lock(&shared.liveness).long_dead(age);
+    for (id, beat) in garbage {
+        match timeout(shared.cfg.heartbeat_interval, shared.store.remove_worker_if(&id, beat)).await
+        {
+            Ok(Ok(true)) => {
+                info!(worker = %id, beat, ?age, "removed the record of a long-dead worker")
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                debug!(worker = %id, error = %e, "removing a long-dead worker's record failed")
+            }
+            Err(_) => debug!(worker = %id, "removing a long-dead worker's record timed out"),
         }
     }
 }

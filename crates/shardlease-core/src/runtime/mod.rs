@@ -58,6 +58,18 @@ impl WorkerBuilder {
     /// Validates the configuration and builds the worker.
     pub fn build(self) -> Result<Worker> {
         self.config.validate()?;
+        // The store decides where leases live (a URL's `?namespace=`, the namespace a store was
+        // opened on); a `Config` naming another would be a second, silently ignored answer.
+        if let Some(ns) = self.store.namespace() {
+            if ns != self.config.namespace {
+                return Err(crate::error::Error::Config(format!(
+                    "the store is opened on namespace {:?} but the Config names {:?}; leases live \
+                     in the store's namespace, so make the two agree",
+                    ns.as_str(),
+                    self.config.namespace.as_str()
+                )));
+            }
+        }
         let checkpointer = self
             .checkpointer
             .unwrap_or_else(|| Arc::new(StoreCheckpointer::new(self.store.clone())));
