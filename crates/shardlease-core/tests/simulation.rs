@@ -19,7 +19,8 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shardlease_core::{
-    Config, LeaseKey, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource,
+    Config, Lease, LeaseKey, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource,
+    Version,
 };
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
@@ -38,7 +39,7 @@ fn simulated_fleets_keep_every_invariant() {
         Some(s) => vec![s],
         None => {
             let first = env_u64("SHARDLEASE_SIM_FIRST_SEED").unwrap_or(1);
-            let n = env_u64("SHARDLEASE_SIM_SEEDS").unwrap_or(100);
+            let n = env_u64("SHARDLEASE_SIM_SEEDS").unwrap_or(200);
             (first..first + n).collect()
         }
     };
@@ -83,22 +84,78 @@ enum Event {
     Partition(Duration),
     Split,
     Merge,
+    /// A crashed process comes back under the same worker id (a StatefulSet pod).
+    Restart,
+    /// The store loses every record (a Redis restarted without persistence).
+    Wipe,
+    /// The store goes back to an earlier copy (a failover to a lagging replica).
+    Rollback,
+    /// A lease record cannot be decoded for a while.
+    Corrupt(Duration),
+    /// A shard splits and one child splits or merges again before any shard sync ran, while
+    /// the parent's lease lags behind.
+    NestedResharding,
+}
+
+/// What a seed draws besides its events.
+#[derive(Debug)]
+struct Draw {
+    start: Position,
+    checkpoint_every: u32,
+    shutdown_delay: Duration,
+    latency_max: Duration,
+    error_rate: f64,
+}
+
+fn draw(rng: &mut StdRng) -> Draw {
+    let start = match rng.random_range(0..3) {
+        0 => Position::TrimHorizon,
+        1 => Position::Latest,
+        _ => Position::AtTimestamp { millis: wall_millis() - 1_000 },
+    };
+    Draw {
+        start,
+        checkpoint_every: if rng.random_bool(0.5) { 1 } else { rng.random_range(2..6) },
+        // Up to 80% of the shutdown timeout (5 heartbeats), spent flushing at every handoff.
+        shutdown_delay: if rng.random_bool(0.3) {
+            Duration::from_millis(rng.random_range(100..4_000))
+        } else {
+            Duration::ZERO
+        },
+        // Mostly a fast store; sometimes one whose calls take close to a heartbeat (the
+        // heartbeat's own timeout), which keeps workers near the self-fence margin.
+        latency_max: if rng.random_bool(0.15) {
+            Duration::from_millis(rng.random_range(400..950))
+        } else {
+            Duration::from_millis(rng.random_range(2..60))
+        },
+        error_rate: rng.random_range(0.0..0.2),
+    }
+}
+
+fn wall_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 async fn simulate(seed: u64) -> Result<String, String> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("sim"));
+    let d = draw(&mut rng);
+    let mem = MemoryBackend::new().store("sim");
+    let base: Arc<dyn LeaseStore> = Arc::new(mem.clone());
     let faults = Faults::new(seed);
-    let error_rate = rng.random_range(0.0..0.2);
-    faults.set_error_rate(error_rate);
-    faults.set_latency(Duration::from_millis(1), Duration::from_millis(rng.random_range(2..60)));
+    faults.set_error_rate(d.error_rate);
+    faults.set_latency(Duration::from_millis(1), d.latency_max);
     let audit = AuditLog::new();
     let store_for = audited_faulty_views(base.clone(), faults.clone(), audit.clone());
     let shards = rng.random_range(2..12);
     let source = MemorySource::new(shards).with_batch_limit(rng.random_range(1..20));
-    let rec = Recorder::new();
+    let rec = Recorder::new()
+        .with_checkpoint_every(d.checkpoint_every)
+        .with_shutdown_delay(d.shutdown_delay);
     let mut cfg =
-        Config::new("sim").with_heartbeat(HEARTBEAT).with_initial_position(Position::TrimHorizon);
+        Config::new("sim").with_heartbeat(HEARTBEAT).with_initial_position(d.start.clone());
     cfg.rng_seed = Some(seed);
     cfg.idle_poll_interval = Duration::from_millis(200);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
@@ -110,6 +167,19 @@ async fn simulate(seed: u64) -> Result<String, String> {
 
     let first_workers = rng.random_range(1..=4);
     cluster.start_workers(first_workers).map_err(|e| e.to_string())?;
+    if d.start == Position::Latest {
+        // Records written before a LATEST lease is first opened are skipped by definition; the
+        // promise is about every record after that. Produce once every lease is pinned.
+        let observer = base.clone();
+        wait_until("every LATEST lease pinned", Duration::from_secs(300), HEARTBEAT, || async {
+            observer
+                .list_leases()
+                .await
+                .is_ok_and(|l| l.items.iter().all(|(l, _)| l.checkpoint != Position::Latest))
+        })
+        .await
+        .map_err(|e| format!("{e}; {d:?}"))?;
+    }
 
     let producing = tokio_util::sync::CancellationToken::new();
     let producer = {
@@ -129,17 +199,26 @@ async fn simulate(seed: u64) -> Result<String, String> {
     };
 
     let mut events = Vec::new();
+    let mut copy = None;
     let steps = rng.random_range(4..12);
     for _ in 0..steps {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..8_000))).await;
+        if rng.random_bool(0.3) {
+            copy = Some(mem.snapshot());
+        }
         let running = cluster.running();
-        let event = match rng.random_range(0..6) {
+        let event = match rng.random_range(0..12) {
             0 if running.len() > 1 => Event::Crash,
             1 if running.len() < 6 => Event::Join,
             2 if running.len() > 1 => Event::Leave,
             3 => Event::Partition(Duration::from_millis(rng.random_range(500..15_000))),
             4 => Event::Split,
             5 => Event::Merge,
+            6 if !running.is_empty() => Event::Restart,
+            7 if rng.random_bool(0.5) => Event::Wipe,
+            8 if copy.is_some() => Event::Rollback,
+            9 => Event::Corrupt(Duration::from_millis(rng.random_range(500..10_000))),
+            10 => Event::NestedResharding,
             _ => Event::Join,
         };
         match &event {
@@ -173,6 +252,61 @@ async fn simulate(seed: u64) -> Result<String, String> {
                     source.merge(&a, &b).map_err(|e| e.to_string())?;
                 }
             }
+            Event::Restart => {
+                let w = running[rng.random_range(0..running.len())].clone();
+                cluster.restart_as(&w).map_err(|e| e.to_string())?;
+            }
+            Event::Wipe | Event::Rollback => {
+                let listed = base.list_leases().await.map_err(|e| e.to_string())?.items;
+                match (&event, &copy) {
+                    (Event::Rollback, Some(c)) => mem.restore(c),
+                    _ => mem.wipe(),
+                }
+                // The running workers remember what the store forgot and restore it; a fleet
+                // that lost that memory too (all restarted) could not, so wait for the repair
+                // before drawing the next event.
+                let observer = base.clone();
+                let repaired = wait_until(
+                    "the store repaired by the fleet",
+                    Duration::from_secs(300),
+                    HEARTBEAT,
+                    || async { repaired(&observer, &listed).await },
+                )
+                .await;
+                if let Err(e) = repaired {
+                    return Err(format!("{e} after {event:?}; events {events:?}"));
+                }
+            }
+            Event::Corrupt(d) => {
+                let keys: Vec<LeaseKey> = base
+                    .list_leases()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .into_iter()
+                    .map(|(l, _)| l.key)
+                    .collect();
+                if let Some(k) = keys.get(rng.random_range(0..keys.len().max(1))).cloned() {
+                    let (faults, d) = (faults.clone(), *d);
+                    faults.corrupt(&k);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(d).await;
+                        faults.uncorrupt(&k);
+                    });
+                }
+            }
+            Event::NestedResharding => {
+                let open = source.open_shards();
+                if open.len() < 14 {
+                    let s = &open[rng.random_range(0..open.len())];
+                    let (a, b) = source.split(&s.id).map_err(|e| e.to_string())?;
+                    if rng.random_bool(0.5) {
+                        source.merge(&a, &b).map_err(|e| e.to_string())?;
+                    } else {
+                        source.split(&a).map_err(|e| e.to_string())?;
+                    }
+                }
+            }
         }
         events.push(event);
         let v = audit.violations();
@@ -195,7 +329,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     .await
     .map_err(|e| {
         format!(
-            "{e}: {} of {produced} processed, missing {:?}; events {events:?}",
+            "{e}: {} of {produced} processed, missing {:?}; {d:?}; events {events:?}",
             rec.distinct(),
             rec.missing(&source).first()
         )
@@ -206,26 +340,55 @@ async fn simulate(seed: u64) -> Result<String, String> {
         .map_err(|e| format!("{e}; events {events:?}"))?;
     let v = audit.violations();
     if !v.is_empty() {
-        return Err(format!("invariant broken: {v:?}; events {events:?}"));
+        return Err(format!("invariant broken: {v:?}; {d:?}; events {events:?}"));
     }
     let overlaps = rec.overlaps();
     if !overlaps.is_empty() {
         return Err(format!(
-            "a shard was processed by two owners at once: {overlaps:?}; events {events:?}"
+            "a shard was processed by two owners at once: {overlaps:?}; {d:?}; events {events:?}"
         ));
     }
     let order = rec.order_violations(&source);
     if !order.is_empty() {
-        return Err(format!("parent/child order broken: {order:?}; events {events:?}"));
+        return Err(format!("parent/child order broken: {order:?}; {d:?}; events {events:?}"));
     }
     cluster.shutdown_all().await;
     Ok(format!(
-        "{shards} shards → {} active, {} workers at the end, {produced} records, {} duplicates, error rate {error_rate:.2}, {} injected errors, events {events:?}",
+        "{shards} shards → {} active, {} workers at the end, {produced} records, {} duplicates, {d:?}, {} injected errors, events {events:?}",
         cov.active,
         cov.shares.len(),
         rec.duplicates(),
         faults.injected_errors()
     ))
+}
+
+/// Whether every unfinished lease listed before an accident is back, at least as far along (or
+/// finished and collected since: a child of it has moved on).
+async fn repaired(store: &Arc<dyn LeaseStore>, before: &[(Lease, Version)]) -> bool {
+    let Ok(now) = store.list_leases().await else { return false };
+    before.iter().filter(|(l, _)| !l.is_finished()).all(|(old, _)| {
+        match now.items.iter().find(|(l, _)| l.key == old.key) {
+            Some((l, _)) => not_behind(&old.checkpoint, &l.checkpoint),
+            None => now.items.iter().any(|(l, _)| {
+                l.parents.contains(&old.key)
+                    && matches!(l.checkpoint, Position::Sequence { .. } | Position::ShardEnd)
+            }),
+        }
+    })
+}
+
+/// Whether reading from `now` reads everything reading from `old` would.
+fn not_behind(old: &Position, now: &Position) -> bool {
+    match old {
+        Position::Sequence { .. } | Position::ShardEnd => !old.would_regress_to(now),
+        Position::TrimHorizon => !matches!(now, Position::Latest | Position::AtTimestamp { .. }),
+        Position::AtTimestamp { millis: a } => match now {
+            Position::Latest => false,
+            Position::AtTimestamp { millis: b } => b <= a,
+            _ => true,
+        },
+        Position::Latest => true,
+    }
 }
 
 fn adjacent_pair(source: &MemorySource, rng: &mut StdRng) -> Option<(LeaseKey, LeaseKey)> {

@@ -97,7 +97,7 @@ impl<'a> Pass<'a> {
         let by_key: HashMap<&LeaseKey, &Lease> =
             snapshot.leases.iter().map(|l| (&l.key, l)).collect();
         let mut active: Vec<&Lease> =
-            snapshot.leases.iter().filter(|l| is_active(l, &by_key, &snapshot.corrupt)).collect();
+            snapshot.leases.iter().filter(|l| is_active(l, &by_key, &snapshot.withheld)).collect();
         active.sort_by(|a, b| a.key.cmp(&b.key));
         active.dedup_by(|a, b| a.key == b.key);
         let live = snapshot.live_workers.iter().chain(std::iter::once(&snapshot.me)).collect();

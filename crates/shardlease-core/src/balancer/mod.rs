@@ -23,9 +23,10 @@ pub struct Snapshot {
     pub me: WorkerId,
     /// Every (decodable) lease of the namespace.
     pub leases: Vec<Lease>,
-    /// Keys of lease records that could not be decoded. A child of one stays blocked: an
-    /// undecodable parent is not a finished parent.
-    pub corrupt: BTreeSet<LeaseKey>,
+    /// Keys of leases that exist but are not in `leases`: records that could not be decoded, and
+    /// leases the store lost that are being restored. A child of one stays blocked: a parent that
+    /// cannot be seen is not a finished parent.
+    pub withheld: BTreeSet<LeaseKey>,
     /// Workers judged alive, `me` included. An owner not in this set holds nothing: its leases
     /// are available.
     pub live_workers: BTreeSet<WorkerId>,
@@ -74,15 +75,16 @@ pub trait Balancer: Send + Sync + Debug {
 }
 
 /// Whether `lease` counts toward shares: not finished, and every parent finished or gone. A
-/// parent whose record is `corrupt` is neither: it blocks its children until it is repaired.
+/// parent that is `withheld` (undecodable, or lost and being restored) is neither: it blocks its
+/// children until it can be read again.
 pub fn is_active(
     lease: &Lease,
     all: &std::collections::HashMap<&LeaseKey, &Lease>,
-    corrupt: &BTreeSet<LeaseKey>,
+    withheld: &BTreeSet<LeaseKey>,
 ) -> bool {
     !lease.is_finished()
         && lease
             .parents
             .iter()
-            .all(|p| !corrupt.contains(p) && all.get(p).is_none_or(|parent| parent.is_finished()))
+            .all(|p| !withheld.contains(p) && all.get(p).is_none_or(|parent| parent.is_finished()))
 }

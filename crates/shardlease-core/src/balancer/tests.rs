@@ -67,7 +67,7 @@ fn distributed(shares: &[(&str, usize)]) -> Vec<Lease> {
 
 fn snapshot(me: &str, leases: Vec<Lease>, live: &[&str]) -> Snapshot {
     Snapshot {
-        corrupt: Default::default(),
+        withheld: Default::default(),
         me: w(me),
         leases,
         live_workers: live.iter().map(|s| w(s)).collect(),
@@ -149,7 +149,7 @@ impl Sim {
 
     fn snapshot(&self, me: &WorkerId, seed: u64) -> Snapshot {
         Snapshot {
-            corrupt: Default::default(),
+            withheld: Default::default(),
             me: me.clone(),
             leases: self.leases.clone(),
             live_workers: self.workers.iter().cloned().collect(),

@@ -68,17 +68,22 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
         listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
     let lost = recovery::compare(&mut lock(&shared.remembered), &listing.items, &corrupt);
     let mut leases = listing.items;
-    if !lost.is_empty() {
-        // Leave the lost leases out of this pass: the versions listed are about to change.
-        let keys: BTreeSet<&LeaseKey> = lost.iter().map(|l| &l.restore.key).collect();
-        leases.retain(|(l, _)| !keys.contains(&l.key));
-        let vanished = leases.is_empty() && corrupt.is_empty();
+    // Leases that exist but cannot be used this pass: undecodable ones, and lost ones being
+    // restored. Their children stay blocked; the tasks of lost ones keep running (their owner
+    // restores them under its own name), and the next listing decides.
+    let mut withheld = corrupt;
+    if lost.is_empty() {
+        lock(&shared.lost_since).clear();
+    } else {
+        withheld.extend(lost.iter().map(|l| l.key().clone()));
+        leases.retain(|(l, _)| !withheld.contains(&l.key));
+        let vanished = leases.is_empty() && listing.corrupt.is_empty();
         restore_lost(shared, lost, vanished).await;
     }
     let now = Instant::now();
     let me = shared.id();
     let live = live_set(shared, &me, &leases);
-    let (resume, retake) = reconcile(shared, &me, &leases, &corrupt);
+    let (resume, retake) = reconcile(shared, &me, &leases, &withheld);
     for (lease, version) in resume {
         lease_task::spawn(shared, lease, version);
     }
@@ -91,7 +96,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     let snapshot = Snapshot {
         me: me.clone(),
         leases: leases.iter().map(|(l, _)| l.clone()).collect(),
-        corrupt,
+        withheld,
         live_workers: live,
         max_leases_per_worker: shared.cfg.max_leases_per_worker,
         max_claims_per_pass: shared.cfg.max_claims_per_pass,
@@ -117,8 +122,9 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
 
 /// Writes back leases the store lost (see `recovery`): created again when they vanished,
 /// replaced by compare-and-set when they were rolled back or re-created at the initial position.
-/// Running tasks of those leases are stopped by the reconcile of a later pass (the epoch moved
-/// on). A restore that loses a race is retried at the next pass, which finds the lease lost again.
+/// A lease this worker runs is kept (its task goes on); one another live worker owned is left to
+/// that worker for a pass. A restore that loses a race is retried at the next pass, which finds
+/// the lease lost again.
 async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished: bool) {
     let total = lost.len();
     if vanished {
@@ -138,23 +144,61 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
              saw them"
         );
     }
-    metrics::counter!("shardlease_leases_restored_total").increment(total as u64);
+    let me = shared.id();
+    let writes: Vec<(Lease, Option<Version>)> = {
+        let tasks = lock(&shared.tasks);
+        let mut liveness = lock(&shared.liveness);
+        let mut since = lock(&shared.lost_since);
+        let keys: BTreeSet<&LeaseKey> = lost.iter().map(|l| l.key()).collect();
+        since.retain(|k, _| keys.contains(k));
+        let now = Instant::now();
+        // A live owner runs a pass within a (jittered) balance interval; give it that and a
+        // heartbeat to repair the leases it runs itself, without interrupting them.
+        let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
+            + shared.cfg.heartbeat_interval;
+        lost.iter()
+            .filter_map(|l| {
+                let first = *since.entry(l.key().clone()).or_insert(now);
+                let standing = recovery::Standing {
+                    me: &me,
+                    running_at: tasks.get(l.key()).map(|t| t.epoch),
+                    // This worker knows whether it runs a lease it owned; it never waits for itself.
+                    owner_alive: l
+                        .seen
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| *o != me && liveness.is_alive(o)),
+                    owner_had_time: now.saturating_duration_since(first) >= grace,
+                };
+                l.restoration(&standing).map(|r| (r, l.now.as_ref().map(|(_, v)| *v)))
+            })
+            .collect()
+    };
+    let waiting = total - writes.len();
     let store = &shared.store;
-    let results: Vec<bool> = futures::stream::iter(lost)
-        .map(|l| async move {
-            let done = match l.over {
-                None => store
-                    .create_lease(&l.restore)
-                    .await
-                    .map(|o| matches!(o, CreateOutcome::Created(_))),
-                Some(v) => store.update_lease(&l.restore, v).await.map(|_| true),
-            };
-            match done {
-                Ok(true) => true,
-                Ok(false) | Err(Error::Conflict { .. }) => false,
-                Err(e) => {
-                    warn!(key = %l.restore.key, error = %e, "restoring a lost lease failed");
-                    false
+    let results: Vec<bool> = futures::stream::iter(writes)
+        .map(|(lease, over)| {
+            let me = me.clone();
+            async move {
+                let done = match over {
+                    None => store
+                        .create_lease(&lease)
+                        .await
+                        .map(|o| matches!(o, CreateOutcome::Created(_))),
+                    Some(v) => store.update_lease(&lease, v).await.map(|_| true),
+                };
+                match done {
+                    Ok(true) => {
+                        if lease.is_owned_by(&me) {
+                            lock(&shared.granted).insert(lease.key.clone(), lease.epoch);
+                        }
+                        true
+                    }
+                    Ok(false) | Err(Error::Conflict { .. }) => false,
+                    Err(e) => {
+                        warn!(key = %lease.key, error = %e, "restoring a lost lease failed");
+                        false
+                    }
                 }
             }
         })
@@ -162,18 +206,24 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
         .collect()
         .await;
     let restored = results.iter().filter(|ok| **ok).count();
+    metrics::counter!("shardlease_leases_restored_total").increment(restored as u64);
     error!(
         restored,
         not_restored = total - restored,
-        "restored {restored} of {total} lost leases; the others changed meanwhile and are checked \
-         again at the next pass"
+        left_to_their_owner = waiting,
+        "restored {restored} of {total} lost leases; the others are checked again at the next \
+         pass (left to their live owner this pass: {waiting})"
     );
     if vanished {
         if let Err(e) = super::shard_sync::sync(shared).await {
             warn!(error = %e, "shard sync after the namespace vanished failed");
         }
     }
-    shared.balance_now.notify_one();
+    if restored > 0 {
+        // Take what was restored unowned without waiting a whole interval. (Only then: a pass
+        // that merely waits for an owner must not start another at once.)
+        shared.balance_now.notify_one();
+    }
 }
 
 fn report_corrupt(shared: &Shared, corrupt: &[crate::store::CorruptRecord]) {
@@ -205,8 +255,8 @@ fn live_set(shared: &Shared, me: &WorkerId, leases: &[VersionedLease]) -> BTreeS
     live
 }
 
-/// Stops tasks whose lease moved on, and returns the active leases this worker owns but is not
-/// running, in two groups:
+/// Stops tasks whose lease moved on (not those of `withheld` leases, which this pass cannot see),
+/// and returns the active leases this worker owns but is not running, in two groups:
 /// - granted to this process at exactly the listed epoch (it took the lease while an older task
 ///   for the key was still stopping, or a peer handed it over answering this process's claim):
 ///   resumed directly;
@@ -219,12 +269,12 @@ fn reconcile(
     shared: &Arc<Shared>,
     me: &WorkerId,
     leases: &[VersionedLease],
-    corrupt: &BTreeSet<LeaseKey>,
+    withheld: &BTreeSet<LeaseKey>,
 ) -> (Vec<VersionedLease>, Vec<VersionedLease>) {
     let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
     {
         let tasks = lock(&shared.tasks);
-        for (key, task) in tasks.iter() {
+        for (key, task) in tasks.iter().filter(|(k, _)| !withheld.contains(*k)) {
             let still_mine =
                 by_key.get(key).is_some_and(|l| l.is_owned_by(me) && l.epoch == task.epoch);
             if !still_mine && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
@@ -245,7 +295,7 @@ fn reconcile(
     let claims = lock(&shared.my_claims).clone();
     let idle = leases.iter().filter(|(lease, _)| {
         lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))
-            && is_active(lease, &by_ref, corrupt)
+            && is_active(lease, &by_ref, withheld)
             && !tasks.contains_key(&lease.key)
     });
     idle.cloned().partition(|(l, _)| {

@@ -410,6 +410,15 @@ impl Task {
             match self.cp.checkpoint(pinned.clone()).await {
                 Ok(()) => {
                     debug!(from = %start, pinned = %pinned, "start position pinned");
+                    // Remember it at once rather than at the next listing: should the store lose
+                    // the write, this worker restores the pin, not the moving start.
+                    if let Some(l) = lock(&self.shared.remembered).get_mut(self.key()) {
+                        if l.epoch <= self.token.epoch && !pinned.would_regress_to(&l.checkpoint) {
+                            l.checkpoint = pinned.clone();
+                            l.epoch = self.token.epoch;
+                            l.owner = Some(self.token.owner.clone());
+                        }
+                    }
                     return Step::Done((pinned, reader));
                 }
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),

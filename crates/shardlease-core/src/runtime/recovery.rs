@@ -5,12 +5,17 @@
 //! without persistence), rolled back (a failover to a lagging replica, a database restored from a
 //! snapshot), or a fresh lease was created over a key the store forgot. Each worker remembers, per
 //! lease, the furthest checkpoint and the highest epoch it has seen; every listing is compared with
-//! that memory, and a lease the store lost is written back by compare-and-set (or created again)
-//! with the remembered checkpoint, no owner, and an epoch above everything seen, so nothing is
-//! skipped (records processed since the remembered checkpoint are processed again) and fencing
-//! tokens handed to sinks never go backwards. A restore races a fresh create and wins: a fresh
-//! lease starts at the initial position, which is behind the remembered checkpoint, so the next
-//! listing finds it "lost" again until the restore lands.
+//! that memory. A lease the store lost is written back by compare-and-set (or created again) with
+//! the remembered checkpoint, so nothing is skipped (records processed since the remembered
+//! checkpoint are processed again), and an epoch no lower than any seen, so fencing tokens handed
+//! to sinks never go backwards.
+//!
+//! Who writes it back matters, because the lease may still be running somewhere. The worker that
+//! runs it repairs it at once, keeping itself as the owner (at its task's epoch when it can, so the
+//! task goes on undisturbed); any other worker leaves it for one more pass when the owner it
+//! remembers is alive, and then writes it back unowned. A restore races a fresh create and wins:
+//! a fresh lease starts at the initial position, behind the remembered checkpoint, so the next
+//! listing finds it lost again until the restore lands.
 //!
 //! The memory lives in the process. A store that loses its data while no running worker has seen
 //! it cannot be repaired this way; epochs still never go backwards then, because a lease is created
@@ -19,16 +24,69 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
+use crate::ids::WorkerId;
+use crate::lease::{Lease, LeaseKey, VersionedLease};
 use crate::position::Position;
 
-/// A lease the store lost: what to write back, and over which version (`None`: create it).
+/// A lease the store lost: what this worker last saw of it, and what the store holds now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Lost {
-    /// The record to write: remembered checkpoint and parents, no owner, a higher epoch.
-    pub restore: Lease,
-    /// The version of the record the store holds now, if any.
-    pub over: Option<Version>,
+    /// The lease as this worker last saw it (furthest checkpoint, highest epoch).
+    pub seen: Lease,
+    /// The record the store holds now, if any.
+    pub now: Option<VersionedLease>,
+}
+
+/// Where this worker stands toward a lost lease.
+#[derive(Clone, Debug)]
+pub(crate) struct Standing<'a> {
+    /// This worker.
+    pub me: &'a WorkerId,
+    /// The epoch this worker runs the lease at, if it runs it.
+    pub running_at: Option<u64>,
+    /// Whether the owner this worker remembers is alive (in its view).
+    pub owner_alive: bool,
+    /// Whether the lease has been found lost for long enough that its owner, if alive, has run
+    /// a balance pass since (and repaired it, had it been running it).
+    pub owner_had_time: bool,
+}
+
+impl Lost {
+    /// The key of the lease.
+    pub(crate) fn key(&self) -> &LeaseKey {
+        &self.seen.key
+    }
+
+    /// The record to write back from where this worker stands, or `None` to leave the repair to
+    /// the lease's owner this pass.
+    pub(crate) fn restoration(&self, at: &Standing<'_>) -> Option<Lease> {
+        let seen = &self.seen;
+        let now = self.now.as_ref().map(|(l, _)| l);
+        let now_epoch = now.map_or(0, |l| l.epoch);
+        let checkpoint = match now {
+            Some(l) if !skips_from(&seen.checkpoint, &l.checkpoint) => l.checkpoint.clone(),
+            _ => seen.checkpoint.clone(),
+        };
+        let attributes = now.map_or_else(|| seen.attributes.clone(), |l| l.attributes.clone());
+        let base = Lease { checkpoint, attributes, claim: None, ..seen.clone() };
+        let runs_it =
+            at.running_at.is_some_and(|e| e == seen.epoch) && seen.owner.as_ref() == Some(at.me);
+        if runs_it {
+            // Keep it, at the running task's epoch unless the store moved past it meanwhile.
+            let still_at_task_epoch = now_epoch < seen.epoch
+                || (now_epoch == seen.epoch && now.is_some_and(|l| l.is_owned_by(at.me)));
+            let epoch = if still_at_task_epoch { seen.epoch } else { now_epoch + 1 };
+            return Some(Lease { owner: Some(at.me.clone()), epoch, ..base });
+        }
+        if seen.owner.is_some() && at.owner_alive && !at.owner_had_time {
+            return None;
+        }
+        let mut epoch = now_epoch.max(seen.epoch) + 1;
+        if now.is_none() {
+            epoch = epoch.max(creation_epoch());
+        }
+        Some(Lease { owner: None, epoch, ..base })
+    }
 }
 
 /// The epoch a new lease starts at: the wall clock in milliseconds. Any lease created before had
@@ -68,38 +126,18 @@ pub(crate) fn compare(
             continue;
         }
         match by_key.get(key) {
-            None if !seen.is_finished() && !moved_on_past(key, listed) => lost.push(Lost {
-                restore: Lease {
-                    owner: None,
-                    claim: None,
-                    epoch: (seen.epoch + 1).max(creation_epoch()),
-                    ..seen.clone()
-                },
-                over: None,
-            }),
+            None if !seen.is_finished() && !moved_on_past(key, listed) => {
+                lost.push(Lost { seen: seen.clone(), now: None });
+            }
             None => {}
-            Some((now, version)) => {
-                let skipped = skips_from(&seen.checkpoint, &now.checkpoint);
-                if skipped || now.epoch < seen.epoch {
-                    let checkpoint =
-                        if skipped { seen.checkpoint.clone() } else { now.checkpoint.clone() };
-                    lost.push(Lost {
-                        restore: Lease {
-                            key: key.clone(),
-                            owner: None,
-                            claim: None,
-                            epoch: now.epoch.max(seen.epoch) + 1,
-                            checkpoint,
-                            parents: seen.parents.clone(),
-                            attributes: now.attributes.clone(),
-                        },
-                        over: Some(*version),
-                    });
+            Some(now) => {
+                if skips_from(&seen.checkpoint, &now.0.checkpoint) || now.0.epoch < seen.epoch {
+                    lost.push(Lost { seen: seen.clone(), now: Some((*now).clone()) });
                 }
             }
         }
     }
-    let lost_keys: BTreeSet<&LeaseKey> = lost.iter().map(|l| &l.restore.key).collect();
+    let lost_keys: BTreeSet<&LeaseKey> = lost.iter().map(Lost::key).collect();
     let mut next: BTreeMap<LeaseKey, Lease> = listed
         .iter()
         .filter(|(l, _)| !lost_keys.contains(&l.key))
@@ -107,6 +145,15 @@ pub(crate) fn compare(
         .collect();
     for key in lost_keys.into_iter().chain(corrupt.iter()) {
         if let Some(seen) = memory.get(key) {
+            next.insert(key.clone(), seen.clone());
+        }
+    }
+    // Finished leases stay remembered after they are deleted (the shard sync collects them once
+    // their children moved on): should one come back behind its end (a fresh create after the
+    // store lost its data), it is restored as finished instead of being processed again after its
+    // children.
+    for (key, seen) in memory.iter() {
+        if seen.is_finished() && !next.contains_key(key) {
             next.insert(key.clone(), seen.clone());
         }
     }
@@ -127,7 +174,7 @@ fn moved_on_past(key: &LeaseKey, listed: &[VersionedLease]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::WorkerId;
+    use crate::lease::Version;
 
     fn seq(n: u128) -> Position {
         Position::sequence(crate::position::SequenceNumber::from(n))
@@ -152,8 +199,12 @@ mod tests {
         assert_eq!(memory.len(), 2);
     }
 
+    fn standing(me: &WorkerId, running_at: Option<u64>, alive: bool, waited: bool) -> Standing<'_> {
+        Standing { me, running_at, owner_alive: alive, owner_had_time: waited }
+    }
+
     #[test]
-    fn vanished_regressed_and_rolled_back_leases_are_restored_above_every_epoch_seen() {
+    fn vanished_regressed_and_rolled_back_leases_are_found() {
         let mut memory = BTreeMap::new();
         let none = BTreeSet::new();
         let before = listed(&[
@@ -169,18 +220,34 @@ mod tests {
             lease("fine", 3, seq(2)),
         ]);
         let lost = compare(&mut memory, &after, &none);
-        let by: BTreeMap<&str, &Lost> = lost.iter().map(|l| (l.restore.key.as_str(), l)).collect();
-        assert_eq!(by.len(), 3, "{lost:?}");
-        assert_eq!(by["gone"].over, None);
-        assert_eq!(by["gone"].restore.checkpoint, seq(5));
-        assert!(by["gone"].restore.epoch > 4);
-        assert_eq!(by["fresh"].restore.checkpoint, seq(8));
-        assert_eq!(by["fresh"].restore.epoch, 8);
-        assert_eq!(by["fresh"].over, Some(Version(1)));
-        assert_eq!(by["rolled"].restore.epoch, 10);
-        assert!(by.values().all(|l| l.restore.owner.is_none()));
+        let keys: Vec<&str> = lost.iter().map(|l| l.key().as_str()).collect();
+        assert_eq!(keys, ["fresh", "gone", "rolled"]);
+        assert_eq!(lost[1].now, None);
+        assert_eq!(lost[0].now.as_ref().map(|v| v.1), Some(Version(1)));
         // Not restored yet: the next listing finds them lost again.
         assert_eq!(compare(&mut memory, &after, &none).len(), 3);
+    }
+
+    #[test]
+    fn the_owner_keeps_its_lease_and_the_others_give_it_time() {
+        let (w, x) = (WorkerId::new("w"), WorkerId::new("x"));
+        let seen = lease("k", 7, seq(8));
+        let rolled = Lost { seen: seen.clone(), now: Some((lease("k", 5, seq(3)), Version(9))) };
+        // The owner, running it at epoch 7: same epoch, its checkpoint, still its own.
+        let r = rolled.restoration(&standing(&w, Some(7), true, false)).unwrap();
+        assert_eq!((r.owner.as_ref(), r.epoch, &r.checkpoint), (Some(&w), 7, &seq(8)));
+        // The store moved past the task's epoch meanwhile: the owner takes a newer one.
+        let by_x = Lease { owner: Some(x.clone()), ..lease("k", 7, seq(3)) };
+        let taken = Lost { seen: seen.clone(), now: Some((by_x, Version(9))) };
+        assert_eq!(taken.restoration(&standing(&w, Some(7), true, false)).unwrap().epoch, 8);
+        // Another worker gives a live owner time for a pass, then restores it unowned.
+        assert_eq!(rolled.restoration(&standing(&x, None, true, false)), None);
+        let r = rolled.restoration(&standing(&x, None, true, true)).unwrap();
+        assert_eq!((r.owner, r.epoch, r.checkpoint), (None, 8, seq(8)));
+        // With the owner dead it does so at once; a vanished lease gets a creation epoch.
+        assert!(rolled.restoration(&standing(&x, None, false, false)).is_some());
+        let gone = Lost { seen, now: None };
+        assert!(gone.restoration(&standing(&x, None, false, false)).unwrap().epoch > 8);
     }
 
     #[test]
@@ -195,6 +262,20 @@ mod tests {
         let corrupt = BTreeSet::from([LeaseKey::new("c")]);
         assert!(compare(&mut memory, &listed(&[moved]), &corrupt).is_empty());
         assert!(memory.contains_key(&LeaseKey::new("c")), "remembered until readable again");
+    }
+
+    #[test]
+    fn a_finished_lease_that_comes_back_unfinished_is_lost() {
+        let mut memory = BTreeMap::new();
+        let none = BTreeSet::new();
+        compare(&mut memory, &listed(&[lease("p", 3, Position::ShardEnd)]), &none);
+        assert!(compare(&mut memory, &[], &none).is_empty(), "collected: not lost");
+        let back = compare(&mut memory, &listed(&[Lease::new("p", Position::TrimHorizon)]), &none);
+        assert_eq!(back.len(), 1);
+        let x = WorkerId::new("x");
+        let standing =
+            Standing { me: &x, running_at: None, owner_alive: false, owner_had_time: true };
+        assert!(back[0].restoration(&standing).unwrap().is_finished());
     }
 
     #[test]

@@ -137,6 +137,8 @@ pub(crate) struct Shared {
     /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
     /// repair a store that lost or rolled back writes (see `recovery`).
     pub remembered: Mutex<BTreeMap<LeaseKey, crate::lease::Lease>>,
+    /// Since when each lost lease has been found lost, in passes without a break.
+    pub lost_since: Mutex<BTreeMap<LeaseKey, Instant>>,
     pub stats: Stats,
     rng: Mutex<StdRng>,
 }
@@ -185,6 +187,7 @@ impl Shared {
             workers_listed: watch::channel(None).0,
             fenced: AtomicBool::new(false),
             remembered: Mutex::new(BTreeMap::new()),
+            lost_since: Mutex::new(BTreeMap::new()),
             stats: Stats::default(),
             rng: Mutex::new(rng),
         }
