@@ -73,19 +73,10 @@ impl AuditStore {
             };
             let owner_ok = same_writer && next.owner == prev.owner && next.epoch == prev.epoch;
             // A worker restoring a lease the store lost or rolled back writes the checkpoint it
-            // remembers (forward only: the check below), unowned or kept by itself when it runs
-            // the lease, under an epoch above the regressed record's.
-            let writer_or_none = match (&next.owner, &self.writer) {
-                (None, _) => true,
-                (Some(o), Some(w)) => {
-                    o == w
-                        || o.as_str()
-                            .strip_prefix(w.as_str())
-                            .is_some_and(|rest| rest.starts_with(INCARNATION_SEPARATOR))
-                }
-                _ => false,
-            };
-            let restore = writer_or_none && next.epoch > prev.epoch;
+            // remembers (forward only: the check below) under an epoch above the regressed
+            // record's, to whichever owner it restores it to. A zombie's checkpoint never bumps
+            // the epoch, so it is still caught.
+            let restore = next.epoch > prev.epoch;
             if !owner_ok && !restore {
                 self.log.push(format!(
                     "{who} moved the checkpoint of {} ({} → {}) without owning it (owner {:?}, epoch {} → {})",

@@ -192,6 +192,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                         if lease.is_owned_by(&me) {
                             lock(&shared.granted).insert(lease.key.clone(), lease.epoch);
                         }
+                        shared.remember(&lease);
                         true
                     }
                     Ok(false) | Err(Error::Conflict { .. }) => false,
@@ -499,6 +500,7 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
     match shared.store.update_lease(&next, *version).await {
         Ok(v) => {
             lock(&shared.granted).insert(next.key.clone(), next.epoch);
+            shared.remember(&next);
             if !lease_task::spawn(shared, next.clone(), v) {
                 if shared.stop_taking.is_cancelled() {
                     // Shutting down: give back what this pass took at the last moment.

@@ -136,6 +136,7 @@ pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<Wor
         match shared.store.update_lease(&next, version).await {
             Ok(v) => {
                 shared.checkpointer.observe(&next, v);
+                shared.remember(&next);
                 match next_owner {
                     Some(w) => {
                         shared.bump(&shared.stats.handoffs, 1);
@@ -280,7 +281,7 @@ impl Task {
             return Step::Done(());
         }
         let (start, mut reader) = match start {
-            Position::Latest | Position::AtTimestamp { .. } => match self.pin(start).await {
+            Position::Latest | Position::AtTimestamp { .. } => match self.pin(lease, start).await {
                 Step::Done((p, r)) => (p, Some(r)),
                 Step::Exit(e) => return Step::Exit(e),
             },
@@ -382,7 +383,11 @@ impl Task {
     /// the lease next resumes exactly there: a lease handed over, released or failed over before
     /// its first record must not be reopened at a newer `LATEST` (the records in between would be
     /// skipped). See `ShardReader::resolved_start` for readers that cannot tell.
-    async fn pin(&mut self, start: Position) -> Step<(Position, Box<dyn ShardReader>)> {
+    async fn pin(
+        &mut self,
+        lease: &Lease,
+        start: Position,
+    ) -> Step<(Position, Box<dyn ShardReader>)> {
         let mut backoff = self.shared.backoff();
         let reader = loop {
             if let Some(r) = self.pending_stop() {
@@ -412,13 +417,13 @@ impl Task {
                     debug!(from = %start, pinned = %pinned, "start position pinned");
                     // Remember it at once rather than at the next listing: should the store lose
                     // the write, this worker restores the pin, not the moving start.
-                    if let Some(l) = lock(&self.shared.remembered).get_mut(self.key()) {
-                        if l.epoch <= self.token.epoch && !pinned.would_regress_to(&l.checkpoint) {
-                            l.checkpoint = pinned.clone();
-                            l.epoch = self.token.epoch;
-                            l.owner = Some(self.token.owner.clone());
-                        }
-                    }
+                    let mine = Lease {
+                        owner: Some(self.token.owner.clone()),
+                        epoch: self.token.epoch,
+                        checkpoint: pinned.clone(),
+                        ..lease.clone()
+                    };
+                    self.shared.remember(&mine);
                     return Step::Done((pinned, reader));
                 }
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),

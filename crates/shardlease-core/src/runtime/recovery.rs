@@ -12,8 +12,10 @@
 //!
 //! Who writes it back matters, because the lease may still be running somewhere. The worker that
 //! runs it repairs it at once, keeping itself as the owner (at its task's epoch when it can, so the
-//! task goes on undisturbed); any other worker leaves it for one more pass when the owner it
-//! remembers is alive, and then writes it back unowned. A restore races a fresh create and wins:
+//! task goes on undisturbed); the owner it remembers, if that is itself and it no longer runs it,
+//! writes it back unowned at once; any other worker first gives the owner time for a balance pass
+//! (its memory may be out of date), then writes it back to the remembered owner if that one is
+//! alive (which re-takes it by compare-and-set), unowned otherwise. A restore races a fresh create and wins:
 //! a fresh lease starts at the initial position, behind the remembered checkpoint, so the next
 //! listing finds it lost again until the restore lands.
 //!
@@ -78,14 +80,20 @@ impl Lost {
             let epoch = if still_at_task_epoch { seen.epoch } else { now_epoch + 1 };
             return Some(Lease { owner: Some(at.me.clone()), epoch, ..base });
         }
-        if seen.owner.is_some() && at.owner_alive && !at.owner_had_time {
+        let mine = seen.owner.as_ref() == Some(at.me);
+        if !mine && !at.owner_had_time {
+            // What this worker remembers may be out of date: whoever runs the lease now repairs
+            // it first, under its own name.
             return None;
         }
         let mut epoch = now_epoch.max(seen.epoch) + 1;
         if now.is_none() {
             epoch = epoch.max(creation_epoch());
         }
-        Some(Lease { owner: None, epoch, ..base })
+        // A live owner gets it back under a new epoch (it re-takes it by compare-and-set and
+        // restarts its task; nobody else may take it meanwhile); otherwise it is left unowned.
+        let owner = seen.owner.clone().filter(|_| !mine && at.owner_alive);
+        Some(Lease { owner, epoch, ..base })
     }
 }
 
@@ -240,14 +248,17 @@ mod tests {
         let by_x = Lease { owner: Some(x.clone()), ..lease("k", 7, seq(3)) };
         let taken = Lost { seen: seen.clone(), now: Some((by_x, Version(9))) };
         assert_eq!(taken.restoration(&standing(&w, Some(7), true, false)).unwrap().epoch, 8);
-        // Another worker gives a live owner time for a pass, then restores it unowned.
+        // Another worker gives the owner time for a pass, then restores it to that owner if it
+        // is alive, unowned otherwise; a vanished lease gets a creation epoch.
         assert_eq!(rolled.restoration(&standing(&x, None, true, false)), None);
+        assert_eq!(rolled.restoration(&standing(&x, None, false, false)), None);
         let r = rolled.restoration(&standing(&x, None, true, true)).unwrap();
-        assert_eq!((r.owner, r.epoch, r.checkpoint), (None, 8, seq(8)));
-        // With the owner dead it does so at once; a vanished lease gets a creation epoch.
-        assert!(rolled.restoration(&standing(&x, None, false, false)).is_some());
+        assert_eq!((r.owner.as_ref(), r.epoch, r.checkpoint), (Some(&w), 8, seq(8)));
+        assert_eq!(rolled.restoration(&standing(&x, None, false, true)).unwrap().owner, None);
         let gone = Lost { seen, now: None };
-        assert!(gone.restoration(&standing(&x, None, false, false)).unwrap().epoch > 8);
+        assert!(gone.restoration(&standing(&x, None, false, true)).unwrap().epoch > 8);
+        // The remembered owner that no longer runs it restores it unowned at once.
+        assert_eq!(rolled.restoration(&standing(&w, None, true, false)).unwrap().owner, None);
     }
 
     #[test]

@@ -208,6 +208,24 @@ impl Shared {
         (old, new)
     }
 
+    /// Records a write this worker made to a lease in its memory of the namespace (see
+    /// `recovery`), so the memory does not wait for the next listing to know what this worker
+    /// itself did: a store that loses the write is then repaired to it.
+    pub(crate) fn remember(&self, lease: &crate::lease::Lease) {
+        let mut memory = lock(&self.remembered);
+        match memory.get_mut(&lease.key) {
+            Some(seen) if seen.epoch > lease.epoch => {}
+            Some(seen) if lease.checkpoint.would_regress_to(&seen.checkpoint) => {
+                let checkpoint = seen.checkpoint.clone();
+                *seen = crate::lease::Lease { checkpoint, ..lease.clone() };
+            }
+            Some(seen) => *seen = lease.clone(),
+            None => {
+                memory.insert(lease.key.clone(), lease.clone());
+            }
+        }
+    }
+
     /// A random u64 from the worker's RNG.
     pub(crate) fn random(&self) -> u64 {
         lock(&self.rng).random()
