@@ -10,18 +10,33 @@ use std::sync::Arc;
 
 use tracing::{debug, info, warn};
 
-use super::shared::Shared;
+use super::shared::{lock, Shared};
 use crate::error::{Error, Result};
 use crate::lease::{Lease, LeaseKey};
 use crate::position::Position;
 use crate::source::ShardInfo;
+
+/// A peer whose heartbeat counter reached this has been running for a few heartbeats: part of an
+/// established fleet rather than a worker starting at the same moment as this one.
+const ESTABLISHED_BEATS: u64 = 3;
 
 pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
     let empty = match shared.store.list_leases().await {
         Ok(l) => l.items.is_empty() && l.corrupt.is_empty(),
         Err(_) => true,
     };
-    if empty {
+    // An empty namespace with an established fleet around is not a new application: the store
+    // lost its data, and the fleet restores the leases it remembers (then syncs the rest). A
+    // fresh lease created here first would race those restores, so a newcomer leaves it to them
+    // (its own periodic sync still runs).
+    let me = shared.id();
+    let established = match shared.store.list_workers().await {
+        Ok(l) => l.items.iter().any(|r| r.id != me && r.beat >= ESTABLISHED_BEATS),
+        Err(_) => false,
+    };
+    if empty && established {
+        info!("the namespace is empty but an established fleet is running; leaving lease creation to it");
+    } else if empty {
         if let Err(e) = sync(&shared).await {
             warn!(error = %e, "initial shard sync failed; retrying at the next interval");
         }
@@ -69,6 +84,11 @@ pub(crate) async fn sync(shared: &Shared) -> Result<()> {
     let mut existing: BTreeSet<String> =
         listing.items.iter().map(|(l, _)| l.key.as_str().to_owned()).collect();
     existing.extend(listing.corrupt.iter().map(|c| c.key.clone()));
+    // Leases this worker remembers exist too, even when the store lost them: the balance pass
+    // restores them with their checkpoints, and a fresh lease created here first would race that
+    // restore (a fresh `LATEST` lease pinned by its new owner would skip the records between the
+    // lost checkpoint and the pin).
+    existing.extend(lock(&shared.remembered).keys().map(|k| k.as_str().to_owned()));
     let mut children: BTreeMap<&LeaseKey, Vec<&LeaseKey>> = BTreeMap::new();
     for s in &shards {
         for p in &s.parents {
