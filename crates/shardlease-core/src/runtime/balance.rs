@@ -187,6 +187,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                         .map(|o| matches!(o, CreateOutcome::Created(_))),
                     Some(v) => store.update_lease(&lease, v).await.map(|_| true),
                 };
+                debug!(key = %lease.key, owner = ?lease.owner, epoch = lease.epoch, checkpoint = %lease.checkpoint, ok = ?done.as_ref().ok(), "restore");
                 match done {
                     Ok(true) => {
                         if lease.is_owned_by(&me) {

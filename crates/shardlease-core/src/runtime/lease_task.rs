@@ -74,6 +74,15 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
     match exit {
         Exit::Finished => {
             info!("shard finished");
+            // Remembered at once: should the store lose the end, this worker restores the lease
+            // as finished rather than letting it be read again after its children started.
+            let finished = Lease {
+                owner: Some(token.owner.clone()),
+                epoch: token.epoch,
+                checkpoint: Position::ShardEnd,
+                ..lease.clone()
+            };
+            shared.remember(&finished);
             shared.balance_now.notify_one();
         }
         Exit::Lost => {

@@ -215,7 +215,7 @@ impl Shared {
         let mut memory = lock(&self.remembered);
         match memory.get_mut(&lease.key) {
             Some(seen) if seen.epoch > lease.epoch => {}
-            Some(seen) if lease.checkpoint.would_regress_to(&seen.checkpoint) => {
+            Some(seen) if seen.checkpoint.would_regress_to(&lease.checkpoint) => {
                 let checkpoint = seen.checkpoint.clone();
                 *seen = crate::lease::Lease { checkpoint, ..lease.clone() };
             }
