@@ -2,15 +2,19 @@
 //!
 //! Each seed builds a fresh world on a current-thread tokio runtime with paused time: an in-memory
 //! store seen by every worker through an auditing view and a fault injector (errors, lost answers,
-//! latency, partitions), an in-memory stream with a producer, and a random schedule of crashes,
-//! joins, graceful leaves, partitions, splits and merges. Invariants are checked throughout
-//! (no checkpoint from a non-owner, no checkpoint moving back, no epoch going down) and at the end
-//! (every record processed, no child record before its parents' last record, every active lease
-//! owned with shares within one).
+//! latency up to close to a heartbeat, partitions, corrupt records), an in-memory stream with a
+//! producer, and processors that checkpoint every k batches and may flush slowly at handoffs. The
+//! seed also draws the start position (`TRIM_HORIZON`, `LATEST`, `AT_TIMESTAMP`) and a schedule of
+//! crashes, joins, graceful leaves, partitions, splits, merges, nested resharding before any shard
+//! sync, restarts under the same worker id, namespace wipes and rollbacks of the store to an
+//! earlier copy. Invariants are checked throughout (no checkpoint from a non-owner, no checkpoint
+//! moving back, no epoch going down) and at the end (every record processed, no child record
+//! before its parents' last record, no two processors of one shard at once, even at the same
+//! epoch, every active lease owned with shares within one).
 //!
 //! Replay one seed: `SHARDLEASE_SIM_SEED=1234 cargo test -p shardlease-core --test simulation`.
-//! Run more seeds: `SHARDLEASE_SIM_SEEDS=500 cargo test ...` (default 100; the first seed is
-//! `SHARDLEASE_SIM_FIRST_SEED`, default 1).
+//! Run more seeds: `SHARDLEASE_SIM_SEEDS=500 cargo test ...` (default 200; the first seed is
+//! `SHARDLEASE_SIM_FIRST_SEED`, default 1), or `scripts/soak.sh` for 10,000 in release.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;

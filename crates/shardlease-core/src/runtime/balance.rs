@@ -497,7 +497,10 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
         return false;
     }
-    let next = lease.transferred_to(Some(shared.id()));
+    let next = Lease {
+        epoch: recovery::next_epoch(lease.epoch),
+        ..lease.transferred_to(Some(shared.id()))
+    };
     match shared.store.update_lease(&next, *version).await {
         Ok(v) => {
             lock(&shared.granted).insert(next.key.clone(), next.epoch);

@@ -141,7 +141,10 @@ pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<Wor
             return;
         }
         let next_owner = to.clone().filter(|w| lease.live_claim().is_some_and(|c| &c.by == w));
-        let next = lease.transferred_to(next_owner.clone());
+        let next = Lease {
+            epoch: super::recovery::next_epoch(lease.epoch),
+            ..lease.transferred_to(next_owner.clone())
+        };
         match shared.store.update_lease(&next, version).await {
             Ok(v) => {
                 shared.checkpointer.observe(&next, v);

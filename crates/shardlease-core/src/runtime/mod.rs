@@ -284,7 +284,10 @@ async fn withdraw_claims(shared: &Shared) {
         for _ in 0..4 {
             let Ok(Some((lease, version))) = shared.store.get_lease(&key).await else { break };
             let next = if lease.is_owned_by(&me) {
-                lease.transferred_to(None)
+                crate::lease::Lease {
+                    epoch: recovery::next_epoch(lease.epoch),
+                    ..lease.transferred_to(None)
+                }
             } else if lease.live_claim().is_some_and(|c| c.by == me) {
                 crate::lease::Lease { claim: None, ..lease }
             } else {

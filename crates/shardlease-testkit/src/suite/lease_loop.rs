@@ -107,7 +107,8 @@ pub async fn one_worker_takes_every_lease_in_one_pass(factory: &dyn StoreFactory
         assert_eq!(stats.taken, 64, "each lease taken once: {stats:?}");
         assert_eq!(stats.taking_passes, 1, "all 64 leases in one pass: {stats:?}");
         for l in ok(w.cluster.leases().await, "list") {
-            assert_eq!((l.owner.as_ref(), l.epoch), (Some(&id), created[&l.key] + 1), "{l:?}");
+            assert_eq!(l.owner.as_ref(), Some(&id), "{l:?}");
+            assert!(l.epoch > created[&l.key], "taken once, under a new epoch: {l:?}");
         }
         w.cluster.shutdown_all().await;
     })
