@@ -64,7 +64,8 @@ pub struct Lease {
     pub key: LeaseKey,
     /// The worker holding it, if any.
     pub owner: Option<WorkerId>,
-    /// Fencing token: incremented on every change of owner, including a release.
+    /// Fencing token: grows on every change of owner, including a release (the runtime moves it to
+    /// at least the wall clock in milliseconds, so it never repeats after a store rolled back).
     pub epoch: u64,
     /// How far processing has got. `ShardEnd` means the lease is finished.
     pub checkpoint: Position,

@@ -66,7 +66,26 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     report_corrupt(shared, &listing.corrupt);
     let corrupt: BTreeSet<LeaseKey> =
         listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
-    let lost = recovery::compare(&mut lock(&shared.remembered), &listing.items, &corrupt);
+    let mut lost = recovery::compare(&mut lock(&shared.remembered), &listing.items, &corrupt);
+    if lost.iter().any(|l| l.now.is_none()) {
+        // Vanished leases: rule out those the shard sync collected while this worker was not
+        // looking, by the stream's lineage (a rare, one-off listing of the shards).
+        match shared.source.list_shards().await {
+            Ok(shards) => {
+                let mut children: BTreeMap<LeaseKey, Vec<LeaseKey>> = BTreeMap::new();
+                for s in shards {
+                    for p in s.parents {
+                        children.entry(p).or_default().push(s.id.clone());
+                    }
+                }
+                let mut memory = lock(&shared.remembered);
+                lost = recovery::forget_collected(&mut memory, lost, &children, &listing.items);
+            }
+            Err(e) => {
+                warn!(error = %e, "listing shards to tell lost leases from collected ones failed")
+            }
+        }
+    }
     let mut leases = listing.items;
     // Leases that exist but cannot be used this pass: undecodable ones, and lost ones being
     // restored. Their children stay blocked; the tasks of lost ones keep running (their owner

@@ -176,6 +176,44 @@ pub(crate) fn compare(
     lost
 }
 
+/// Drops from `lost` (and from `memory`) the vanished leases the shard sync collected while this
+/// worker was not looking (partitioned, say): a lease is collected only once its children moved
+/// on, and they may have been collected since too, so the stream's lineage (`children` of each
+/// shard) is followed down to a listed descendant that moved past its start, which no descendant
+/// can do before all its ancestors finished.
+pub(crate) fn forget_collected(
+    memory: &mut BTreeMap<LeaseKey, Lease>,
+    lost: Vec<Lost>,
+    children: &BTreeMap<LeaseKey, Vec<LeaseKey>>,
+    listed: &[VersionedLease],
+) -> Vec<Lost> {
+    let moved: BTreeSet<&LeaseKey> = listed
+        .iter()
+        .filter(|(l, _)| matches!(l.checkpoint, Position::Sequence { .. } | Position::ShardEnd))
+        .map(|(l, _)| &l.key)
+        .collect();
+    let collected = |key: &LeaseKey| {
+        let mut stack: Vec<&LeaseKey> = children.get(key).into_iter().flatten().collect();
+        let mut seen = BTreeSet::new();
+        while let Some(k) = stack.pop() {
+            if !seen.insert(k) {
+                continue;
+            }
+            if moved.contains(k) {
+                return true;
+            }
+            stack.extend(children.get(k).into_iter().flatten());
+        }
+        false
+    };
+    let (gone, kept): (Vec<Lost>, Vec<Lost>) =
+        lost.into_iter().partition(|l| l.now.is_none() && collected(l.key()));
+    for l in gone {
+        memory.remove(l.key());
+    }
+    kept
+}
+
 /// Whether a lease missing from the listing was deleted by the shard sync's garbage collection:
 /// that only happens once every child of it moved past its start, which children cannot do
 /// before their parent finished.
@@ -295,6 +333,28 @@ mod tests {
         let standing =
             Standing { me: &x, running_at: None, owner_alive: false, owner_had_time: true };
         assert!(back[0].restoration(&standing).unwrap().is_finished());
+    }
+
+    #[test]
+    fn a_chain_collected_while_away_is_not_lost() {
+        let mut memory = BTreeMap::new();
+        let none = BTreeSet::new();
+        compare(&mut memory, &listed(&[lease("q", 1, seq(5))]), &none);
+        // q → p → c: q and p were finished and collected while this worker was away.
+        let c = lease("c", 1, seq(9)).with_parents([LeaseKey::new("p")]);
+        let lost = compare(&mut memory, &listed(std::slice::from_ref(&c)), &none);
+        assert_eq!(lost.len(), 1);
+        let k = LeaseKey::new;
+        let children = BTreeMap::from([(k("q"), vec![k("p")]), (k("p"), vec![k("c")])]);
+        let now = listed(std::slice::from_ref(&c));
+        assert!(forget_collected(&mut memory, lost, &children, &now).is_empty());
+        assert!(!memory.contains_key(&k("q")));
+        // Had c not moved yet, q would still be lost (a wipe takes the descendants too).
+        compare(&mut memory, &listed(&[lease("q", 1, seq(5))]), &none);
+        let fresh = listed(&[Lease { checkpoint: Position::TrimHorizon, ..c }]);
+        let lost = compare(&mut memory, &fresh, &none);
+        let kept = forget_collected(&mut memory, lost, &children, &fresh);
+        assert!(kept.iter().any(|l| l.key() == &k("q")), "{kept:?}");
     }
 
     #[test]
