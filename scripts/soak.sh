@@ -20,7 +20,7 @@ failed=$(grep '^seed [0-9]*: FAILED' "$log")
 echo "seeds ok: $ok of $seeds in $(( $(date +%s) - start )) s"
 if [ -n "$failed" ]; then
   echo "failing seeds:"
-  echo "$failed" | cut -c1-400
+  echo "$failed" | cut -c1-1500
   echo "$failed" | sed -E 's/^seed ([0-9]+):.*/  replay: SHARDLEASE_SIM_SEED=\1 cargo test -p shardlease-core --test simulation -- --nocapture/'
 elif [ "$status" -ne 0 ]; then
   tail -n 30 "$log"

@@ -10,7 +10,8 @@ use crate::ids::WorkerId;
 pub struct WorkerRecord {
     /// The worker.
     pub id: WorkerId,
-    /// Incremented by the worker on every heartbeat.
+    /// Incremented by the worker on every heartbeat, from a random multiple of 2^24 (see
+    /// [`WorkerRecord::first_beat`]).
     pub beat: u64,
     /// Wall-clock time of the heartbeat, milliseconds since the Unix epoch (for operators).
     pub updated_at_millis: u64,
@@ -24,7 +25,22 @@ pub struct WorkerRecord {
     pub capacity: Option<u32>,
 }
 
+/// The low bits of a beat that count a process's heartbeats.
+const BEAT_COUNT_BITS: u32 = 24;
+
 impl WorkerRecord {
+    /// The first beat of a new process: a random multiple of 2^24. A process restarted under
+    /// the same id must never write a beat value its predecessor wrote: an observer that last saw
+    /// that value would take it for a beat that stood still and judge a live worker dead.
+    pub fn first_beat() -> u64 {
+        (u64::from(rand::random::<u32>()) | 1) << BEAT_COUNT_BITS
+    }
+
+    /// How many heartbeats this worker's process has written (exact for the first 2^24).
+    pub fn beats_written(&self) -> u64 {
+        self.beat & ((1 << BEAT_COUNT_BITS) - 1)
+    }
+
     /// A record for `id` at beat `beat`, stamped with the current wall-clock time.
     pub fn new(id: WorkerId, beat: u64) -> Self {
         WorkerRecord {
@@ -44,4 +60,20 @@ pub fn now_millis() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn processes_restarted_under_one_id_never_share_beat_values() {
+        let (a, b) = (WorkerRecord::first_beat(), WorkerRecord::first_beat());
+        assert_ne!(a, b, "two processes start from different beats");
+        let mut r = WorkerRecord::new(WorkerId::new("w"), a);
+        assert_eq!(r.beats_written(), 0);
+        r.beat += 5;
+        assert_eq!(r.beats_written(), 5);
+        assert!(i64::try_from(r.beat).is_ok(), "fits every store's signed 64-bit column");
+    }
 }

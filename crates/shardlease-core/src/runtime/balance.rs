@@ -108,7 +108,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     }
     for v in &retake {
         if take(shared, v).await {
-            info!(key = %v.0.key, epoch = v.0.epoch + 1, "re-took a lease of an earlier incarnation");
+            info!(key = %v.0.key, "re-took by compare-and-set a lease this process was not granted");
         }
     }
     let expired = expired_claims(shared, &me, &leases, now);

@@ -17,7 +17,7 @@ use crate::worker_record::WorkerRecord;
 
 pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
     let hb = shared.cfg.heartbeat_interval;
-    let mut beat: u64 = 0;
+    let mut beat: u64 = WorkerRecord::first_beat();
     loop {
         beat += 1;
         let sent = Instant::now();

@@ -31,7 +31,7 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
     // (its own periodic sync still runs).
     let me = shared.id();
     let established = match shared.store.list_workers().await {
-        Ok(l) => l.items.iter().any(|r| r.id != me && r.beat >= ESTABLISHED_BEATS),
+        Ok(l) => l.items.iter().any(|r| r.id != me && r.beats_written() >= ESTABLISHED_BEATS),
         Err(_) => false,
     };
     if empty && established {
