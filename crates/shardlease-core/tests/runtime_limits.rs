@@ -121,8 +121,10 @@ impl LeaseStore for Stuck {
     }
 }
 
-/// A newcomer claims two leases from an owner that is stuck; after the claim timeout it takes
-/// them over. Both sides count it: `taken` on the claimant, `lost` on the old owner.
+/// A newcomer claims two leases from an owner that is stuck (it heartbeats, but can write no
+/// lease); after the claim timeout it takes them over. The owner stops processing them first
+/// (a heartbeat before the claim timeout, on its own clock), so no shard has two owners, and both
+/// sides count it: `taken` on the claimant, `lost` on the old owner.
 #[tokio::test(start_paused = true)]
 async fn a_take_over_is_counted_by_both_sides() {
     let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
@@ -135,13 +137,20 @@ async fn a_take_over_is_counted_by_both_sides() {
             Arc::new(Stuck { inner: base.clone(), stuck: flag })
         })
     };
-    let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(4));
-    let factory = shardlease_testkit::recorder::Recorder::new().factory();
-    let mut cluster = Cluster::with_store_per_worker(base, views, source, factory, config());
+    let memory = MemorySource::new(4);
+    for i in 0..40 {
+        memory.put(&format!("k{i}"), "x");
+    }
+    let source: Arc<dyn ShardSource> = Arc::new(memory.clone());
+    let rec = shardlease_testkit::recorder::Recorder::new();
+    let mut cluster = Cluster::with_store_per_worker(base, views, source, rec.factory(), config());
     cluster.sync_shards().await.unwrap();
     let owner = cluster.start_worker().unwrap();
     cluster.wait_balanced(LONG, HB / 10).await.unwrap();
     stuck.store(true, Ordering::SeqCst);
+    for i in 0..40 {
+        memory.put(&format!("more-{i}"), "x"); // the stuck owner reads, but cannot checkpoint
+    }
     let newcomer = cluster.start_worker().unwrap();
     cluster.wait_balanced(LONG, HB / 10).await.unwrap();
     let c = &cluster;
@@ -153,6 +162,8 @@ async fn a_take_over_is_counted_by_both_sides() {
     let stats = cluster.stats();
     assert_eq!((stats[&newcomer].claims, stats[&newcomer].taken), (2, 2), "{stats:?}");
     assert_eq!(stats[&owner].lost, 2, "{stats:?}");
+    // The stuck owner stopped processing before the claimant took the leases over.
+    assert!(rec.overlaps().is_empty(), "{:?}", rec.overlaps());
     stuck.store(false, Ordering::SeqCst);
     cluster.shutdown_all().await;
 }

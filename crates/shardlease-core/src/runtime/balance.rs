@@ -56,6 +56,7 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
 
 /// One balance pass.
 pub(crate) async fn pass(shared: &Arc<Shared>) {
+    let list_sent = Instant::now();
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
         Err(e) => {
@@ -103,6 +104,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     let me = shared.id();
     let live = live_set(shared, &me, &leases);
     let (resume, retake) = reconcile(shared, &me, &leases, &withheld);
+    yield_unanswered_claims(shared, &me, &leases, list_sent, now);
     for (lease, version) in resume {
         lease_task::spawn(shared, lease, version);
     }
@@ -314,16 +316,60 @@ fn reconcile(
     let tasks = lock(&shared.tasks);
     let granted = lock(&shared.granted).clone();
     let claims = lock(&shared.my_claims).clone();
+    // A lease claimed by a peer is not restarted here: the plan hands it over or clears the claim.
     let idle = leases.iter().filter(|(lease, _)| {
         lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))
             && is_active(lease, &by_ref, withheld)
             && !tasks.contains_key(&lease.key)
+            && lease.live_claim().is_none_or(|c| &c.by == me)
     });
     idle.cloned().partition(|(l, _)| {
         l.is_owned_by(me)
             && (granted.get(&l.key) == Some(&l.epoch)
                 || claims.get(&l.key).is_some_and(|c| c.at + 1 == l.epoch))
     })
+}
+
+/// The owner's side of the claim timeout. A claimant takes a claimed lease by force once the
+/// record has stood still for the claim timeout on its clock. An owner that cannot answer (its
+/// acknowledgement or clear keeps failing) and writes nothing else must stop processing first, or
+/// the lease has two owners. The owner times the same standstill from the send time of the listing
+/// *before* the one that showed the record's current version (no later than the write itself, so
+/// no later than the claimant's clock start) and stops the task a heartbeat before the claim
+/// timeout; the lease is then handed over, or the claim cleared, by a later pass.
+fn yield_unanswered_claims(
+    shared: &Shared,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+    list_sent: Instant,
+    now: Instant,
+) {
+    let previous = lock(&shared.previous_listing).replace(list_sent).unwrap_or(list_sent);
+    let claimed: BTreeMap<&LeaseKey, Version> = leases
+        .iter()
+        .filter(|(l, _)| l.is_owned_by(me) && l.live_claim().is_some_and(|c| &c.by != me))
+        .map(|(l, v)| (&l.key, *v))
+        .collect();
+    let limit = shared.cfg.claim_timeout.saturating_sub(shared.cfg.heartbeat_interval);
+    let mut watched = lock(&shared.claims_on_mine);
+    watched.retain(|k, _| claimed.contains_key(k));
+    let tasks = lock(&shared.tasks);
+    for (key, version) in claimed {
+        let (seen, since) = watched.entry(key.clone()).or_insert((version, previous));
+        if *seen != version {
+            *seen = version;
+            *since = previous;
+        } else if now.saturating_duration_since(*since) >= limit {
+            if let Some(t) = tasks.get(key) {
+                if t.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
+                    warn!(key = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
+                    shared.bump(&shared.stats.lost, 1);
+                    metrics::counter!("shardlease_leases_lost_total").increment(1);
+                    t.stop.send_replace(Some(StopReason::LeaseLost));
+                }
+            }
+        }
+    }
 }
 
 /// This worker's claims still standing, pruned; returns those whose lease record has not changed

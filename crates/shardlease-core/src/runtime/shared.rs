@@ -137,6 +137,11 @@ pub(crate) struct Shared {
     /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
     /// repair a store that lost or rolled back writes (see `recovery`).
     pub remembered: Mutex<BTreeMap<LeaseKey, crate::lease::Lease>>,
+    /// When the previous balance pass's listing was sent.
+    pub previous_listing: Mutex<Option<Instant>>,
+    /// Leases this worker owns that a peer claimed: the record version last listed, and the
+    /// earliest moment that version can have been written (see `yield_unanswered_claims`).
+    pub claims_on_mine: Mutex<BTreeMap<LeaseKey, (crate::lease::Version, Instant)>>,
     /// Since when each lost lease has been found lost, in passes without a break.
     pub lost_since: Mutex<BTreeMap<LeaseKey, Instant>>,
     pub stats: Stats,
@@ -188,6 +193,8 @@ impl Shared {
             fenced: AtomicBool::new(false),
             remembered: Mutex::new(BTreeMap::new()),
             lost_since: Mutex::new(BTreeMap::new()),
+            previous_listing: Mutex::new(None),
+            claims_on_mine: Mutex::new(BTreeMap::new()),
             stats: Stats::default(),
             rng: Mutex::new(rng),
         }
