@@ -18,7 +18,9 @@ pub const MAX_DURATION: Duration = Duration::from_secs(30 * 86_400);
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Config {
-    /// The application name; all leases and worker records live under it.
+    /// The application name. Leases and worker records live in the namespace the *store* was
+    /// opened on (a URL's `?namespace=`, `"default"` otherwise); this must name the same one, and a
+    /// worker built with a store that reports another is refused with `Error::Config`.
     pub namespace: Namespace,
     /// This worker's id; unique among live workers. Defaults to `host-pid-random`.
     pub worker_id: WorkerId,
@@ -35,8 +37,9 @@ pub struct Config {
     pub max_leases_per_worker: Option<usize>,
     /// The most claims (handoff requests) per balance pass. Default: no limit.
     pub max_claims_per_pass: Option<usize>,
-    /// How long a claimed lease's owner has to hand it over before the claimant takes it.
-    /// Default 3 × `balance_interval`.
+    /// How long a claimed lease's record must stand still before the claimant takes it by force.
+    /// Default 3 × `balance_interval`; must be at least `balance_interval × (1 + jitter)` and
+    /// `shutdown_timeout`, each plus a heartbeat (see `validate`).
     pub claim_timeout: Duration,
     /// How long a graceful shutdown may take before leases are released regardless. Default 10 s.
     pub shutdown_timeout: Duration,
@@ -57,7 +60,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults for `namespace` with a generated worker id.
+    /// Defaults for `namespace` (which must be the store's, see [`Config::namespace`]) with a
+    /// generated worker id.
     pub fn new(namespace: impl Into<Namespace>) -> Self {
         let balance_interval = Duration::from_secs(5);
         Config {

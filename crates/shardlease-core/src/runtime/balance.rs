@@ -238,7 +238,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
          pass (left to their live owner this pass: {waiting})"
     );
     if vanished {
-        if let Err(e) = super::shard_sync::sync(shared).await {
+        if let Err(e) = super::shard_sync::sync_after_loss(shared).await {
             warn!(error = %e, "shard sync after the namespace vanished failed");
         }
     }

@@ -69,6 +69,13 @@ impl Lost {
             Some(l) if !skips_from(&seen.checkpoint, &l.checkpoint) => l.checkpoint.clone(),
             _ => seen.checkpoint.clone(),
         };
+        // A lease restored at `LATEST` would be reopened at a new tip, skipping what was written
+        // since its first owner opened (and pinned) it, a pin this worker may never have seen:
+        // when in doubt, read more.
+        let checkpoint = match checkpoint {
+            Position::Latest => Position::TrimHorizon,
+            other => other,
+        };
         let attributes = now.map_or_else(|| seen.attributes.clone(), |l| l.attributes.clone());
         let base = Lease { checkpoint, attributes, claim: None, ..seen.clone() };
         let runs_it =

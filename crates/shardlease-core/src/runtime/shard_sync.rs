@@ -79,6 +79,21 @@ fn parents_first(shards: &[ShardInfo]) -> Vec<&ShardInfo> {
 
 /// One sync pass.
 pub(crate) async fn sync(shared: &Shared) -> Result<()> {
+    sync_from(shared, &shared.cfg.initial_position).await
+}
+
+/// A sync right after the store lost every lease: the namespace is not new, so a shard nobody
+/// remembers is read from its start rather than from `LATEST` (whose records up to now would be
+/// skipped, though a lost lease may have been reading them). `AT_TIMESTAMP` stays.
+pub(crate) async fn sync_after_loss(shared: &Shared) -> Result<()> {
+    let initial = match &shared.cfg.initial_position {
+        Position::Latest => Position::TrimHorizon,
+        other => other.clone(),
+    };
+    sync_from(shared, &initial).await
+}
+
+async fn sync_from(shared: &Shared, initial: &Position) -> Result<()> {
     let shards = shared.source.list_shards().await?;
     let listing = shared.store.list_leases().await?;
     let mut existing: BTreeSet<String> =
@@ -107,7 +122,7 @@ pub(crate) async fn sync(shared: &Shared) -> Result<()> {
             // once its children moved on): recreating it would process it all over again.
             continue;
         }
-        let checkpoint = initial_checkpoint(shared, shard, kids, &existing, &finished_now);
+        let checkpoint = initial_checkpoint(initial, shard, kids, &existing, &finished_now);
         if checkpoint.is_shard_end() {
             finished_now.insert(&shard.id);
         }
@@ -156,13 +171,12 @@ fn has_leased_descendant(
 /// have its grandchildren's records skipped because the shard between them closed before any sync
 /// saw it open).
 fn initial_checkpoint(
-    shared: &Shared,
+    initial: &Position,
     shard: &ShardInfo,
     kids: &[&LeaseKey],
     existing: &BTreeSet<String>,
     finished_now: &BTreeSet<&LeaseKey>,
 ) -> Position {
-    let initial = &shared.cfg.initial_position;
     let parent_leads_in =
         shard.parents.iter().any(|p| existing.contains(p.as_str()) && !finished_now.contains(p));
     if parent_leads_in {
