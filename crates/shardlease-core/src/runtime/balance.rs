@@ -67,26 +67,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     report_corrupt(shared, &listing.corrupt);
     let corrupt: BTreeSet<LeaseKey> =
         listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
-    let mut lost = recovery::compare(&mut lock(&shared.remembered), &listing.items, &corrupt);
-    if lost.iter().any(|l| l.now.is_none()) {
-        // Vanished leases: rule out those the shard sync collected while this worker was not
-        // looking, by the stream's lineage (a rare, one-off listing of the shards).
-        match shared.source.list_shards().await {
-            Ok(shards) => {
-                let mut children: BTreeMap<LeaseKey, Vec<LeaseKey>> = BTreeMap::new();
-                for s in shards {
-                    for p in s.parents {
-                        children.entry(p).or_default().push(s.id.clone());
-                    }
-                }
-                let mut memory = lock(&shared.remembered);
-                lost = recovery::forget_collected(&mut memory, lost, &children, &listing.items);
-            }
-            Err(e) => {
-                warn!(error = %e, "listing shards to tell lost leases from collected ones failed")
-            }
-        }
-    }
+    let lost = lost_leases(shared, &listing.items, &corrupt).await;
     let mut leases = listing.items;
     // Leases that exist but cannot be used this pass: undecodable ones, and lost ones being
     // restored. Their children stay blocked; the tasks of lost ones keep running (their owner
@@ -139,6 +120,35 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
         leases.iter().map(|v| (&v.0.key, v)).collect();
     execute(shared, &plan, &by_key).await;
+}
+
+/// The leases the store lost, compared with this worker's memory (see `recovery`). Vanished ones
+/// are checked against the stream's lineage to rule out those the shard sync collected while this
+/// worker was not looking (a one-off listing of the shards, only when something vanished).
+async fn lost_leases(
+    shared: &Shared,
+    listed: &[VersionedLease],
+    corrupt: &BTreeSet<LeaseKey>,
+) -> Vec<recovery::Lost> {
+    let lost = recovery::compare(&mut lock(&shared.remembered), listed, corrupt);
+    if lost.iter().all(|l| l.now.is_some()) {
+        return lost;
+    }
+    match shared.source.list_shards().await {
+        Ok(shards) => {
+            let mut children: BTreeMap<LeaseKey, Vec<LeaseKey>> = BTreeMap::new();
+            for s in shards {
+                for p in s.parents {
+                    children.entry(p).or_default().push(s.id.clone());
+                }
+            }
+            recovery::forget_collected(&mut lock(&shared.remembered), lost, &children, listed)
+        }
+        Err(e) => {
+            warn!(error = %e, "listing shards to tell lost leases from collected ones failed");
+            lost
+        }
+    }
 }
 
 /// Writes back leases the store lost (see `recovery`): created again when they vanished,
@@ -208,7 +218,14 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                         .map(|o| matches!(o, CreateOutcome::Created(_))),
                     Some(v) => store.update_lease(&lease, v).await.map(|_| true),
                 };
-                debug!(key = %lease.key, owner = ?lease.owner, epoch = lease.epoch, checkpoint = %lease.checkpoint, ok = ?done.as_ref().ok(), "restore");
+                debug!(
+                    key = %lease.key,
+                    owner = ?lease.owner,
+                    epoch = lease.epoch,
+                    checkpoint = %lease.checkpoint,
+                    written = ?done.as_ref().ok(),
+                    "restoring a lost lease"
+                );
                 match done {
                     Ok(true) => {
                         if lease.is_owned_by(&me) {
