@@ -23,6 +23,12 @@ pub struct WorkerRecord {
     /// Optional capacity (maximum leases) the worker advertises.
     #[serde(default)]
     pub capacity: Option<u32>,
+    /// How many ownership changes (takes, handoffs, releases, claims, shard ends, creations,
+    /// deletions, restores) this worker's process has made. Peers list the leases again when it
+    /// changes, and only then (plus a slow safety net), so a quiet fleet reads worker records,
+    /// not leases. Only equality matters: a new process starts again from 0.
+    #[serde(default)]
+    pub changes: u64,
 }
 
 /// The low bits of a beat that count a process's heartbeats.
@@ -50,6 +56,7 @@ impl WorkerRecord {
             lease_count: 0,
             load: None,
             capacity: None,
+            changes: 0,
         }
     }
 }
