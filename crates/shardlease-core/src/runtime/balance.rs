@@ -103,8 +103,18 @@ pub(crate) struct PassOutcome {
     pub leases: usize,
 }
 
-/// One balance pass: lists the leases and acts on them. `None` when the listing failed.
+/// One balance pass: lists the leases and acts on them. `None` when the listing failed. The
+/// ownership changes the pass wrote are published once, at its end.
 pub(crate) async fn pass(shared: &Arc<Shared>) -> Option<PassOutcome> {
+    let changes = shared.changes.load(Ordering::SeqCst);
+    let outcome = list_and_act(shared).await;
+    if shared.changes.load(Ordering::SeqCst) != changes {
+        shared.publish_now.notify_one();
+    }
+    outcome
+}
+
+async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     let list_sent = Instant::now();
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
@@ -146,7 +156,8 @@ pub(crate) async fn pass(shared: &Arc<Shared>) -> Option<PassOutcome> {
     for (lease, version) in resume {
         lease_task::spawn(shared, lease, version);
     }
-    for v in &retake {
+    let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
+    for v in retake.iter().filter(|_| !holding) {
         if take(shared, v).await {
             info!(key = %v.0.key, "re-took by compare-and-set a lease this process was not granted");
         }
@@ -162,7 +173,14 @@ pub(crate) async fn pass(shared: &Arc<Shared>) -> Option<PassOutcome> {
         expired_claims: expired,
         seed: shared.random(),
     };
-    let plan = shared.balancer.plan(&snapshot);
+    let mut plan = shared.balancer.plan(&snapshot);
+    let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
+    if holding && (plan.take_count > 0 || !plan.take_over.is_empty()) {
+        debug!(take = plan.take_count, "the store went back in time: no takes this pass");
+        plan.take_count = 0;
+        plan.take_over.clear();
+        settled = false;
+    }
     shared.bump(&shared.stats.passes, 1);
     metrics::counter!("shardlease_balance_passes_total").increment(1);
     let mut answered = BTreeSet::new();
@@ -545,23 +563,37 @@ async fn execute(
             }
         }
     }
-    for (key, owner) in &plan.claims {
-        let Some((lease, version)) = by_key.get(key).map(|v| (&v.0, v.1)) else { continue };
-        let next =
-            Lease { claim: Some(Claim { by: shared.id(), at: lease.epoch }), ..lease.clone() };
-        match shared.store.update_lease(&next, version).await {
-            Ok(v) => {
-                let claim = MyClaim { since: Instant::now(), seen: v, at: lease.epoch };
-                lock(&shared.my_claims).insert(key.clone(), claim);
-                shared.changed(1);
-                shared.bump(&shared.stats.claims, 1);
-                metrics::counter!("shardlease_claims_total").increment(1);
-                debug!(key = %key, from = %owner, "claimed");
+    // Claims are written concurrently (bounded), so an owner's next listing sees all of them and
+    // answers them in one round.
+    let me = shared.id();
+    let claims: Vec<(Lease, Version, WorkerId)> = plan
+        .claims
+        .iter()
+        .filter_map(|(key, owner)| by_key.get(key).map(|v| (v.0.clone(), v.1, owner.clone())))
+        .collect();
+    futures::stream::iter(claims)
+        .map(|(lease, version, owner)| {
+            let me = me.clone();
+            async move {
+                let next =
+                    Lease { claim: Some(Claim { by: me, at: lease.epoch }), ..lease.clone() };
+                match shared.store.update_lease(&next, version).await {
+                    Ok(v) => {
+                        let claim = MyClaim { since: Instant::now(), seen: v, at: lease.epoch };
+                        lock(&shared.my_claims).insert(lease.key.clone(), claim);
+                        shared.changed(1);
+                        shared.bump(&shared.stats.claims, 1);
+                        metrics::counter!("shardlease_claims_total").increment(1);
+                        debug!(key = %lease.key, from = %owner, "claimed");
+                    }
+                    Err(Error::Conflict { .. }) => {}
+                    Err(e) => warn!(key = %lease.key, error = %e, "claiming failed"),
+                }
             }
-            Err(Error::Conflict { .. }) => {}
-            Err(e) => warn!(key = %key, error = %e, "claiming failed"),
-        }
-    }
+        })
+        .buffer_unordered(shared.cfg.take_concurrency)
+        .collect::<Vec<()>>()
+        .await;
     // Handoffs: acknowledge every claim first, concurrently (bounded), so an owner answering
     // hundreds of claims restarts every claimant's clock within one pass.
     let mut running = Vec::new();

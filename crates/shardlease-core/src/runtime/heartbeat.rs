@@ -64,6 +64,19 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 for w in &change.vanished {
                     info!(worker = %w, "peer left");
                 }
+                if !change.went_back.is_empty() {
+                    // A running owner repairs what it runs within a (jittered) pass; give it that
+                    // and a heartbeat before taking anything that only looks available.
+                    let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
+                        + shared.cfg.heartbeat_interval;
+                    *lock(&shared.hold_takes_until) = Some(Instant::now() + grace);
+                    warn!(
+                        workers = ?change.went_back,
+                        ?grace,
+                        "worker records went back in time (the store lost writes): taking no \
+                         lease that looks available for a while, so their owners repair them first"
+                    );
+                }
                 let me = shared.id();
                 let now: BTreeMap<_, _> = listing
                     .items
@@ -79,7 +92,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 shared.workers_listed.send_replace(Some(list_started));
                 remove_long_dead(&shared).await;
                 metrics::gauge!("shardlease_live_workers").set(listing.items.len() as f64);
-                if change.needs_balance() || moved {
+                if change.needs_balance() || moved || !change.went_back.is_empty() {
                     shared.want_listing();
                 }
             }

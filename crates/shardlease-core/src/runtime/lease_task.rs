@@ -83,7 +83,7 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
                 ..lease.clone()
             };
             shared.remember(&finished);
-            shared.changed(1);
+            shared.changed_now(1);
             shared.balance_now.notify_one();
         }
         Exit::Lost => {
@@ -152,7 +152,7 @@ pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<Wor
             Ok(v) => {
                 shared.checkpointer.observe(&next, v);
                 shared.remember(&next);
-                shared.changed(1);
+                shared.changed_now(1);
                 match next_owner {
                     Some(w) => {
                         shared.bump(&shared.stats.handoffs, 1);
@@ -198,6 +198,10 @@ struct Task {
     stop: watch::Receiver<Option<StopReason>>,
     processor: Option<Box<dyn RecordProcessor>>,
 }
+
+/// How far an idle shard's polling backs off: after consecutive empty reads the wait doubles from
+/// `idle_poll_interval` up to this many times it.
+const IDLE_BACKOFF_MAX_FACTOR: u32 = 4;
 
 /// How far before its opening a `LATEST` start is pinned when the reader cannot say where it
 /// landed: a generous allowance for the clock skew between this machine and the stream's.
@@ -318,6 +322,7 @@ impl Task {
         }
         let mut position = start;
         let mut backoff = self.shared.backoff();
+        let mut idle_factor: u32 = 1;
         loop {
             if let Some(r) = self.pending_stop() {
                 return Step::Exit(Exit::Stopped(r));
@@ -366,10 +371,14 @@ impl Task {
                 return self.shard_end(children).await;
             }
             if batch.records.is_empty() {
-                let d = self.shared.jittered(self.shared.cfg.idle_poll_interval);
+                let base = self.shared.cfg.idle_poll_interval;
+                let d = self.shared.jittered(base.saturating_mul(idle_factor));
+                idle_factor = (idle_factor * 2).min(IDLE_BACKOFF_MAX_FACTOR);
                 if let Some(r) = self.pause(d).await {
                     return Step::Exit(Exit::Stopped(r));
                 }
+            } else {
+                idle_factor = 1;
             }
         }
     }

@@ -304,7 +304,7 @@ async fn withdraw_claims(shared: &Shared) {
             match shared.store.update_lease(&next, version).await {
                 Err(crate::error::Error::Conflict { .. }) => continue,
                 Ok(_) => {
-                    shared.changed(1);
+                    shared.changed_now(1);
                     break;
                 }
                 Err(_) => break,

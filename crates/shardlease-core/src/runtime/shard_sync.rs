@@ -113,7 +113,7 @@ async fn collect_if_moved_on(shared: &Shared, parent: &LeaseKey, kids: &[LeaseKe
         Ok(Some((lease, version))) if lease.is_finished() => {
             match shared.store.delete_lease(parent, version).await {
                 Ok(()) => {
-                    shared.changed(1);
+                    shared.changed_now(1);
                     debug!(key = %parent, "deleted a finished lease whose children moved on");
                     true
                 }
@@ -239,7 +239,7 @@ async fn sync_shards_listed(
         existing.insert(shard.id.as_str().to_owned());
         stored.insert(shard.id.as_str().to_owned());
     }
-    shared.changed(created as u64);
+    shared.changed_now(created as u64);
     if created > 0 {
         info!(created, shards = shards.len(), "shard sync created leases");
         shared.balance_now.notify_one();
@@ -346,7 +346,7 @@ async fn collect_finished(
         }
         match shared.store.delete_lease(&lease.key, *version).await {
             Ok(()) => {
-                shared.changed(1);
+                shared.changed_now(1);
                 debug!(key = %lease.key, "deleted a finished lease whose children moved on")
             }
             Err(Error::Conflict { .. }) => pending.push(later),

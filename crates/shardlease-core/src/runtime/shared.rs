@@ -154,6 +154,10 @@ pub(crate) struct Shared {
     pub claims_on_mine: Mutex<BTreeMap<LeaseKey, (crate::lease::Version, Instant)>>,
     /// Since when each lost lease has been found lost, in passes without a break.
     pub lost_since: Mutex<BTreeMap<LeaseKey, Instant>>,
+    /// Until when this worker takes no lease that merely looks available: the store was seen
+    /// going back in time (a worker's beat went backwards), so a lease may look free only because
+    /// its owner's writes were lost; its running owner repairs it within a pass.
+    pub hold_takes_until: Mutex<Option<Instant>>,
     /// What the last full shard sync saw, so the next one can skip listing the leases.
     pub last_sync: Mutex<Option<super::shard_sync::LastSync>>,
     pub stats: Stats,
@@ -209,6 +213,7 @@ impl Shared {
             remembered: Mutex::new(BTreeMap::new()),
             lost_since: Mutex::new(BTreeMap::new()),
             last_sync: Mutex::new(None),
+            hold_takes_until: Mutex::new(None),
             previous_listing: Mutex::new(None),
             claims_on_mine: Mutex::new(BTreeMap::new()),
             stats: Stats::default(),
@@ -249,16 +254,24 @@ impl Shared {
         }
     }
 
-    /// Counts `n` ownership changes this worker just wrote: published at once by an early
-    /// heartbeat, so peers list the leases within about a heartbeat; this worker's own next pass
-    /// lists too.
+    /// Counts `n` ownership changes this worker just wrote, published by the next heartbeat;
+    /// this worker's own next pass lists too. A balance pass publishes once at its end (so that
+    /// peers see all of a pass's claims at once); anything else calls [`Shared::publish`] too.
     pub(crate) fn changed(&self, n: u64) {
         if n == 0 {
             return;
         }
         self.changes.fetch_add(n, Ordering::SeqCst);
         self.listing_wanted.fetch_add(1, Ordering::SeqCst);
-        self.publish_now.notify_one();
+    }
+
+    /// Counts `n` ownership changes and publishes them at once by an early heartbeat, so peers
+    /// list the leases within about a heartbeat.
+    pub(crate) fn changed_now(&self, n: u64) {
+        if n > 0 {
+            self.changed(n);
+            self.publish_now.notify_one();
+        }
     }
 
     /// Asks for a balance pass that lists the leases, now.
