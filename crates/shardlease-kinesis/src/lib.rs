@@ -43,6 +43,11 @@ mod reader;
 mod sdk;
 mod source;
 
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod fetcher_tests;
+
 pub use api::StreamRef;
 pub use builder::KinesisSourceBuilder;
 pub use config::{ReadConfig, MAX_RECORDS_LIMIT};
