@@ -16,10 +16,7 @@ use crate::listing::list_all;
 use crate::source::KinesisSource;
 
 fn config() -> ReadConfig {
-    let mut c = ReadConfig::default();
-    c.max_records = 2;
-    c.max_retries = 2;
-    c
+    ReadConfig { max_records: 2, max_retries: 2, ..ReadConfig::default() }
 }
 
 fn fetcher(api: &Arc<FakeApi>, c: ReadConfig) -> Fetcher {
