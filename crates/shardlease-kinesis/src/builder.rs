@@ -148,7 +148,14 @@ impl KinesisSourceBuilder {
             None => {
                 let base = match self.sdk_config {
                     Some(c) => c,
-                    None => aws_config::defaults(BehaviorVersion::latest()).load().await,
+                    None => {
+                        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+                        // A region given here spares the chain its lookups (profile, IMDS).
+                        if let Some(r) = &self.region {
+                            loader = loader.region(Region::new(r.clone()));
+                        }
+                        loader.load().await
+                    }
                 };
                 let mut conf = aws_sdk_kinesis::config::Builder::from(&base).timeout_config(
                     TimeoutConfig::builder()

@@ -48,6 +48,11 @@ mod fake;
 #[cfg(test)]
 mod fetcher_tests;
 
+/// The AWS SDK crates this source is built on, so a caller can build a client or config of its
+/// own ([`KinesisSourceBuilder::client`], [`KinesisSourceBuilder::sdk_config`]) with exactly the
+/// versions shardlease uses.
+pub use {aws_config, aws_sdk_kinesis};
+
 pub use api::StreamRef;
 pub use builder::KinesisSourceBuilder;
 pub use config::{ReadConfig, MAX_RECORDS_LIMIT};
