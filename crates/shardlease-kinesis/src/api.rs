@@ -115,3 +115,17 @@ pub(crate) trait Api: Send + Sync + Debug {
     ) -> Result<String, ApiError>;
     async fn get_records(&self, iterator: &str, limit: i32) -> Result<RecordsPage, ApiError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_named_or_addressed_by_arn() {
+        assert_eq!(StreamRef::parse("orders"), StreamRef::Name("orders".into()));
+        let arn = "arn:aws:kinesis:us-east-1:123456789012:stream/orders";
+        assert_eq!(StreamRef::parse(arn), StreamRef::Arn(arn.into()));
+        assert_eq!(StreamRef::parse(arn).label(), "orders");
+        assert_eq!(StreamRef::parse("orders").label(), "orders");
+    }
+}
