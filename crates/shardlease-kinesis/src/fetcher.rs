@@ -173,8 +173,11 @@ impl Fetcher {
 
     async fn on_page(&mut self, page: RecordsPage) -> Result<Option<Batch>> {
         let bytes: u64 = page.records.iter().map(|r| r.data.len() as u64).sum();
+        // At most a day (a tiny byte rate and a huge batch must not overflow anything).
         let byte_wait =
-            Duration::from_secs_f64(bytes as f64 / self.config.max_bytes_per_second as f64);
+            Duration::try_from_secs_f64(bytes as f64 / self.config.max_bytes_per_second as f64)
+                .unwrap_or(Duration::MAX)
+                .min(Duration::from_secs(86_400));
         let now = Instant::now();
         self.next_call_at = now + self.config.min_call_interval.max(byte_wait);
         let read_nothing = page.records.is_empty();

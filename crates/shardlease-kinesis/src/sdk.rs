@@ -214,3 +214,83 @@ impl Api for SdkApi {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_kinesis::error::ErrorMetadata;
+    use aws_sdk_kinesis::operation::get_records::GetRecordsError;
+    use aws_sdk_kinesis::types::error::{
+        ExpiredIteratorException, InternalFailureException, ProvisionedThroughputExceededException,
+        ResourceNotFoundException,
+    };
+    use aws_smithy_runtime_api::http::StatusCode;
+    use aws_smithy_types::body::SdkBody;
+
+    fn meta(code: &str) -> ErrorMetadata {
+        ErrorMetadata::builder().code(code).message("from the service").build()
+    }
+
+    fn service(e: GetRecordsError, status: u16) -> SdkError<GetRecordsError, HttpResponse> {
+        let status = StatusCode::try_from(status).unwrap_or_else(|e| panic!("{e}"));
+        SdkError::service_error(e, HttpResponse::new(status, SdkBody::empty()))
+    }
+
+    #[test]
+    fn failures_are_classified_by_code_and_status() {
+        let throttled = GetRecordsError::ProvisionedThroughputExceededException(
+            ProvisionedThroughputExceededException::builder()
+                .meta(meta("ProvisionedThroughputExceededException"))
+                .build(),
+        );
+        assert!(matches!(classify("GetRecords", service(throttled, 400)), ApiError::Throttled(_)));
+
+        let expired = GetRecordsError::ExpiredIteratorException(
+            ExpiredIteratorException::builder().meta(meta("ExpiredIteratorException")).build(),
+        );
+        assert!(matches!(classify("GetRecords", service(expired, 400)), ApiError::ExpiredIterator));
+
+        let missing = GetRecordsError::ResourceNotFoundException(
+            ResourceNotFoundException::builder().meta(meta("ResourceNotFoundException")).build(),
+        );
+        match classify("GetRecords", service(missing, 400)) {
+            ApiError::Other(e) => {
+                assert!(!e.is_retryable());
+                assert!(
+                    e.to_string().contains("ResourceNotFoundException: from the service"),
+                    "{e}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let internal = GetRecordsError::InternalFailureException(
+            InternalFailureException::builder().meta(meta("InternalFailureException")).build(),
+        );
+        assert!(
+            matches!(classify("GetRecords", service(internal, 500)), ApiError::Other(e) if e.is_retryable())
+        );
+
+        let unknown = GetRecordsError::generic(meta("SomethingNew"));
+        assert!(
+            matches!(classify("GetRecords", service(unknown, 503)), ApiError::Other(e) if e.is_retryable())
+        );
+        let unknown = GetRecordsError::generic(meta("SomethingNew"));
+        assert!(
+            matches!(classify("GetRecords", service(unknown, 400)), ApiError::Other(e) if !e.is_retryable())
+        );
+
+        let timeout: SdkError<GetRecordsError, HttpResponse> = SdkError::timeout_error("slow");
+        assert!(matches!(classify("GetRecords", timeout), ApiError::Other(e) if e.is_retryable()));
+        let bad: SdkError<GetRecordsError, HttpResponse> = SdkError::construction_failure("bad");
+        assert!(matches!(classify("GetRecords", bad), ApiError::Other(e) if !e.is_retryable()));
+    }
+
+    #[test]
+    fn hash_keys_parse_as_128_bit_integers() {
+        assert_eq!(parse_hash_key("0"), Some(0));
+        assert_eq!(parse_hash_key(&u128::MAX.to_string()), Some(u128::MAX));
+        assert_eq!(parse_hash_key("340282366920938463463374607431768211456"), None); // 2^128
+        assert_eq!(parse_hash_key("x"), None);
+    }
+}
