@@ -178,7 +178,12 @@ impl ShardSource for KinesisSource {
         let mut fetcher = self.fetcher(shard, range, iterator, start, skip);
         let (first, resolved) = match from {
             Position::Latest => {
-                let first = fetcher.next().await?;
+                // Bounded: a throttled shard must not hold the open (and the lease task) for
+                // long; the runtime retries the open after a pause.
+                let bound = self.config.operation_timeout.saturating_mul(2);
+                let first = tokio::time::timeout(bound, fetcher.next()).await.map_err(|_| {
+                    Error::retryable(format!("the first read of shard {shard} at LATEST timed out"))
+                })??;
                 let pin = fetcher.first_arrival().unwrap_or_else(|| {
                     let margin = i64::try_from(self.config.latest_pin_margin.as_millis())
                         .unwrap_or(i64::MAX);
