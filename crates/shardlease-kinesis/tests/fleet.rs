@@ -1,4 +1,4 @@
-//! End to end: two workers share a kinesalite stream through an in-memory lease store while
+//! End to end: two workers (then a third that joins) share a kinesalite stream through an in-memory lease store while
 //! records are put before and after a split and a merge. Every record is processed exactly once,
 //! and no record of a child shard is processed before the last record of each of its parents.
 //! Then a worker restarts and resumes inside a KPL aggregate from its checkpoint.
@@ -112,6 +112,15 @@ async fn two_workers_read_everything_once_across_a_split_and_a_merge() {
     k.split(&stream, "shardId-000000000000", QUARTER).await;
     expected.extend(put("split", 40).await);
     eventually("the split's records processed", || processed_so_far(&expected)).await;
+    // A third worker joins: leases are handed over (checkpoint, release) while batches are read
+    // ahead, and nothing may be read twice or skipped for it.
+    let c = start(&config, "worker-c", &store, &source, &log).await;
+    // Every lease was held: the newcomer can only get one by a handoff.
+    eventually("a lease handed to the newcomer", || async {
+        (!c.held_leases().is_empty()).then_some(())
+    })
+    .await;
+    expected.extend(put("joined", 40).await);
     // Shards 3 and 1 (2^127 ..= max) are adjacent: they merge into 4.
     k.merge(&stream, "shardId-000000000003", "shardId-000000000001").await;
     expected.extend(put("merged", 40).await);
@@ -123,8 +132,11 @@ async fn two_workers_read_everything_once_across_a_split_and_a_merge() {
     let want: BTreeSet<Id> = expected.keys().cloned().collect();
     eventually("every record processed", || async { want.is_subset(&log.ids()).then_some(()) })
         .await;
+    let handoffs: u64 = [&a, &b, &c].iter().map(|w| w.stats().handoffs).sum();
+    assert!(handoffs >= 1, "the join moved a lease by handoff");
     a.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
     b.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    c.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
 
     let events = log.events();
     // Exactly once per shard, with the data that was put.
