@@ -193,3 +193,24 @@ impl KinesisSourceBuilder {
         KinesisSource::with_api(Arc::new(api), stream, self.read)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_never_show_in_debug_output() {
+        let b = KinesisSource::builder("orders").static_credentials("AKIDEXAMPLE", "s3cr3t-key");
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("s3cr3t-key") && !shown.contains("AKIDEXAMPLE"), "{shown}");
+        assert!(shown.contains("redacted"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn bad_settings_are_refused_when_building() {
+        let empty = KinesisSource::builder("").region("us-east-1").build().await;
+        assert!(matches!(empty, Err(Error::Config(_))));
+        let zero = KinesisSource::builder("s").region("us-east-1").max_records(0).build().await;
+        assert!(matches!(zero, Err(Error::Config(_))));
+    }
+}
