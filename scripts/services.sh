@@ -26,6 +26,8 @@ need_pkg() { # need_pkg COMMAND PACKAGE...
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
 
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 wait_for() { # wait_for WHAT SECONDS COMMAND...
   local what=$1 secs=$2; shift 2
   for _ in $(seq 1 $((secs * 10))); do
@@ -66,12 +68,26 @@ start_redis() {
   echo "redis $(cat "$run_dir/redis.pid" 2>/dev/null)" >>"$pids"
 }
 
-wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis}
+start_kinesis() { # kinesalite from npm, via a Node wrapper that binds 127.0.0.1 only
+  local port=${SHARDLEASE_KINESIS_PORT:-4567}
+  if port_open "$port"; then return 0; fi
+  need_pkg npm nodejs npm
+  if [ ! -f "$run_dir/node_modules/kinesalite/package.json" ]; then
+    log "installing kinesalite (npm)"
+    (cd "$run_dir" && npm install --silent --no-audit --no-fund --no-save kinesalite >&2)
+  fi
+  nohup node "$root/scripts/kinesalite.js" "$run_dir" "$port" >"$run_dir/kinesalite.log" 2>&1 &
+  echo "kinesalite $!" >>"$pids"
+  wait_for kinesalite 30 port_open "$port"
+}
+
+wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis kinesis}
 for s in $wanted; do
   case $s in
     postgres) start_postgres && echo "export SHARDLEASE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test" ;;
     mariadb|mysql) start_mariadb && echo "export SHARDLEASE_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test" ;;
     redis) start_redis && echo "export SHARDLEASE_TEST_REDIS_URL=redis://127.0.0.1:6379/" ;;
+    kinesis) start_kinesis && echo "export SHARDLEASE_TEST_KINESIS_ENDPOINT=http://127.0.0.1:${SHARDLEASE_KINESIS_PORT:-4567}" ;;
     *) log "unknown service $s"; exit 2 ;;
   esac
 done
