@@ -274,3 +274,31 @@ async fn a_wrapped_refusal_still_stops_the_task() {
 async fn a_swallowed_refusal_still_stops_the_task() {
     refused_checkpoint_stops_the_task(OnRefusal::Swallow).await;
 }
+
+/// A change made outside the fleet (here: every lease deleted by hand, no worker record touched)
+/// is not signalled; the safety net's listing still finds it within its interval, and the fleet
+/// restores the leases (their running owners remember them) without any signal.
+#[tokio::test(start_paused = true)]
+async fn the_safety_net_catches_a_change_nobody_signalled() {
+    let mut f = fleet(16, 4);
+    f.cluster.sync_shards().await.unwrap();
+    f.cluster.start_workers(2).unwrap();
+    f.settle().await;
+    let store = f.cluster.store().clone();
+    let before = store.list_leases().await.unwrap().items;
+    for (l, v) in &before {
+        store.delete_lease(&l.key, *v).await.unwrap();
+    }
+    let listings = f.listings();
+    let all = f.cluster.running();
+    // The safety net's interval (the shard-sync interval at 16 leases), jittered, and a pass.
+    let bound = f.cfg.shard_sync_interval.mul_f64(1.0 + f.cfg.jitter) + f.notice_bound();
+    f.all_list_within("the safety net listed", &all, &listings, bound).await;
+    wait_until("every lease back", bound, HB / 10, || async {
+        store.list_leases().await.unwrap().items.len() == before.len()
+    })
+    .await
+    .unwrap();
+    f.cluster.wait_balanced(LONG, HB / 10).await.unwrap();
+    f.cluster.shutdown_all().await;
+}

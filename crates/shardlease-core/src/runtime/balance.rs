@@ -125,6 +125,21 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     };
     shared.bump(&shared.stats.lease_listings, 1);
     let listed = listing.items.len() + listing.corrupt.len();
+    {
+        // A lease the last shard sync saw is gone (the store lost it, or a peer collected it):
+        // the next sync lists the leases and creates what is missing, at once.
+        let keys: BTreeSet<&str> = listing
+            .items
+            .iter()
+            .map(|(l, _)| l.key.as_str())
+            .chain(listing.corrupt.iter().map(|c| c.key.as_str()))
+            .collect();
+        let mut last = lock(&shared.last_sync);
+        if last.as_ref().is_some_and(|l| l.misses_any(&keys)) {
+            *last = None;
+            shared.sync_now.notify_one();
+        }
+    }
     report_corrupt(shared, &listing.corrupt);
     let corrupt: BTreeSet<LeaseKey> =
         listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();

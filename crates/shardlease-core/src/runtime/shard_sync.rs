@@ -56,6 +56,7 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
         let d = shared.jittered(shared.cfg.shard_sync_interval);
         tokio::select! {
             _ = tokio::time::sleep(d) => {}
+            _ = shared.sync_now.notified() => {}
             _ = shared.stop_taking.cancelled() => return,
         }
         if let Err(e) = sync_if_changed(&shared).await {
@@ -73,6 +74,18 @@ pub(crate) struct LastSync {
     complete: bool,
     /// Finished leases not yet collected, with the children that must move on first.
     pending: Vec<(LeaseKey, Vec<LeaseKey>)>,
+    /// The leases the store held (or this sync created) for the listed shards, minus those this
+    /// worker collected since. A balance pass that lists the leases and misses one of these
+    /// forgets this record, so the next sync is a full one (the store lost leases, or a peer
+    /// collected one: either way, look).
+    expected: BTreeSet<LeaseKey>,
+}
+
+impl LastSync {
+    /// Whether a listing holding `listed` keys lacks a lease this sync expected.
+    pub(crate) fn misses_any(&self, listed: &BTreeSet<&str>) -> bool {
+        self.expected.iter().any(|k| !listed.contains(k.as_str()))
+    }
 }
 
 /// The periodic sync: a full one when the shard list changed since the last full sync (or that
@@ -85,13 +98,19 @@ async fn sync_if_changed(shared: &Shared) -> Result<()> {
         return sync_shards(shared, shards, &shared.cfg.initial_position).await;
     };
     let mut pending = Vec::with_capacity(last.pending.len());
+    let mut collected = Vec::new();
     for (parent, kids) in last.pending {
-        if !collect_if_moved_on(shared, &parent, &kids).await {
+        if collect_if_moved_on(shared, &parent, &kids).await {
+            collected.push(parent);
+        } else {
             pending.push((parent, kids));
         }
     }
     if let Some(l) = lock(&shared.last_sync).as_mut() {
         l.pending = pending;
+        for k in &collected {
+            l.expected.remove(k);
+        }
     }
     Ok(())
 }
@@ -244,8 +263,14 @@ async fn sync_shards_listed(
         info!(created, shards = shards.len(), "shard sync created leases");
         shared.balance_now.notify_one();
     }
-    let pending = collect_finished(shared, &listing.items, &children).await;
-    *lock(&shared.last_sync) = Some(LastSync { shards: shards.clone(), complete, pending });
+    let (pending, collected) = collect_finished(shared, &listing.items, &children).await;
+    let expected = shards
+        .iter()
+        .filter(|s| stored.contains(s.id.as_str()) && !collected.contains(&s.id))
+        .map(|s| s.id.clone())
+        .collect();
+    *lock(&shared.last_sync) =
+        Some(LastSync { shards: shards.clone(), complete, pending, expected });
     Ok(())
 }
 
@@ -310,13 +335,15 @@ pub(crate) fn child_start(initial: &Position) -> Position {
 }
 
 /// Deletes finished leases whose children all exist and have a checkpoint past their start;
-/// returns those left for later, with their children.
+/// returns those left for later, with their children, and those deleted.
+#[allow(clippy::type_complexity)]
 async fn collect_finished(
     shared: &Shared,
     leases: &[(Lease, crate::lease::Version)],
     children_listed: &BTreeMap<&LeaseKey, Vec<&LeaseKey>>,
-) -> Vec<(LeaseKey, Vec<LeaseKey>)> {
+) -> (Vec<(LeaseKey, Vec<LeaseKey>)>, BTreeSet<LeaseKey>) {
     let mut pending = Vec::new();
+    let mut collected = BTreeSet::new();
     let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
     let mut lease_children: BTreeMap<&LeaseKey, Vec<&LeaseKey>> = BTreeMap::new();
     for (l, _) in leases {
@@ -347,6 +374,7 @@ async fn collect_finished(
         match shared.store.delete_lease(&lease.key, *version).await {
             Ok(()) => {
                 shared.changed_now(1);
+                collected.insert(lease.key.clone());
                 debug!(key = %lease.key, "deleted a finished lease whose children moved on")
             }
             Err(Error::Conflict { .. }) => pending.push(later),
@@ -356,5 +384,5 @@ async fn collect_finished(
             }
         }
     }
-    pending
+    (pending, collected)
 }

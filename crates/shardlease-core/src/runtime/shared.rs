@@ -160,6 +160,8 @@ pub(crate) struct Shared {
     pub hold_takes_until: Mutex<Option<Instant>>,
     /// What the last full shard sync saw, so the next one can skip listing the leases.
     pub last_sync: Mutex<Option<super::shard_sync::LastSync>>,
+    /// Wakes the shard sync loop for a full sync now (a listing missed a lease it expected).
+    pub sync_now: Notify,
     pub stats: Stats,
     rng: Mutex<StdRng>,
 }
@@ -213,6 +215,7 @@ impl Shared {
             remembered: Mutex::new(BTreeMap::new()),
             lost_since: Mutex::new(BTreeMap::new()),
             last_sync: Mutex::new(None),
+            sync_now: Notify::new(),
             hold_takes_until: Mutex::new(None),
             previous_listing: Mutex::new(None),
             claims_on_mine: Mutex::new(BTreeMap::new()),
