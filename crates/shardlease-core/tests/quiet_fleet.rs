@@ -1,6 +1,6 @@
 //! A settled fleet reads worker records, not leases: with nothing changing, no worker lists the
 //! leases (until the slow safety net), so what a quiet worker reads does not grow with the lease
-//! count. Every change still reaches every worker within about a heartbeat plus a balance pass:
+//! count. Every change still reaches every worker within about a heartbeat plus a balance interval:
 //! a join (and the claims it makes), a graceful leave, a crash (after its failover timeout), a
 //! shard end, and a processor that swallows the refusal of its checkpoint.
 //!
@@ -67,7 +67,7 @@ impl Fleet {
 
     /// The longest a change may take to reach a worker's next listing: the changer's early
     /// heartbeat, the peer's next listing of worker records (each up to a jittered heartbeat),
-    /// and one balance pass, with a heartbeat to spare.
+    /// and the peer's next pass (a jittered balance interval), with a heartbeat to spare.
     fn notice_bound(&self) -> Duration {
         let jittered = |d: Duration| d.mul_f64(1.0 + self.cfg.jitter);
         jittered(HB) * 3 + jittered(self.cfg.balance_interval)
@@ -116,7 +116,7 @@ async fn a_settled_fleet_lists_no_leases() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn every_change_reaches_every_worker_within_a_heartbeat_and_a_pass() {
+async fn every_change_reaches_every_worker_within_a_heartbeat_and_a_balance_interval() {
     let mut f = fleet(24, 2);
     f.cluster.sync_shards().await.unwrap();
     f.cluster.start_workers(3).unwrap();

@@ -37,12 +37,29 @@ async fn measure(run: &Run<'_>, fleet: &mut Fleet) -> Result<Report, BenchError>
     let fleet = &*fleet;
     let moves = RefCell::new(MoveCounter::default());
     let (balanced, balanced_at) = run.wait_for(fleet, Goal::Balanced, &moves).await?;
+    // Balanced is not yet quiet: the passes right after the last move list the leases once more
+    // to see that nothing is left to do. Wait until no worker has listed for two balance
+    // intervals (bounded by the run's timeout), so the window measures the steady state.
+    let listings =
+        |f: &Fleet| -> Vec<u64> { f.stats().values().map(|s| s.lease_listings).collect() };
+    let settle_deadline = Instant::now() + run.timeout();
+    let mut seen = listings(fleet);
+    loop {
+        tokio::time::sleep(run.args.timings.balance * 2).await;
+        let now = listings(fleet);
+        if now == seen || Instant::now() >= settle_deadline {
+            break;
+        }
+        seen = now;
+    }
+    let listings_before: u64 = listings(fleet).iter().sum();
 
     // The measurement window: the fleet is left alone, and only its own calls are counted.
     let before = fleet.counted().counts();
     let window_start = Instant::now();
     tokio::time::sleep(run.args.duration).await;
     let ops = fleet.counted().counts().since(&before);
+    let listings_in_window = listings(fleet).iter().sum::<u64>() - listings_before;
     let window = window_start.elapsed().as_secs_f64();
     let end = fleet.coverage().await?;
     let workers = run.args.workers;
@@ -64,6 +81,7 @@ async fn measure(run: &Run<'_>, fleet: &mut Fleet) -> Result<Report, BenchError>
         per_second_per_worker(ops.records_written, window, workers),
     );
     r.set("leases", balanced.active);
+    r.set("lease_listings_in_window", listings_in_window);
     r.set("window_s", round3(window));
     r.set("ops_per_sec_per_worker", rates_json(&ops, window, workers));
     r.set(

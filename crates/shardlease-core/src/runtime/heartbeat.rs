@@ -92,8 +92,13 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 shared.workers_listed.send_replace(Some(list_started));
                 remove_long_dead(&shared).await;
                 metrics::gauge!("shardlease_live_workers").set(listing.items.len() as f64);
-                if change.needs_balance() || moved || !change.went_back.is_empty() {
+                if change.needs_balance() || !change.went_back.is_empty() {
                     shared.want_listing();
+                } else if moved {
+                    // Listed at the next regular pass, not at once: with many workers changing
+                    // owners together (a fleet starting, a rolling deploy), a pass per signal
+                    // would list the leases back to back on every worker.
+                    shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
                 }
             }
             Ok(Err(e)) => warn!(error = %e, "listing workers failed"),
