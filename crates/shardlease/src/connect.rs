@@ -65,6 +65,8 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
         "memory" => Ok(Arc::new(MemoryBackend::global().store(Namespace::new(namespace)))),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => shardlease_redis::connect_url(url.as_str(), namespace).await,
+        #[cfg(feature = "dynamodb")]
+        "dynamodb" => shardlease_dynamodb::connect_url(_raw, namespace).await,
         #[cfg(feature = "sqlite")]
         "sqlite" => shardlease_sql::connect_url(_raw, namespace).await,
         #[cfg(feature = "postgres")]
@@ -130,6 +132,11 @@ mod tests {
         }
         let m = config_error(connect("postgresql://u:pw@localhost/db").await);
         assert!(m.contains("`postgres` feature"), "{m}");
+        if !cfg!(feature = "dynamodb") {
+            let m = config_error(connect("dynamodb://AKID:s3cr3t@leases?region=x").await);
+            assert!(m.contains("`dynamodb` feature"), "{m}");
+            assert!(!m.contains("s3cr3t"), "{m}");
+        }
         let m = config_error(connect("gopher://x").await);
         assert!(m.contains("unknown store scheme"), "{m}");
     }
