@@ -313,13 +313,14 @@ const PARAMS: &[&str] = &[
     "write_capacity",
     "page_size",
     "max_attempts",
+    "attempt_timeout_ms",
     "session_token",
 ];
 
 /// A builder from a URL `dynamodb://[access_key_id:secret_access_key@]table?region=...&
 /// endpoint=...&namespace=...&profile=...&create_table=true&billing=on-demand|provisioned&
-/// read_capacity=N&write_capacity=N&page_size=N&max_attempts=N`. Errors never echo the URL's
-/// keys.
+/// read_capacity=N&write_capacity=N&page_size=N&max_attempts=N&attempt_timeout_ms=N`. Errors
+/// never echo the keys.
 pub(crate) fn builder_from_url(raw: &str) -> Result<DynamoDbStoreBuilder> {
     let shown = redact_url(raw);
     let url = Url::parse(raw).map_err(|e| {
@@ -382,6 +383,9 @@ pub(crate) fn builder_from_url(raw: &str) -> Result<DynamoDbStoreBuilder> {
             "max_attempts" => {
                 b = b.max_attempts(u32::try_from(number("max_attempts")?).unwrap_or(u32::MAX))
             }
+            "attempt_timeout_ms" => {
+                b = b.attempt_timeout(Duration::from_millis(number("attempt_timeout_ms")?))
+            }
             "session_token" => {
                 if let Some(k) = b.keys.as_mut() {
                     k.session_token = Some(v.into_owned());
@@ -424,7 +428,8 @@ mod tests {
     fn urls_set_every_option() {
         let b = builder_from_url(
             "dynamodb://AKID:se%2Fcret@my-leases?region=eu-west-1&endpoint=http://127.0.0.1:8000\
-             &namespace=orders&create_table=true&billing=provisioned&read_capacity=10&page_size=7",
+             &namespace=orders&create_table=true&billing=provisioned&read_capacity=10&page_size=7\
+             &attempt_timeout_ms=250",
         )
         .unwrap();
         assert_eq!(b.table, "my-leases");
@@ -434,6 +439,7 @@ mod tests {
         assert!(b.create_table);
         assert_eq!(b.billing, Billing::Provisioned { read_capacity: 10, write_capacity: 5 });
         assert_eq!(b.page_size, Some(7));
+        assert_eq!(b.attempt_timeout, Duration::from_millis(250));
         let keys = b.keys.as_ref().unwrap();
         assert_eq!(
             (keys.access_key_id.as_str(), keys.secret_access_key.as_str()),

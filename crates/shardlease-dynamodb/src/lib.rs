@@ -79,7 +79,8 @@ pub fn builder_from_url(url: &str) -> Result<DynamoDbStoreBuilder> {
 /// Opens `namespace` on the table named by `url`, as a shared [`LeaseStore`]: the entry point of
 /// the `shardlease` facade for `dynamodb://` URLs. The form is
 /// `dynamodb://[KEY_ID:SECRET@]TABLE?region=&endpoint=&profile=&create_table=true&
-/// billing=on-demand|provisioned&read_capacity=&write_capacity=&page_size=&max_attempts=`;
+/// billing=on-demand|provisioned&read_capacity=&write_capacity=&page_size=&max_attempts=&
+/// attempt_timeout_ms=`;
 /// anything not given comes from the AWS default chains. Keys in the URL are for emulators;
 /// they never appear in an error. Any `namespace` parameter is ignored in favour of the argument.
 pub async fn connect_url(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
