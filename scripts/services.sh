@@ -71,7 +71,9 @@ dynamodb_port=${SHARDLEASE_DYNAMODB_PORT:-8000}
 dynamodb_up() { curl -s -o /dev/null "http://127.0.0.1:$dynamodb_port/moto-api/"; }
 
 start_dynamodb() {
+  need_pkg curl curl
   if dynamodb_up; then return 0; fi
+  need_pkg python3 python3 python3-venv
   local venv="$run_dir/moto-venv"
   if [ ! -x "$venv/bin/moto_server" ]; then
     log "installing moto[server] into $venv"
