@@ -86,13 +86,18 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
     }
 }
 
-/// `url` with any password replaced by `***`, for logs and messages. A string that does not parse
-/// is replaced whole (it may hold a password in a shape we cannot find).
+/// `url` with any password (and a `dynamodb://` access key id) replaced by `***`, for logs and
+/// messages. A string that does not parse is replaced whole (it may hold a password in a shape
+/// we cannot find).
 pub fn redact_url(url: &str) -> String {
     match Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
+            }
+            // In a dynamodb:// URL the user name is an AWS access key id: hidden too.
+            if u.scheme() == "dynamodb" && !u.username().is_empty() {
+                let _ = u.set_username("***");
             }
             u.to_string()
         }
@@ -160,6 +165,7 @@ mod tests {
     fn redaction_hides_passwords() {
         assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
         assert_eq!(redact_url("memory://"), "memory://");
+        assert_eq!(redact_url("dynamodb://AKID:sk@t?region=r"), "dynamodb://***:***@t?region=r");
         assert_eq!(redact_url("::nope pw"), "<unparseable URL>");
     }
 }
