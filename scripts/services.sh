@@ -26,6 +26,8 @@ need_pkg() { # need_pkg COMMAND PACKAGE...
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
 
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 wait_for() { # wait_for WHAT SECONDS COMMAND...
   local what=$1 secs=$2; shift 2
   for _ in $(seq 1 $((secs * 10))); do
@@ -80,12 +82,28 @@ start_dynamodb() {
     python3 -m venv "$venv" >&2
     "$venv/bin/pip" install -q 'moto[server]' >&2
   fi
-  nohup "$venv/bin/moto_server" -H 127.0.0.1 -p "$dynamodb_port" >"$run_dir/moto.log" 2>&1 &
+  # Through a wrapper that applies one request at a time (moto's own server races conditional
+  # writes of one item; see the script).
+  nohup "$venv/bin/python" "$root/scripts/moto-server.py" -H 127.0.0.1 -p "$dynamodb_port" \
+    >"$run_dir/moto.log" 2>&1 &
   echo "dynamodb $!" >>"$pids"
   wait_for DynamoDB 30 dynamodb_up
 }
 
-wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis dynamodb}
+start_kinesis() { # kinesalite from npm, via a Node wrapper that binds 127.0.0.1 only
+  local port=${SHARDLEASE_KINESIS_PORT:-4567}
+  if port_open "$port"; then return 0; fi
+  need_pkg npm nodejs npm
+  if [ ! -f "$run_dir/node_modules/kinesalite/package.json" ]; then
+    log "installing kinesalite (npm)"
+    (cd "$run_dir" && npm install --silent --no-audit --no-fund --no-save kinesalite >&2)
+  fi
+  nohup node "$root/scripts/kinesalite.js" "$run_dir" "$port" >"$run_dir/kinesalite.log" 2>&1 &
+  echo "kinesalite $!" >>"$pids"
+  wait_for kinesalite 30 port_open "$port"
+}
+
+wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis dynamodb kinesis}
 for s in $wanted; do
   case $s in
     postgres) start_postgres && echo "export SHARDLEASE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test" ;;
@@ -94,6 +112,7 @@ for s in $wanted; do
     dynamodb) start_dynamodb &&
       echo "export SHARDLEASE_TEST_DYNAMODB_ENDPOINT=http://127.0.0.1:$dynamodb_port" &&
       echo "export SHARDLEASE_TEST_DYNAMODB_URL='dynamodb://test:test@shardlease-test?region=us-east-1&endpoint=http://127.0.0.1:$dynamodb_port&create_table=true'" ;;
+    kinesis) start_kinesis && echo "export SHARDLEASE_TEST_KINESIS_ENDPOINT=http://127.0.0.1:${SHARDLEASE_KINESIS_PORT:-4567}" ;;
     *) log "unknown service $s"; exit 2 ;;
   esac
 done

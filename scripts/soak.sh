@@ -17,7 +17,10 @@ SHARDLEASE_SIM_SEEDS=$seeds SHARDLEASE_SIM_FIRST_SEED=$first \
 status=$?
 ok=$(grep -c '^seed [0-9]*: ok' "$log")
 failed=$(grep '^seed [0-9]*: FAILED' "$log")
+anomalies=$(grep -c '^seed [0-9]*: ok (POST-ACCIDENT ANOMALIES' "$log")
 echo "seeds ok: $ok of $seeds in $(( $(date +%s) - start )) s"
+echo "of which passed with documented post-accident anomalies (two owners for a pass, a parent read again): $anomalies"
+echo "(SHARDLEASE_SIM_STRICT=1 scripts/soak.sh counts those as failures)"
 if [ -n "$failed" ]; then
   echo "failing seeds:"
   echo "$failed" | cut -c1-1500

@@ -65,11 +65,14 @@ pub use shardlease_testkit::cluster::Coverage;
 pub struct MoveCounter {
     last_owner: HashMap<LeaseKey, WorkerId>,
     moves: u64,
+    /// When observations saw moves, and how many.
+    seen: Vec<(std::time::Instant, u64)>,
 }
 
 impl MoveCounter {
     /// Notes who owns what now.
     pub fn observe(&mut self, cov: &Coverage) {
+        let before = self.moves;
         for (key, owner) in &cov.owners {
             let Some(owner) = owner else { continue };
             if let Some(previous) = self.last_owner.insert(key.clone(), owner.clone()) {
@@ -78,11 +81,29 @@ impl MoveCounter {
                 }
             }
         }
+        if self.moves > before {
+            self.seen.push((std::time::Instant::now(), self.moves - before));
+        }
     }
 
     /// Moves seen so far.
     pub fn moves(&self) -> u64 {
         self.moves
+    }
+
+    /// The moves grouped in rounds: observations with moves less than `gap` apart belong to one
+    /// round. Returns the number of moves of each round, in order.
+    pub fn rounds(&self, gap: std::time::Duration) -> Vec<u64> {
+        let mut rounds: Vec<u64> = Vec::new();
+        let mut last: Option<std::time::Instant> = None;
+        for (at, n) in &self.seen {
+            match (last, rounds.last_mut()) {
+                (Some(l), Some(r)) if at.saturating_duration_since(l) < gap => *r += n,
+                _ => rounds.push(*n),
+            }
+            last = Some(*at);
+        }
+        rounds
     }
 }
 

@@ -43,7 +43,9 @@ pub struct Config {
     pub claim_timeout: Duration,
     /// How long a graceful shutdown may take before leases are released regardless. Default 10 s.
     pub shutdown_timeout: Duration,
-    /// How long a reader waits after an empty read. Default 1 s.
+    /// How long a reader waits after an empty read. Default 1 s. A shard that stays empty is
+    /// polled less often, the wait doubling up to 4 × this (a record resets it), so thousands
+    /// of idle leases do not keep the worker's threads busy.
     pub idle_poll_interval: Duration,
     /// Where a lease for a newly discovered shard starts. Default `Latest`.
     pub initial_position: Position,

@@ -34,6 +34,8 @@ pub struct LivenessChange {
     pub newly_dead: Vec<WorkerId>,
     /// Workers whose record disappeared (a clean leave, normally).
     pub vanished: Vec<WorkerId>,
+    /// Workers whose beat went backwards within one process: the store lost writes.
+    pub went_back: Vec<WorkerId>,
 }
 
 impl LivenessChange {
@@ -94,6 +96,9 @@ impl Liveness {
             match self.workers.get_mut(&r.id) {
                 Some(seen) if seen.beat == r.beat => {}
                 Some(seen) => {
+                    if WorkerRecord::beat_went_back(seen.beat, r.beat) {
+                        change.went_back.push(r.id.clone());
+                    }
                     *seen = Seen { beat: r.beat, since: first_seen };
                     self.dead.remove(&r.id);
                 }

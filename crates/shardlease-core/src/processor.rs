@@ -38,23 +38,75 @@ impl LeaseContext {
     }
 }
 
+/// What the runtime learns from a lease's checkpoints as they are written, whatever the processor
+/// then does with the result (it may wrap an error so that nobody can match it any more).
+pub(crate) trait CheckpointObserver: Send + Sync {
+    /// `position` was written under `token`.
+    fn written(&self, token: &LeaseToken, position: &Position);
+    /// A write under `token` was refused: the lease moved on.
+    fn refused(&self, token: &LeaseToken);
+}
+
 /// A fenced checkpointer bound to one lease at one epoch.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct CheckpointHandle {
     checkpointer: Arc<dyn Checkpointer>,
     token: LeaseToken,
+    observer: Option<Arc<dyn CheckpointObserver>>,
+    /// Set when a write was refused because the lease moved on, whatever the processor does
+    /// with the error afterwards.
+    refused: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::fmt::Debug for CheckpointHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointHandle")
+            .field("checkpointer", &self.checkpointer)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CheckpointHandle {
     /// A handle writing through `checkpointer` under `token`.
     pub fn new(checkpointer: Arc<dyn Checkpointer>, token: LeaseToken) -> Self {
-        CheckpointHandle { checkpointer, token }
+        CheckpointHandle { checkpointer, token, observer: None, refused: Default::default() }
+    }
+
+    /// A handle that also tells the runtime about each write.
+    pub(crate) fn observed(
+        checkpointer: Arc<dyn Checkpointer>,
+        token: LeaseToken,
+        observer: Arc<dyn CheckpointObserver>,
+    ) -> Self {
+        CheckpointHandle {
+            checkpointer,
+            token,
+            observer: Some(observer),
+            refused: Default::default(),
+        }
+    }
+
+    /// Whether a write through this handle (or a clone) was refused because the lease moved on.
+    pub(crate) fn was_refused(&self) -> bool {
+        self.refused.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Records that everything up to `position` is processed.
     /// `Error::LeaseLost` means the lease moved on: stop writing for this shard.
     pub async fn checkpoint(&self, position: Position) -> Result<()> {
-        self.checkpointer.checkpoint(&self.token, &position).await
+        let result = self.checkpointer.checkpoint(&self.token, &position).await;
+        if let Err(crate::error::Error::LeaseLost { .. }) = &result {
+            self.refused.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        if let Some(o) = &self.observer {
+            match &result {
+                Ok(()) => o.written(&self.token, &position),
+                Err(crate::error::Error::LeaseLost { .. }) => o.refused(&self.token),
+                Err(_) => {}
+            }
+        }
+        result
     }
 
     /// Checkpoints after the last record of `batch` (nothing if it is empty).

@@ -23,6 +23,12 @@ pub struct WorkerRecord {
     /// Optional capacity (maximum leases) the worker advertises.
     #[serde(default)]
     pub capacity: Option<u32>,
+    /// How many ownership changes (takes, handoffs, releases, claims, shard ends, creations,
+    /// deletions, restores) this worker's process has made. Peers list the leases again when it
+    /// changes, and only then (plus a slow safety net), so a quiet fleet reads worker records,
+    /// not leases. Only equality matters: a new process starts again from 0.
+    #[serde(default)]
+    pub changes: u64,
 }
 
 /// The low bits of a beat that count a process's heartbeats.
@@ -41,6 +47,13 @@ impl WorkerRecord {
         self.beat & ((1 << BEAT_COUNT_BITS) - 1)
     }
 
+    /// Whether a worker's beat went from `before` to `now` backwards within one process (same
+    /// random start): a live process only counts up, so the store lost writes (a rollback to an
+    /// earlier copy). A restart under the same id starts from another random base instead.
+    pub fn beat_went_back(before: u64, now: u64) -> bool {
+        before >> BEAT_COUNT_BITS == now >> BEAT_COUNT_BITS && now < before
+    }
+
     /// A record for `id` at beat `beat`, stamped with the current wall-clock time.
     pub fn new(id: WorkerId, beat: u64) -> Self {
         WorkerRecord {
@@ -50,6 +63,7 @@ impl WorkerRecord {
             lease_count: 0,
             load: None,
             capacity: None,
+            changes: 0,
         }
     }
 }
@@ -75,5 +89,9 @@ mod tests {
         r.beat += 5;
         assert_eq!(r.beats_written(), 5);
         assert!(i64::try_from(r.beat).is_ok(), "fits every store's signed 64-bit column");
+        assert!(WorkerRecord::beat_went_back(a + 5, a + 3), "same process, lower count");
+        assert!(!WorkerRecord::beat_went_back(a + 3, a + 5), "counting up");
+        let other_process = if b < a { b + 7 } else { b };
+        assert!(!WorkerRecord::beat_went_back(a + 5, other_process), "a restart is not a rollback");
     }
 }

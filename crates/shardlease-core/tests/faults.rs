@@ -6,8 +6,7 @@
 //! lines of every task land in this test's capture.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use shardlease_core::{
@@ -16,6 +15,7 @@ use shardlease_core::{
 };
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
+use shardlease_testkit::logs::capture;
 use shardlease_testkit::recorder::Recorder;
 use shardlease_testkit::Faults;
 
@@ -23,36 +23,6 @@ const HB: Duration = Duration::from_secs(1);
 const LONG: Duration = Duration::from_secs(600);
 
 /// Log lines captured for assertions.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let sub = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(move || writer.clone())
-        .finish();
-    (logs, tracing::subscriber::set_default(sub))
-}
-
 struct World {
     cluster: Cluster,
     source: MemorySource,
@@ -338,12 +308,13 @@ async fn a_vanished_namespace_is_reported_loudly_and_rebuilt_from_the_last_listi
     w.cluster.shutdown_all().await;
 }
 
-/// The balance passes each running worker has run so far.
+/// The lease listings each running worker's balance passes have made so far (a quiet pass does
+/// not look at the store, so only a listing shows that a worker saw what a test changed there).
 fn passes(c: &Cluster) -> Vec<u64> {
-    c.running().iter().map(|id| c.handle(id).unwrap().stats().passes).collect()
+    c.running().iter().map(|id| c.handle(id).unwrap().stats().lease_listings).collect()
 }
 
-/// Waits until every running worker has run `n` more balance passes.
+/// Waits until every running worker has listed the leases `n` more times.
 async fn more_passes(c: &Cluster, n: u64) {
     let seen = passes(c);
     wait_until("more balance passes on every worker", LONG, HB, || async {

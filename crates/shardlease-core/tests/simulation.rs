@@ -12,6 +12,12 @@
 //! before its parents' last record, no two processors of one shard at once, even at the same
 //! epoch, every active lease owned with shares within one).
 //!
+//! Two checks are relaxed after a store accident (a wipe or a rollback): two owners for a pass
+//! and a parent read again after its children started are limits docs/algorithm.md documents
+//! ("When the store loses writes"), so such a seed passes with its anomalies printed (the soak
+//! counts them); `SHARDLEASE_SIM_STRICT=1` makes them failures. Everything else, and both checks
+//! in every seed without an accident, fail the seed.
+//!
 //! Replay one seed: `SHARDLEASE_SIM_SEED=1234 cargo test -p shardlease-core --test simulation`.
 //! Run more seeds: `SHARDLEASE_SIM_SEEDS=500 cargo test ...` (default 200; the first seed is
 //! `SHARDLEASE_SIM_FIRST_SEED`, default 1), or `scripts/soak.sh` for 10,000 in release.
@@ -347,23 +353,44 @@ async fn simulate(seed: u64) -> Result<String, String> {
         return Err(format!("invariant broken: {v:?}; {d:?}; events {events:?}"));
     }
     let overlaps = rec.overlaps();
-    if !overlaps.is_empty() {
-        return Err(format!(
-            "a shard was processed by two owners at once: {overlaps:?}; {d:?}; events {events:?}"
-        ));
-    }
     let order = rec.order_violations(&source);
+    // After the store lost writes, two owners for a pass and a parent read again after its
+    // children started are documented limits (docs/algorithm.md, "When the store loses
+    // writes"): reported, and failures only with SHARDLEASE_SIM_STRICT=1. Without a store
+    // accident they are always failures.
+    let accident = events.iter().any(|e| matches!(e, Event::Wipe | Event::Rollback));
+    let strict = !accident || std::env::var_os("SHARDLEASE_SIM_STRICT").is_some();
+    let mut anomalies = Vec::new();
+    if !overlaps.is_empty() {
+        let m = format!("a shard was processed by two owners at once: {overlaps:?}");
+        if strict {
+            return Err(format!("{m}; {d:?}; events {events:?}"));
+        }
+        anomalies.push(m);
+    }
     if !order.is_empty() {
-        return Err(format!("parent/child order broken: {order:?}; {d:?}; events {events:?}"));
+        let m = format!("parent/child order broken: {order:?}");
+        if strict {
+            return Err(format!("{m}; {d:?}; events {events:?}"));
+        }
+        anomalies.push(m);
     }
     cluster.shutdown_all().await;
-    Ok(format!(
+    let summary = format!(
         "{shards} shards → {} active, {} workers at the end, {produced} records, {} duplicates, {d:?}, {} injected errors, events {events:?}",
         cov.active,
         cov.shares.len(),
         rec.duplicates(),
         faults.injected_errors()
-    ))
+    );
+    if anomalies.is_empty() {
+        Ok(summary)
+    } else {
+        Ok(format!(
+            "POST-ACCIDENT ANOMALIES (documented limits): {}; {summary}",
+            anomalies.join("; ")
+        ))
+    }
 }
 
 /// Whether every unfinished lease listed before an accident is back, at least as far along (or

@@ -14,9 +14,10 @@
 //! claim_at    N   }
 //! ```
 //!
-//! Worker item: `beat`, `updated_at_millis`, `lease_count` (N), and `load`, `capacity` (N) when
-//! set. Attribute names are spelled out (they count toward item size, but an operator reading
-//! the table in the console should not need a decoder ring).
+//! Worker item: `beat`, `updated_at_millis`, `lease_count`, `changes` (N), and `load`,
+//! `capacity` (N) when set (a missing `changes` reads as 0). Attribute names are spelled out
+//! (they count toward item size, but an operator reading the table in the console should not
+//! need a decoder ring).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -42,6 +43,7 @@ const UPDATED_AT: &str = "updated_at_millis";
 const LEASE_COUNT: &str = "lease_count";
 const LOAD: &str = "load";
 const CAPACITY: &str = "capacity";
+const CHANGES: &str = "changes";
 
 fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
@@ -83,6 +85,7 @@ pub(crate) fn worker_item(pk: &str, record: &WorkerRecord) -> Item {
     item.insert(BEAT.into(), n(record.beat));
     item.insert(UPDATED_AT.into(), n(record.updated_at_millis));
     item.insert(LEASE_COUNT.into(), n(record.lease_count));
+    item.insert(CHANGES.into(), n(record.changes));
     if let Some(load) = record.load {
         if storable(load) {
             item.insert(LOAD.into(), n(load));
@@ -168,8 +171,13 @@ pub(crate) fn decode_worker(item: &Item) -> Result<WorkerRecord, String> {
                 .map_err(|_| format!("attribute `{CAPACITY}` does not fit 32 bits"))?,
         ),
     };
+    let changes = match item.get(CHANGES) {
+        None => 0, // written before the field existed
+        Some(_) => number(item, CHANGES)?,
+    };
     Ok(WorkerRecord {
         id: WorkerId::from(id),
+        changes,
         beat: number(item, BEAT)?,
         updated_at_millis: number(item, UPDATED_AT)?,
         lease_count: u32::try_from(number(item, LEASE_COUNT)?)
@@ -229,6 +237,7 @@ mod tests {
         assert_eq!(decode_worker(&worker_item("ns/workers", &w)).unwrap(), w);
         w.load = Some(0.1 + 0.2);
         w.capacity = Some(7);
+        w.changes = 12;
         assert_eq!(decode_worker(&worker_item("ns/workers", &w)).unwrap(), w);
         w.load = Some(f64::NAN);
         assert_eq!(decode_worker(&worker_item("ns/workers", &w)).unwrap().load, None);

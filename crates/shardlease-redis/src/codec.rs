@@ -8,8 +8,8 @@
 //! Lease hash: `key`, `owner` (absent when unowned), `epoch`, `checkpoint` (JSON of `Position`,
 //! e.g. `{"kind":"sequence","seq":"4959…","sub":0}`), `parents` (JSON array), `claim` (JSON
 //! `{"by":…,"at":…}`, absent when none), `attributes` (JSON object), `version` (written by the
-//! Lua scripts only). Worker hash: `id`, `beat`, `updated_at_millis`, `lease_count`, `load` and
-//! `capacity` (absent when unset). Unknown fields are ignored, so later versions may add some.
+//! Lua scripts only). Worker hash: `id`, `beat`, `updated_at_millis`, `lease_count`, `changes`
+//! (absent in records written before it existed: 0), `load` and `capacity` (absent when unset). Unknown fields are ignored, so later versions may add some.
 
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
@@ -50,6 +50,8 @@ pub(crate) mod worker_field {
     pub const UPDATED_AT_MILLIS: &str = "updated_at_millis";
     /// Leases held.
     pub const LEASE_COUNT: &str = "lease_count";
+    /// Ownership changes the worker made (see `WorkerRecord::changes`).
+    pub const CHANGES: &str = "changes";
     /// Optional load figure.
     pub const LOAD: &str = "load";
     /// Optional advertised capacity.
@@ -85,6 +87,7 @@ pub(crate) fn worker_fields(record: &WorkerRecord) -> Vec<(&'static str, String)
         (BEAT, record.beat.to_string()),
         (UPDATED_AT_MILLIS, record.updated_at_millis.to_string()),
         (LEASE_COUNT, record.lease_count.to_string()),
+        (CHANGES, record.changes.to_string()),
     ];
     if let Some(load) = record.load {
         // `Display` of f64 is the shortest string that parses back to the same value.
@@ -171,6 +174,8 @@ pub(crate) fn decode_worker(id: &str, fields: &Fields) -> Result<WorkerRecord, S
         lease_count: number(fields, LEASE_COUNT)?,
         load: optional_number(fields, LOAD)?,
         capacity: optional_number(fields, CAPACITY)?,
+        // Absent in records written before the field existed.
+        changes: optional_number(fields, CHANGES)?.unwrap_or(0),
     })
 }
 

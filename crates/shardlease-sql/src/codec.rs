@@ -113,6 +113,7 @@ pub(crate) struct WorkerColumns<'a> {
     pub(crate) lease_count: i64,
     pub(crate) load: Option<f64>,
     pub(crate) capacity: Option<i64>,
+    pub(crate) changes: i64,
 }
 
 /// Encodes a worker record. A load that is not a finite number is stored as NULL (SQLite cannot
@@ -126,6 +127,7 @@ pub(crate) fn encode_worker(record: &WorkerRecord) -> Result<WorkerColumns<'_>> 
         lease_count: i64::from(record.lease_count),
         load: record.load.filter(|l| l.is_finite()),
         capacity: record.capacity.map(i64::from),
+        changes: to_i64("changes", record.changes)?,
     })
 }
 
@@ -285,6 +287,7 @@ pub(crate) struct RawWorker {
     lease_count: Col<i64>,
     load: Col<f64>,
     capacity: Col<i64>,
+    changes: Col<i64>,
 }
 
 /// Reads a row selected with [`WORKER_COLUMNS`](crate::dialect::WORKER_COLUMNS).
@@ -303,6 +306,7 @@ where
         lease_count: col(row, 3),
         load: col(row, 4),
         capacity: col(row, 5),
+        changes: col(row, 6),
     }
 }
 
@@ -328,7 +332,8 @@ impl RawWorker {
         let capacity = optional("capacity", self.capacity)?
             .map(|c| u32::try_from(c).map_err(|_| format!("column capacity is out of range ({c})")))
             .transpose()?;
-        Ok(WorkerRecord { id, beat, updated_at_millis, lease_count, load, capacity })
+        let changes = unsigned("changes", required("changes", self.changes)?)?;
+        Ok(WorkerRecord { id, beat, updated_at_millis, lease_count, load, capacity, changes })
     }
 }
 
@@ -427,9 +432,13 @@ mod tests {
             lease_count: Ok(Some(6)),
             load: Ok(Some(0.5)),
             capacity: Ok(None),
+            changes: Ok(Some(9)),
         };
         let w = raw().decode().unwrap();
         assert_eq!((w.beat, w.lease_count, w.load, w.capacity), (4, 6, Some(0.5), None));
+        assert_eq!(w.changes, 9);
+        let bad = RawWorker { changes: Ok(Some(-1)), ..raw() }.decode().unwrap_err();
+        assert!(bad.reason.contains("changes"), "{}", bad.reason);
         let bad = RawWorker { lease_count: Ok(Some(-6)), ..raw() }.decode().unwrap_err();
         assert_eq!(bad.key, "w");
         assert!(bad.reason.contains("lease_count"), "{}", bad.reason);

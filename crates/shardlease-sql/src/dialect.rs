@@ -57,7 +57,7 @@ pub(crate) const LEASE_COLUMNS: &str = "lease_key, owner, epoch, version, checkp
 
 /// The columns of a worker row, in the order every `SELECT` returns them.
 pub(crate) const WORKER_COLUMNS: &str =
-    "worker_id, beat, updated_at_millis, lease_count, load_figure, capacity";
+    "worker_id, beat, updated_at_millis, lease_count, load_figure, capacity, changes";
 
 /// The table names of one prefix.
 #[derive(Clone, Debug)]
@@ -117,12 +117,13 @@ impl Queries {
         let worker_upsert = match d {
             Dialect::MySql => " ON DUPLICATE KEY UPDATE beat = VALUES(beat), \
                  updated_at_millis = VALUES(updated_at_millis), lease_count = VALUES(lease_count), \
-                 load_figure = VALUES(load_figure), capacity = VALUES(capacity)"
+                 load_figure = VALUES(load_figure), capacity = VALUES(capacity), \
+                 changes = VALUES(changes)"
                 .to_owned(),
             Dialect::Postgres | Dialect::Sqlite => " ON CONFLICT (namespace, worker_id) DO UPDATE \
                  SET beat = excluded.beat, updated_at_millis = excluded.updated_at_millis, \
                  lease_count = excluded.lease_count, load_figure = excluded.load_figure, \
-                 capacity = excluded.capacity"
+                 capacity = excluded.capacity, changes = excluded.changes"
                 .to_owned(),
         };
         Queries {
@@ -181,8 +182,8 @@ impl Queries {
             )),
             heartbeat: sql(format!(
                 "INSERT INTO {workers} (namespace, worker_id, beat, updated_at_millis, \
-                 lease_count, load_figure, capacity) VALUES ({}){worker_upsert}",
-                d.phs(1, 7)
+                 lease_count, load_figure, capacity, changes) VALUES ({}){worker_upsert}",
+                d.phs(1, 8)
             )),
             list_workers: sql(format!(
                 "SELECT {WORKER_COLUMNS} FROM {workers} WHERE namespace = {} ORDER BY worker_id",
@@ -343,6 +344,29 @@ pub(crate) fn schema_v1(dialect: Dialect, tables: &Tables, mysql_collation: &str
             namespaces = tables.namespaces
         ),
     ]
+}
+
+/// The statements of schema version 2: the `changes` column of worker records (see
+/// `WorkerRecord::changes`). PostgreSQL and MariaDB skip a column that exists; on SQLite and MySQL
+/// the "duplicate column" error of a concurrent runner is tolerated (see [`is_duplicate_column`]).
+pub(crate) fn schema_v2(dialect: Dialect, tables: &Tables, _mysql_collation: &str) -> Vec<String> {
+    let if_not_exists = match dialect {
+        Dialect::Postgres => "IF NOT EXISTS ",
+        Dialect::Sqlite | Dialect::MySql => "",
+    };
+    vec![format!(
+        "ALTER TABLE {workers} ADD COLUMN {if_not_exists}changes BIGINT NOT NULL DEFAULT 0",
+        workers = tables.workers
+    )]
+}
+
+/// Whether a migration statement failed only because the column it adds exists already (another
+/// worker migrating at the same moment, or a run interrupted before it recorded the version).
+pub(crate) fn is_duplicate_column(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d.message().to_ascii_lowercase().contains("duplicate column"),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -23,14 +23,21 @@ struct Migration {
 }
 
 /// Every migration, oldest first. Never edit a released one: add the next version.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "leases, workers and per-namespace incarnation counters",
-    statements: dialect::schema_v1,
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "leases, workers and per-namespace incarnation counters",
+        statements: dialect::schema_v1,
+    },
+    Migration {
+        version: 2,
+        description: "worker records publish their count of ownership changes",
+        statements: dialect::schema_v2,
+    },
+];
 
 /// The schema version this build reads and writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Runs the missing migrations when `create` is set, then checks that the schema is there.
 pub(crate) async fn prepare(shared: &Shared, create: bool) -> Result<()> {
@@ -106,10 +113,11 @@ macro_rules! apply_migrations {
                 continue;
             }
             for statement in (m.statements)(d, &shared.tables, $collation) {
-                sqlx::raw_sql(AssertSqlSafe(statement))
-                    .execute($exec)
-                    .await
-                    .map_err(|e| fail("apply a schema migration", e))?;
+                match sqlx::raw_sql(AssertSqlSafe(statement)).execute($exec).await {
+                    Ok(_) => {}
+                    Err(e) if dialect::is_duplicate_column(&e) => {}
+                    Err(e) => return Err(fail("apply a schema migration", e)),
+                }
             }
             sqlx::query(AssertSqlSafe(dialect::record_migration(d, &shared.tables)))
                 .bind(m.version)

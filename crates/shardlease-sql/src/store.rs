@@ -749,13 +749,14 @@ impl LeaseStore for SqlStore {
 
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
         let c = encode_worker(record)?;
-        let (worker_id, beat, updated_at, lease_count, load, capacity) = (
+        let (worker_id, beat, updated_at, lease_count, load, capacity, changes) = (
             c.worker_id.to_owned(),
             c.beat,
             c.updated_at_millis,
             c.lease_count,
             c.load,
             c.capacity,
+            c.changes,
         );
         let shared = Arc::clone(&self.shared);
         let namespace = self.namespace.clone();
@@ -777,6 +778,7 @@ impl LeaseStore for SqlStore {
                 .bind(lease_count)
                 .bind(load)
                 .bind(capacity)
+                .bind(changes)
                 .execute(p)
                 .await
                 .map(|_| ()));

@@ -20,7 +20,9 @@
 
 pub mod audit;
 pub mod cluster;
+pub mod counting;
 pub mod faults;
+pub mod logs;
 mod macros;
 mod memory_factory;
 pub mod recorder;

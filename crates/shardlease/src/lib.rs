@@ -19,6 +19,9 @@
 //! SQL URLs also take `?table_prefix=` (default `shardlease_`), `?create_schema=false` (the tables
 //! are created on connect unless told not to) and `?max_connections=`.
 //!
+//! The shard source is the in-memory [`MemorySource`] or, with the `kinesis` feature, a Kinesis
+//! data stream ([`kinesis`]).
+//!
 //! Every URL may carry `?namespace=NAME` (default `default`); [`connect_namespace`] takes it as an
 //! argument instead.
 //!
@@ -34,6 +37,13 @@ pub use shardlease_core::*;
 mod connect;
 
 pub use connect::{connect, connect_namespace, redact_url, DEFAULT_NAMESPACE};
+
+/// Amazon Kinesis Data Streams as the [`ShardSource`] (feature `kinesis`): see
+/// [`KinesisSource`](kinesis::KinesisSource) and `docs/kinesis.md`.
+#[cfg(feature = "kinesis")]
+pub use shardlease_kinesis as kinesis;
+#[cfg(feature = "kinesis")]
+pub use shardlease_kinesis::KinesisSource;
 
 /// The README's code, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]

@@ -93,6 +93,10 @@ async fn measure(
     r.max_share = Some(balanced.max_share());
     r.min_share = Some(balanced.min_share());
     r.set("lease_moves", moves.borrow().moves());
+    // Moves seen less than half a balance interval apart count as one round of handoffs.
+    let rounds = moves.borrow().rounds(run.args.timings.balance / 2);
+    r.set("handoff_rounds", rounds.len());
+    r.set("moves_per_round", rounds);
     let stats_after = fleet.stats();
     r.set("handoffs", stats_delta(&stats_before, &stats_after, |s| s.handoffs));
     r.set("claims", stats_delta(&stats_before, &stats_after, |s| s.claims));

@@ -5,14 +5,16 @@
 //! `--duration-s`. Heartbeats are one write per worker per interval and leases are not renewed
 //! one by one, so writes per worker should be about one per heartbeat interval whatever N is.
 //! Reports reads and writes per second per worker, per operation in `ops_per_sec_per_worker`, and
-//! `writes_per_heartbeat_per_worker` (≈ 1 expected).
+//! `writes_per_heartbeat_per_worker` (≈ 1 expected). Calls hide what a listing costs, so the
+//! records read and written (rows, items, keys) are reported too:
+//! `store_records_read_per_sec_per_worker` is the figure that must not grow with N.
 
 use std::cell::RefCell;
 use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::counting_store::per_second_per_worker;
+use crate::counting_store::{per_second_per_worker, rates_json};
 use crate::error::BenchError;
 use crate::fleet::{Fleet, MoveCounter};
 use crate::processors::Tally;
@@ -53,9 +55,17 @@ async fn measure(run: &Run<'_>, fleet: &mut Fleet) -> Result<Report, BenchError>
     let writes = per_second_per_worker(ops.writes(), window, workers);
     r.store_reads_per_sec_per_worker = reads.as_f64();
     r.store_writes_per_sec_per_worker = writes.as_f64();
+    r.set(
+        "store_records_read_per_sec_per_worker",
+        per_second_per_worker(ops.records_read, window, workers),
+    );
+    r.set(
+        "store_records_written_per_sec_per_worker",
+        per_second_per_worker(ops.records_written, window, workers),
+    );
     r.set("leases", balanced.active);
     r.set("window_s", round3(window));
-    r.set("ops_per_sec_per_worker", ops.rates_json(window, workers));
+    r.set("ops_per_sec_per_worker", rates_json(&ops, window, workers));
     r.set(
         "ops_total",
         Value::Object(ops.by_op().map(|(op, n)| (op.to_owned(), n.into())).collect()),

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use shardlease::Position;
 
-use crate::counting_store::per_second_per_worker;
+use crate::counting_store::{per_second_per_worker, rates_json};
 use crate::error::BenchError;
 use crate::fleet::Fleet;
 use crate::processors::Tally;
@@ -88,6 +88,14 @@ async fn measure(
         per_second_per_worker(ops.reads(), from_start, workers).as_f64();
     r.store_writes_per_sec_per_worker =
         per_second_per_worker(ops.writes(), from_start, workers).as_f64();
+    r.set(
+        "store_records_read_per_sec_per_worker",
+        per_second_per_worker(ops.records_read, from_start, workers),
+    );
+    r.set(
+        "store_records_written_per_sec_per_worker",
+        per_second_per_worker(ops.records_written, from_start, workers),
+    );
     r.set("records", total);
     r.set("records_delivered", tally.records());
     r.set("batch_limit", run.args.batch_limit);
@@ -97,7 +105,7 @@ async fn measure(
         "records_per_sec_from_start",
         if from_start > 0.0 { (total as f64 / from_start).round() } else { 0.0 },
     );
-    r.set("ops_per_sec_per_worker", ops.rates_json(from_start, workers));
+    r.set("ops_per_sec_per_worker", rates_json(&ops, from_start, workers));
     note_health(&mut r, fleet);
     Ok(r)
 }

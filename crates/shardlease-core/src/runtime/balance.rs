@@ -3,10 +3,18 @@
 //!
 //! Every write here is a CAS against the version just listed, so two workers acting on the same
 //! snapshot can never both win; the loser simply skips to its next candidate.
+//!
+//! A pass lists the leases only when it may have something to do: the previous listing showed
+//! work in progress (a plan, a claim, a lost or corrupt lease, a lease without a live owner), or
+//! something changed since (a peer's published change count moved, a worker came, went or died,
+//! this worker changed an owner, one of its lease tasks ended or had a write refused), or the
+//! safety net is due. Otherwise the pass is quiet: in a settled fleet a worker reads worker
+//! records every heartbeat and no leases. docs/algorithm.md explains why nothing is missed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::join_all;
 use futures::StreamExt;
@@ -38,12 +46,33 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
         r = listed.wait_for(|t| t.is_some_and(|t| t >= ready)) => if r.is_err() { return },
         _ = shared.stop_taking.cancelled() => return,
     }
+    let mut listed_at: Option<(u64, Instant)> = None;
+    let mut settled = false;
+    let mut safety_net = shared.cfg.shard_sync_interval;
     loop {
         if shared.stop_taking.is_cancelled() {
             return;
         }
         if !shared.fenced.load(Ordering::SeqCst) {
-            pass(&shared).await;
+            // Read before listing: a reason to list that arrives during the pass is kept for the
+            // next one.
+            let wanted = shared.listing_wanted.load(Ordering::SeqCst);
+            let quiet = settled
+                && listed_at.is_some_and(|(seen, at)| seen == wanted && at.elapsed() < safety_net);
+            if quiet {
+                shared.bump(&shared.stats.passes, 1);
+            } else {
+                let started = Instant::now();
+                match pass(&shared).await {
+                    Some(outcome) => {
+                        listed_at = Some((wanted, started));
+                        settled = outcome.settled;
+                        safety_net =
+                            shared.jittered(safety_net_interval(&shared.cfg, outcome.leases));
+                    }
+                    None => settled = false,
+                }
+            }
         }
         let d = shared.jittered(shared.cfg.balance_interval);
         tokio::select! {
@@ -54,20 +83,68 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
     }
 }
 
-/// One balance pass.
-pub(crate) async fn pass(shared: &Arc<Shared>) {
+/// What a full safety-net listing may cost a worker, in lease records read per second, when the
+/// shard-sync interval would cost more: the listing that catches changes made outside the fleet
+/// is stretched so that a quiet fleet's reads stay independent of its lease count.
+pub(crate) const SAFETY_NET_RECORDS_PER_SEC: u32 = 10;
+
+/// How long a settled worker goes without listing the leases when nothing signals a change: the
+/// shard-sync interval, stretched to keep the listing within [`SAFETY_NET_RECORDS_PER_SEC`].
+pub(crate) fn safety_net_interval(cfg: &crate::config::Config, leases: usize) -> Duration {
+    let budget = Duration::from_secs(leases as u64 / u64::from(SAFETY_NET_RECORDS_PER_SEC));
+    cfg.shard_sync_interval.max(budget).min(crate::config::MAX_DURATION)
+}
+
+/// What a pass that listed the leases found.
+pub(crate) struct PassOutcome {
+    /// Nothing in progress: the next pass may skip the listing unless something changes.
+    pub settled: bool,
+    /// Leases listed (decoded or not).
+    pub leases: usize,
+}
+
+/// One balance pass: lists the leases and acts on them. `None` when the listing failed. The
+/// ownership changes the pass wrote are published once, at its end.
+pub(crate) async fn pass(shared: &Arc<Shared>) -> Option<PassOutcome> {
+    let changes = shared.changes.load(Ordering::SeqCst);
+    let outcome = list_and_act(shared).await;
+    if shared.changes.load(Ordering::SeqCst) != changes {
+        shared.publish_now.notify_one();
+    }
+    outcome
+}
+
+async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     let list_sent = Instant::now();
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
         Err(e) => {
             warn!(error = %e, "listing leases failed; skipping this balance pass");
-            return;
+            return None;
         }
     };
+    shared.bump(&shared.stats.lease_listings, 1);
+    let listed = listing.items.len() + listing.corrupt.len();
+    {
+        // A lease the last shard sync saw is gone (the store lost it, or a peer collected it):
+        // the next sync lists the leases and creates what is missing, at once.
+        let keys: BTreeSet<&str> = listing
+            .items
+            .iter()
+            .map(|(l, _)| l.key.as_str())
+            .chain(listing.corrupt.iter().map(|c| c.key.as_str()))
+            .collect();
+        let mut last = lock(&shared.last_sync);
+        if last.as_ref().is_some_and(|l| l.misses_any(&keys)) {
+            *last = None;
+            shared.sync_now.notify_one();
+        }
+    }
     report_corrupt(shared, &listing.corrupt);
     let corrupt: BTreeSet<LeaseKey> =
         listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
     let lost = lost_leases(shared, &listing.items, &corrupt).await;
+    let any_lost = !lost.is_empty();
     let mut leases = listing.items;
     // Leases that exist but cannot be used this pass: undecodable ones, and lost ones being
     // restored. Their children stay blocked; the tasks of lost ones keep running (their owner
@@ -84,12 +161,18 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
     let now = Instant::now();
     let me = shared.id();
     let live = live_set(shared, &me, &leases);
-    let (resume, retake) = reconcile(shared, &me, &leases, &withheld);
-    yield_unanswered_claims(shared, &me, &leases, list_sent, now);
+    let (resume, retake, stopped) = reconcile(shared, &me, &leases, &withheld);
+    let mut settled = !any_lost
+        && withheld.is_empty()
+        && resume.is_empty()
+        && retake.is_empty()
+        && stopped == 0
+        && nothing_pending(shared, &me, &leases, &withheld);
     for (lease, version) in resume {
         lease_task::spawn(shared, lease, version);
     }
-    for v in &retake {
+    let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
+    for v in retake.iter().filter(|_| !holding) {
         if take(shared, v).await {
             info!(key = %v.0.key, "re-took by compare-and-set a lease this process was not granted");
         }
@@ -105,21 +188,52 @@ pub(crate) async fn pass(shared: &Arc<Shared>) {
         expired_claims: expired,
         seed: shared.random(),
     };
-    let plan = shared.balancer.plan(&snapshot);
+    let mut plan = shared.balancer.plan(&snapshot);
+    let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
+    if holding && (plan.take_count > 0 || !plan.take_over.is_empty()) {
+        debug!(take = plan.take_count, "the store went back in time: no takes this pass");
+        plan.take_count = 0;
+        plan.take_over.clear();
+        settled = false;
+    }
     shared.bump(&shared.stats.passes, 1);
     metrics::counter!("shardlease_balance_passes_total").increment(1);
-    if plan.is_empty() {
-        return;
+    let mut answered = BTreeSet::new();
+    if !plan.is_empty() {
+        settled = false;
+        debug!(
+            take = plan.take_count,
+            claims = plan.claims.len(),
+            handoffs = plan.handoffs.len(),
+            "balance plan"
+        );
+        let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
+            leases.iter().map(|v| (&v.0.key, v)).collect();
+        answered = execute(shared, &plan, &by_key).await;
     }
-    debug!(
-        take = plan.take_count,
-        claims = plan.claims.len(),
-        handoffs = plan.handoffs.len(),
-        "balance plan"
-    );
-    let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
-        leases.iter().map(|v| (&v.0.key, v)).collect();
-    execute(shared, &plan, &by_key).await;
+    // After the plan, which answers claims: only a claim this pass could not answer counts.
+    yield_unanswered_claims(shared, &me, &leases, list_sent, now, &answered);
+    settled &= lock(&shared.my_claims).is_empty();
+    Some(PassOutcome { settled, leases: listed })
+}
+
+/// Whether a listing shows nothing waiting for a worker to act: no live claim, and every active
+/// lease owned by this worker or by one whose heartbeat moves. (A lease of a worker that stopped
+/// beating needs passes until its failover timeout is up and someone takes it.)
+fn nothing_pending(
+    shared: &Shared,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+    withheld: &BTreeSet<LeaseKey>,
+) -> bool {
+    let live = lock(&shared.liveness).live_workers();
+    let all: std::collections::HashMap<&LeaseKey, &Lease> =
+        leases.iter().map(|(l, _)| (&l.key, l)).collect();
+    leases.iter().all(|(l, _)| {
+        l.live_claim().is_none()
+            && (!is_active(l, &all, withheld)
+                || l.owner.as_ref().is_some_and(|o| o == me || live.contains(o)))
+    })
 }
 
 /// The leases the store lost, compared with this worker's memory (see `recovery`). Vanished ones
@@ -246,6 +360,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
         .collect()
         .await;
     let restored = results.iter().filter(|ok| **ok).count();
+    shared.changed(restored as u64);
     metrics::counter!("shardlease_leases_restored_total").increment(restored as u64);
     error!(
         restored,
@@ -262,7 +377,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
     if restored > 0 {
         // Take what was restored unowned without waiting a whole interval. (Only then: a pass
         // that merely waits for an owner must not start another at once.)
-        shared.balance_now.notify_one();
+        shared.want_listing();
     }
 }
 
@@ -305,13 +420,15 @@ fn live_set(shared: &Shared, me: &WorkerId, leases: &[VersionedLease]) -> BTreeS
 ///   a peer that judged that process dead may be taking it right now; the CAS makes exactly one
 ///   of the two win. A listing older than a handoff this worker made also lands here, and its
 ///   CAS fails against the newer version.
+#[allow(clippy::type_complexity)]
 fn reconcile(
     shared: &Arc<Shared>,
     me: &WorkerId,
     leases: &[VersionedLease],
     withheld: &BTreeSet<LeaseKey>,
-) -> (Vec<VersionedLease>, Vec<VersionedLease>) {
+) -> (Vec<VersionedLease>, Vec<VersionedLease>, usize) {
     let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
+    let mut stopped = 0;
     {
         let tasks = lock(&shared.tasks);
         for (key, task) in tasks.iter().filter(|(k, _)| !withheld.contains(*k)) {
@@ -322,11 +439,12 @@ fn reconcile(
                 shared.bump(&shared.stats.lost, 1);
                 metrics::counter!("shardlease_leases_lost_total").increment(1);
                 task.stop.send_replace(Some(StopReason::LeaseLost));
+                stopped += 1;
             }
         }
     }
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
-        return (Vec::new(), Vec::new());
+        return (Vec::new(), Vec::new(), stopped);
     }
     let by_ref: std::collections::HashMap<&LeaseKey, &Lease> = by_key.clone().into_iter().collect();
     let former = lock(&shared.former_ids).clone();
@@ -340,11 +458,12 @@ fn reconcile(
             && !tasks.contains_key(&lease.key)
             && lease.live_claim().is_none_or(|c| &c.by == me)
     });
-    idle.cloned().partition(|(l, _)| {
+    let (resume, retake) = idle.cloned().partition(|(l, _)| {
         l.is_owned_by(me)
             && (granted.get(&l.key) == Some(&l.epoch)
                 || claims.get(&l.key).is_some_and(|c| c.at + 1 == l.epoch))
-    })
+    });
+    (resume, retake, stopped)
 }
 
 /// The owner's side of the claim timeout. A claimant takes a claimed lease by force once the
@@ -360,11 +479,13 @@ fn yield_unanswered_claims(
     leases: &[VersionedLease],
     list_sent: Instant,
     now: Instant,
+    answered: &BTreeSet<LeaseKey>,
 ) {
     let previous = lock(&shared.previous_listing).replace(list_sent).unwrap_or(list_sent);
     let claimed: BTreeMap<&LeaseKey, Version> = leases
         .iter()
         .filter(|(l, _)| l.is_owned_by(me) && l.live_claim().is_some_and(|c| &c.by != me))
+        .filter(|(l, _)| !answered.contains(&l.key))
         .map(|(l, v)| (&l.key, *v))
         .collect();
     let limit = shared.cfg.claim_timeout.saturating_sub(shared.cfg.heartbeat_interval);
@@ -419,7 +540,14 @@ fn expired_claims(
     expired
 }
 
-async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey, &VersionedLease>) {
+/// Carries out a plan; returns the claims on this worker's leases it answered (acknowledged for a
+/// handoff, or cleared).
+async fn execute(
+    shared: &Arc<Shared>,
+    plan: &Plan,
+    by_key: &BTreeMap<&LeaseKey, &VersionedLease>,
+) -> BTreeSet<LeaseKey> {
+    let mut answered = BTreeSet::new();
     // Take up to take_count available leases, with bounded concurrency; a conflict skips to the
     // next candidate, so one pass reaches full share even when peers race for the same leases.
     let mut taken = 0;
@@ -450,22 +578,37 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
             }
         }
     }
-    for (key, owner) in &plan.claims {
-        let Some((lease, version)) = by_key.get(key).map(|v| (&v.0, v.1)) else { continue };
-        let next =
-            Lease { claim: Some(Claim { by: shared.id(), at: lease.epoch }), ..lease.clone() };
-        match shared.store.update_lease(&next, version).await {
-            Ok(v) => {
-                let claim = MyClaim { since: Instant::now(), seen: v, at: lease.epoch };
-                lock(&shared.my_claims).insert(key.clone(), claim);
-                shared.bump(&shared.stats.claims, 1);
-                metrics::counter!("shardlease_claims_total").increment(1);
-                debug!(key = %key, from = %owner, "claimed");
+    // Claims are written concurrently (bounded), so an owner's next listing sees all of them and
+    // answers them in one round.
+    let me = shared.id();
+    let claims: Vec<(Lease, Version, WorkerId)> = plan
+        .claims
+        .iter()
+        .filter_map(|(key, owner)| by_key.get(key).map(|v| (v.0.clone(), v.1, owner.clone())))
+        .collect();
+    futures::stream::iter(claims)
+        .map(|(lease, version, owner)| {
+            let me = me.clone();
+            async move {
+                let next =
+                    Lease { claim: Some(Claim { by: me, at: lease.epoch }), ..lease.clone() };
+                match shared.store.update_lease(&next, version).await {
+                    Ok(v) => {
+                        let claim = MyClaim { since: Instant::now(), seen: v, at: lease.epoch };
+                        lock(&shared.my_claims).insert(lease.key.clone(), claim);
+                        shared.changed(1);
+                        shared.bump(&shared.stats.claims, 1);
+                        metrics::counter!("shardlease_claims_total").increment(1);
+                        debug!(key = %lease.key, from = %owner, "claimed");
+                    }
+                    Err(Error::Conflict { .. }) => {}
+                    Err(e) => warn!(key = %lease.key, error = %e, "claiming failed"),
+                }
             }
-            Err(Error::Conflict { .. }) => {}
-            Err(e) => warn!(key = %key, error = %e, "claiming failed"),
-        }
-    }
+        })
+        .buffer_unordered(shared.cfg.take_concurrency)
+        .collect::<Vec<()>>()
+        .await;
     // Handoffs: acknowledge every claim first, concurrently (bounded), so an owner answering
     // hundreds of claims restarts every claimant's clock within one pass.
     let mut running = Vec::new();
@@ -497,6 +640,7 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
         .collect::<Vec<_>>()
         .await;
     for (key, to, epoch, sent) in acks.into_iter().flatten() {
+        answered.insert(key.clone());
         let deadline = sent + shared.cfg.shutdown_timeout;
         if let Some(t) = lock(&shared.tasks).get(&key) {
             if t.epoch == epoch && t.stop.borrow().is_none() {
@@ -506,35 +650,40 @@ async fn execute(shared: &Arc<Shared>, plan: &Plan, by_key: &BTreeMap<&LeaseKey,
     }
     for key in &plan.clear_claims {
         if let Some(v) = by_key.get(key) {
-            clear_claim(shared, v).await;
+            if clear_claim(shared, v).await {
+                answered.insert(key.clone());
+            }
         }
     }
+    answered
 }
 
 /// Clears a claim on a lease this worker owns. The owner checkpoints all the time, so the listed
 /// version is often stale: on a conflict, re-decide from the current record (a claim left standing
-/// would let the claimant take the lease after the claim timeout).
-async fn clear_claim(shared: &Shared, listed: &VersionedLease) {
+/// would let the claimant take the lease after the claim timeout). True when it cleared it.
+async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> bool {
     let (mut lease, mut version) = listed.clone();
     let claim = lease.live_claim().cloned();
     for _ in 0..8 {
         if !lease.is_owned_by(&shared.id()) || lease.live_claim() != claim.as_ref() {
-            return;
+            return false;
         }
         let next = Lease { claim: None, ..lease.clone() };
         match shared.store.update_lease(&next, version).await {
             Ok(v) => {
                 shared.checkpointer.observe(&next, v);
-                return;
+                shared.changed(1);
+                return true;
             }
             Err(Error::Conflict { current: Some(current), .. }) => (lease, version) = *current,
-            Err(Error::Conflict { current: None, .. }) => return,
+            Err(Error::Conflict { current: None, .. }) => return false,
             Err(e) => {
                 warn!(key = %lease.key, error = %e, "clearing a claim failed");
-                return;
+                return false;
             }
         }
     }
+    false
 }
 
 /// Acknowledges `to`'s claim on a lease this worker runs at `epoch` with a write that changes
@@ -587,6 +736,7 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
         Ok(v) => {
             lock(&shared.granted).insert(next.key.clone(), next.epoch);
             shared.remember(&next);
+            shared.changed(1);
             if !lease_task::spawn(shared, next.clone(), v) {
                 if shared.stop_taking.is_cancelled() {
                     // Shutting down: give back what this pass took at the last moment.
@@ -601,6 +751,8 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
         }
         Err(Error::Conflict { .. }) => false,
         Err(e) => {
+            // The write may have landed all the same: look again at the next pass.
+            shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
             warn!(key = %lease.key, error = %e, "taking a lease failed");
             false
         }

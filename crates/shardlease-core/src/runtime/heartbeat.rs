@@ -1,11 +1,16 @@
 //! The heartbeat loop, peer liveness, and self-fencing.
 //!
 //! One write per worker per interval (never one per lease), then one listing of worker records to
-//! update the liveness view; a peer that died or left triggers a balance pass at once. The watchdog
+//! update the liveness view; a peer that died or left triggers a balance pass at once. The record
+//! carries the worker's count of ownership changes: a peer whose count moved (or a worker that
+//! came, went or died) is the signal to list the leases again, so a quiet fleet reads worker
+//! records, not leases. A worker that just changed something beats early (no sooner than a
+//! quarter interval after its last beat) so that peers hear of it within about a heartbeat. The watchdog
 //! fences this worker when no heartbeat has succeeded for `failover_timeout − heartbeat_interval`
 //! since the last successful one was *sent*: every lease task stops before any peer can judge this
 //! worker dead and take its leases.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -18,17 +23,21 @@ use crate::worker_record::WorkerRecord;
 pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
     let hb = shared.cfg.heartbeat_interval;
     let mut beat: u64 = WorkerRecord::first_beat();
+    // Each peer's published count of ownership changes, as last listed.
+    let mut peers: Option<BTreeMap<crate::ids::WorkerId, u64>> = None;
     loop {
         beat += 1;
         let sent = Instant::now();
         let mut record = WorkerRecord::new(shared.id(), beat);
         record.lease_count = lock(&shared.tasks).len() as u32;
         record.capacity = shared.cfg.max_leases_per_worker.map(|m| m as u32);
+        record.changes = shared.changes.load(Ordering::SeqCst);
         match timeout(hb, shared.store.heartbeat(&record)).await {
             Ok(Ok(())) => {
                 shared.bump(&shared.stats.heartbeats, 1);
                 if shared.fenced.swap(false, Ordering::SeqCst) {
                     info!(id = %record.id, "heartbeat succeeded again; resuming as a new incarnation");
+                    shared.want_listing();
                     let former: Vec<_> = lock(&shared.former_ids).iter().cloned().collect();
                     for old in former {
                         if let Err(e) = shared.store.remove_worker(&old).await {
@@ -55,11 +64,36 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 for w in &change.vanished {
                     info!(worker = %w, "peer left");
                 }
+                if !change.went_back.is_empty() {
+                    // A running owner repairs what it runs within a (jittered) pass; give it that
+                    // and a heartbeat before taking anything that only looks available.
+                    let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
+                        + shared.cfg.heartbeat_interval;
+                    *lock(&shared.hold_takes_until) = Some(Instant::now() + grace);
+                    warn!(
+                        workers = ?change.went_back,
+                        ?grace,
+                        "worker records went back in time (the store lost writes): taking no \
+                         lease that looks available for a while, so their owners repair them first"
+                    );
+                }
+                let me = shared.id();
+                let now: BTreeMap<_, _> = listing
+                    .items
+                    .iter()
+                    .filter(|r| r.id != me)
+                    .map(|r| (r.id.clone(), r.changes))
+                    .collect();
+                let moved = peers.as_ref() != Some(&now);
+                if moved {
+                    debug!("a peer changed owners, came or went: the next pass lists the leases");
+                }
+                peers = Some(now);
                 shared.workers_listed.send_replace(Some(list_started));
                 remove_long_dead(&shared).await;
                 metrics::gauge!("shardlease_live_workers").set(listing.items.len() as f64);
-                if change.needs_balance() {
-                    shared.balance_now.notify_one();
+                if change.needs_balance() || moved || !change.went_back.is_empty() {
+                    shared.want_listing();
                 }
             }
             Ok(Err(e)) => warn!(error = %e, "listing workers failed"),
@@ -69,6 +103,13 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         let next = sent + shared.jittered(hb);
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
+            _ = shared.publish_now.notified() => {
+                // Publish a change early, but no more than four beats per interval.
+                tokio::select! {
+                    _ = tokio::time::sleep_until((sent + hb / 4).min(next)) => {}
+                    _ = shared.cancel.cancelled() => return,
+                }
+            }
             _ = shared.cancel.cancelled() => return,
         }
     }

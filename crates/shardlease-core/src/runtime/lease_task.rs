@@ -62,7 +62,7 @@ enum Step<T> {
 
 async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<StopReason>>) {
     let Some(token) = lease.token() else { return };
-    let cp = CheckpointHandle::new(shared.checkpointer.clone(), token.clone());
+    let cp = CheckpointHandle::observed(shared.checkpointer.clone(), token.clone(), shared.clone());
     let mut task = Task { shared: shared.clone(), token: token.clone(), cp, stop, processor: None };
     debug!("lease task started");
     // `cancel` fires only after a shutdown has dealt with every task it knew of, or on a crash:
@@ -83,13 +83,14 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
                 ..lease.clone()
             };
             shared.remember(&finished);
+            shared.changed_now(1);
             shared.balance_now.notify_one();
         }
         Exit::Lost => {
             shared.bump(&shared.stats.lost, 1);
             metrics::counter!("shardlease_leases_lost_total").increment(1);
             warn!("lease lost (a fenced write was refused)");
-            shared.balance_now.notify_one();
+            shared.want_listing();
         }
         Exit::Stopped(StopReason::Handoff { to, .. }) => {
             transfer(&shared, &token, Some(to)).await;
@@ -112,6 +113,8 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
     if tasks.get(&token.key).is_some_and(|t| t.epoch == token.epoch) {
         tasks.remove(&token.key);
     }
+    // Whatever ended the task, the next pass looks at the lease again.
+    shared.listing_wanted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let mut granted = lock(&shared.granted);
     if granted.get(&token.key) == Some(&token.epoch) {
         granted.remove(&token.key);
@@ -149,6 +152,7 @@ pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<Wor
             Ok(v) => {
                 shared.checkpointer.observe(&next, v);
                 shared.remember(&next);
+                shared.changed_now(1);
                 match next_owner {
                     Some(w) => {
                         shared.bump(&shared.stats.handoffs, 1);
@@ -194,6 +198,10 @@ struct Task {
     stop: watch::Receiver<Option<StopReason>>,
     processor: Option<Box<dyn RecordProcessor>>,
 }
+
+/// How far an idle shard's polling backs off: after consecutive empty reads the wait doubles from
+/// `idle_poll_interval` up to this many times it.
+const IDLE_BACKOFF_MAX_FACTOR: u32 = 4;
 
 /// How far before its opening a `LATEST` start is pinned when the reader cannot say where it
 /// landed: a generous allowance for the clock skew between this machine and the stream's.
@@ -314,6 +322,7 @@ impl Task {
         }
         let mut position = start;
         let mut backoff = self.shared.backoff();
+        let mut idle_factor: u32 = 1;
         loop {
             if let Some(r) = self.pending_stop() {
                 return Step::Exit(Exit::Stopped(r));
@@ -362,10 +371,14 @@ impl Task {
                 return self.shard_end(children).await;
             }
             if batch.records.is_empty() {
-                let d = self.shared.jittered(self.shared.cfg.idle_poll_interval);
+                let base = self.shared.cfg.idle_poll_interval;
+                let d = self.shared.jittered(base.saturating_mul(idle_factor));
+                idle_factor = (idle_factor * 2).min(IDLE_BACKOFF_MAX_FACTOR);
                 if let Some(r) = self.pause(d).await {
                     return Step::Exit(Exit::Stopped(r));
                 }
+            } else {
+                idle_factor = 1;
             }
         }
     }
@@ -469,7 +482,11 @@ impl Task {
                 r = Self::abrupt_stop(&mut self.stop) => return Step::Exit(Exit::Stopped(r)),
             };
             match result {
+                // A refused checkpoint ends the lease whatever the processor made of the error
+                // (wrapped it, logged it, or swallowed it and carried on).
+                Ok(_) if self.cp.was_refused() => return Step::Exit(Exit::Lost),
                 Ok(Ok(())) => return Step::Done(()),
+                // A processor fencing its own sink may report the loss itself.
                 Ok(Err(e)) if is_lease_lost(&e) => return Step::Exit(Exit::Lost),
                 Ok(Err(e)) => {
                     metrics::counter!("shardlease_processor_errors_total").increment(1);

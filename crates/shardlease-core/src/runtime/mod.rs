@@ -135,8 +135,14 @@ impl Worker {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WorkerStats {
-    /// Balance passes run.
+    /// Balance passes run (with or without a listing of the leases).
     pub passes: u64,
+    /// Balance passes that listed the leases. A quiet fleet lists only when some worker changed
+    /// an owner, a worker came, went or died, or the safety net is due (see docs/algorithm.md).
+    pub lease_listings: u64,
+    /// Ownership changes this worker made (takes, handoffs, releases, claims, shard ends,
+    /// creations, deletions, restores): the count its heartbeat publishes.
+    pub changes: u64,
     /// Balance passes that took at least one lease.
     pub taking_passes: u64,
     /// Leases taken (available leases and stuck claims).
@@ -196,6 +202,8 @@ impl WorkerHandle {
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         WorkerStats {
             passes: get(&s.passes),
+            lease_listings: get(&s.lease_listings),
+            changes: self.shared.changes.load(Ordering::Relaxed),
             taking_passes: get(&s.taking_passes),
             taken: get(&s.taken),
             claims: get(&s.claims),
@@ -295,7 +303,11 @@ async fn withdraw_claims(shared: &Shared) {
             };
             match shared.store.update_lease(&next, version).await {
                 Err(crate::error::Error::Conflict { .. }) => continue,
-                _ => break,
+                Ok(_) => {
+                    shared.changed_now(1);
+                    break;
+                }
+                Err(_) => break,
             }
         }
     }

@@ -4,6 +4,10 @@
 //! Creation is idempotent (`create_lease` is create-if-absent), so every worker may run it. Parents
 //! are created before their children, so a balancer never sees a child whose parent lease does not
 //! exist yet (it would count as "gone" and the child would start too early).
+//!
+//! The periodic sync lists the leases only when the stream's shards changed since its last full
+//! sync (or that sync left a shard without a lease): otherwise every shard still has its lease,
+//! and the only work left is collecting finished leases, which reads just their children.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -21,10 +25,8 @@ use crate::source::ShardInfo;
 const ESTABLISHED_BEATS: u64 = 3;
 
 pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
-    let empty = match shared.store.list_leases().await {
-        Ok(l) => l.items.is_empty() && l.corrupt.is_empty(),
-        Err(_) => true,
-    };
+    let listing = shared.store.list_leases().await.ok();
+    let empty = listing.as_ref().is_none_or(|l| l.items.is_empty() && l.corrupt.is_empty());
     // An empty namespace with an established fleet around is not a new application: the store
     // lost its data, and the fleet restores the leases it remembers (then syncs the rest). A
     // fresh lease created here first would race those restores, so a newcomer leaves it to them
@@ -36,8 +38,17 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
     };
     if empty && established {
         info!("the namespace is empty but an established fleet is running; leaving lease creation to it");
-    } else if empty {
-        if let Err(e) = sync(&shared).await {
+    } else {
+        // Also on a namespace that has leases (with the listing just made): the periodic syncs
+        // then know the shards and list the leases again only when those change.
+        let synced = match shared.source.list_shards().await {
+            Ok(shards) => {
+                let initial = shared.cfg.initial_position.clone();
+                sync_shards_listed(&shared, shards, &initial, listing.filter(|_| !empty)).await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = synced {
             warn!(error = %e, "initial shard sync failed; retrying at the next interval");
         }
     }
@@ -45,12 +56,101 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
         let d = shared.jittered(shared.cfg.shard_sync_interval);
         tokio::select! {
             _ = tokio::time::sleep(d) => {}
+            _ = shared.sync_now.notified() => {}
             _ = shared.stop_taking.cancelled() => return,
         }
-        if let Err(e) = sync(&shared).await {
+        if let Err(e) = sync_if_changed(&shared).await {
             warn!(error = %e, "shard sync failed");
         }
     }
+}
+
+/// What the last full sync saw and left to do.
+#[derive(Clone, Debug)]
+pub(crate) struct LastSync {
+    /// The shards the stream listed.
+    shards: Vec<ShardInfo>,
+    /// Whether every one of them had a lease (or was skipped as history) when it finished.
+    complete: bool,
+    /// Finished leases not yet collected, with the children that must move on first.
+    pending: Vec<(LeaseKey, Vec<LeaseKey>)>,
+    /// The leases the store held (or this sync created) for the listed shards, minus those this
+    /// worker collected since. A balance pass that lists the leases and misses one of these
+    /// forgets this record, so the next sync is a full one (the store lost leases, or a peer
+    /// collected one: either way, look).
+    expected: BTreeSet<LeaseKey>,
+}
+
+impl LastSync {
+    /// Whether a listing holding `listed` keys lacks a lease this sync expected.
+    pub(crate) fn misses_any(&self, listed: &BTreeSet<&str>) -> bool {
+        self.expected.iter().any(|k| !listed.contains(k.as_str()))
+    }
+}
+
+/// The periodic sync: a full one when the shard list changed since the last full sync (or that
+/// one was incomplete); otherwise only the collection of finished leases still pending, reading
+/// their children one by one instead of listing every lease.
+async fn sync_if_changed(shared: &Shared) -> Result<()> {
+    let shards = shared.source.list_shards().await?;
+    let last = lock(&shared.last_sync).clone();
+    let Some(last) = last.filter(|l| l.complete && l.shards == shards) else {
+        return sync_shards(shared, shards, &shared.cfg.initial_position).await;
+    };
+    let mut pending = Vec::with_capacity(last.pending.len());
+    let mut collected = Vec::new();
+    for (parent, kids) in last.pending {
+        if collect_if_moved_on(shared, &parent, &kids).await {
+            collected.push(parent);
+        } else {
+            pending.push((parent, kids));
+        }
+    }
+    if let Some(l) = lock(&shared.last_sync).as_mut() {
+        l.pending = pending;
+        for k in &collected {
+            l.expected.remove(k);
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the finished lease `parent` once every one of `kids` has a checkpoint past its start,
+/// reading only those leases. True when nothing is left to do for it.
+async fn collect_if_moved_on(shared: &Shared, parent: &LeaseKey, kids: &[LeaseKey]) -> bool {
+    for kid in kids {
+        match shared.store.get_lease(kid).await {
+            Ok(Some((c, _))) if moved_on(&c) => {}
+            Ok(_) => return false,
+            Err(e) => {
+                debug!(key = %kid, error = %e, "reading a child lease failed");
+                return false;
+            }
+        }
+    }
+    match shared.store.get_lease(parent).await {
+        Ok(Some((lease, version))) if lease.is_finished() => {
+            match shared.store.delete_lease(parent, version).await {
+                Ok(()) => {
+                    shared.changed_now(1);
+                    debug!(key = %parent, "deleted a finished lease whose children moved on");
+                    true
+                }
+                Err(Error::Conflict { .. }) => false,
+                Err(e) => {
+                    warn!(key = %parent, error = %e, "deleting a finished lease failed");
+                    false
+                }
+            }
+        }
+        Ok(_) => true,
+        Err(_) => false,
+    }
+}
+
+/// Whether a child lease has read past its start (so its parent's lease is no longer needed).
+fn moved_on(child: &Lease) -> bool {
+    matches!(child.checkpoint, Position::Sequence { .. } | Position::ShardEnd)
 }
 
 /// Orders shards so every parent comes before its children.
@@ -95,10 +195,29 @@ pub(crate) async fn sync_after_loss(shared: &Shared) -> Result<()> {
 
 async fn sync_from(shared: &Shared, initial: &Position) -> Result<()> {
     let shards = shared.source.list_shards().await?;
-    let listing = shared.store.list_leases().await?;
+    sync_shards(shared, shards, initial).await
+}
+
+async fn sync_shards(shared: &Shared, shards: Vec<ShardInfo>, initial: &Position) -> Result<()> {
+    sync_shards_listed(shared, shards, initial, None).await
+}
+
+/// A full sync against `listing` (listed now when `None`).
+async fn sync_shards_listed(
+    shared: &Shared,
+    shards: Vec<ShardInfo>,
+    initial: &Position,
+    listing: Option<crate::store::Listing<crate::lease::VersionedLease>>,
+) -> Result<()> {
+    let listing = match listing {
+        Some(l) => l,
+        None => shared.store.list_leases().await?,
+    };
     let mut existing: BTreeSet<String> =
         listing.items.iter().map(|(l, _)| l.key.as_str().to_owned()).collect();
     existing.extend(listing.corrupt.iter().map(|c| c.key.clone()));
+    // What the store holds; `existing` also counts what this worker remembers.
+    let mut stored = existing.clone();
     // Leases this worker remembers exist too, even when the store lost them: the balance pass
     // restores them with their checkpoints, and a fresh lease created here first would race that
     // restore (a fresh `LATEST` lease pinned by its new owner would skip the records between the
@@ -112,8 +231,11 @@ async fn sync_from(shared: &Shared, initial: &Position) -> Result<()> {
     }
     let mut finished_now: BTreeSet<&LeaseKey> = BTreeSet::new();
     let mut created = 0usize;
+    let mut complete = true;
     for shard in parents_first(&shards) {
         if existing.contains(shard.id.as_str()) {
+            // Remembered but not stored: the balance pass restores it; sync fully again later.
+            complete &= stored.contains(shard.id.as_str());
             continue;
         }
         let kids = children.get(&shard.id).map(Vec::as_slice).unwrap_or(&[]);
@@ -134,12 +256,21 @@ async fn sync_from(shared: &Shared, initial: &Position) -> Result<()> {
             created += 1;
         }
         existing.insert(shard.id.as_str().to_owned());
+        stored.insert(shard.id.as_str().to_owned());
     }
+    shared.changed_now(created as u64);
     if created > 0 {
         info!(created, shards = shards.len(), "shard sync created leases");
         shared.balance_now.notify_one();
     }
-    collect_finished(shared, &listing.items, &children).await;
+    let (pending, collected) = collect_finished(shared, &listing.items, &children).await;
+    let expected = shards
+        .iter()
+        .filter(|s| stored.contains(s.id.as_str()) && !collected.contains(&s.id))
+        .map(|s| s.id.clone())
+        .collect();
+    *lock(&shared.last_sync) =
+        Some(LastSync { shards: shards.clone(), complete, pending, expected });
     Ok(())
 }
 
@@ -203,12 +334,16 @@ pub(crate) fn child_start(initial: &Position) -> Position {
     }
 }
 
-/// Deletes finished leases whose children all exist and have a checkpoint past their start.
+/// Deletes finished leases whose children all exist and have a checkpoint past their start;
+/// returns those left for later, with their children, and those deleted.
+#[allow(clippy::type_complexity)]
 async fn collect_finished(
     shared: &Shared,
     leases: &[(Lease, crate::lease::Version)],
     children_listed: &BTreeMap<&LeaseKey, Vec<&LeaseKey>>,
-) {
+) -> (Vec<(LeaseKey, Vec<LeaseKey>)>, BTreeSet<LeaseKey>) {
+    let mut pending = Vec::new();
+    let mut collected = BTreeSet::new();
     let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
     let mut lease_children: BTreeMap<&LeaseKey, Vec<&LeaseKey>> = BTreeMap::new();
     for (l, _) in leases {
@@ -230,18 +365,24 @@ async fn collect_finished(
         if kids.is_empty() {
             continue;
         }
-        let all_moved_on = kids.iter().all(|k| {
-            by_key.get(k).is_some_and(|c| {
-                matches!(c.checkpoint, Position::Sequence { .. } | Position::ShardEnd)
-            })
-        });
+        let all_moved_on = kids.iter().all(|k| by_key.get(k).is_some_and(|c| moved_on(c)));
+        let later = (lease.key.clone(), kids.iter().map(|k| (*k).clone()).collect());
         if !all_moved_on {
+            pending.push(later);
             continue;
         }
         match shared.store.delete_lease(&lease.key, *version).await {
-            Ok(()) => debug!(key = %lease.key, "deleted a finished lease whose children moved on"),
-            Err(Error::Conflict { .. }) => {}
-            Err(e) => warn!(key = %lease.key, error = %e, "deleting a finished lease failed"),
+            Ok(()) => {
+                shared.changed_now(1);
+                collected.insert(lease.key.clone());
+                debug!(key = %lease.key, "deleted a finished lease whose children moved on")
+            }
+            Err(Error::Conflict { .. }) => pending.push(later),
+            Err(e) => {
+                warn!(key = %lease.key, error = %e, "deleting a finished lease failed");
+                pending.push(later);
+            }
         }
     }
+    (pending, collected)
 }

@@ -85,6 +85,7 @@ pub(crate) struct LeaseTask {
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
     pub passes: AtomicU64,
+    pub lease_listings: AtomicU64,
     pub taking_passes: AtomicU64,
     pub taken: AtomicU64,
     pub claims: AtomicU64,
@@ -129,6 +130,15 @@ pub(crate) struct Shared {
     /// Corrupt records already reported (reported once, then counted quietly).
     pub reported_corrupt: Mutex<std::collections::BTreeSet<String>>,
     pub balance_now: Notify,
+    /// Ownership changes this process made (see `WorkerRecord::changes`): published by every
+    /// heartbeat, so peers know when to list the leases again.
+    pub changes: AtomicU64,
+    /// Bumped for every reason to list the leases at the next balance pass (a peer's changes,
+    /// a worker that came, went or died, a lease task that ended, a refused write); a pass that
+    /// starts listing records the value it saw, so a bump during the pass is never lost.
+    pub listing_wanted: AtomicU64,
+    /// Wakes the heartbeat loop to publish this worker's changes without waiting an interval.
+    pub publish_now: Notify,
     /// Set after the first successful heartbeat since start (or since a fence).
     pub heartbeat_ok: watch::Sender<Option<Instant>>,
     /// When the last successful listing of worker records was started.
@@ -144,6 +154,14 @@ pub(crate) struct Shared {
     pub claims_on_mine: Mutex<BTreeMap<LeaseKey, (crate::lease::Version, Instant)>>,
     /// Since when each lost lease has been found lost, in passes without a break.
     pub lost_since: Mutex<BTreeMap<LeaseKey, Instant>>,
+    /// Until when this worker takes no lease that merely looks available: the store was seen
+    /// going back in time (a worker's beat went backwards), so a lease may look free only because
+    /// its owner's writes were lost; its running owner repairs it within a pass.
+    pub hold_takes_until: Mutex<Option<Instant>>,
+    /// What the last full shard sync saw, so the next one can skip listing the leases.
+    pub last_sync: Mutex<Option<super::shard_sync::LastSync>>,
+    /// Wakes the shard sync loop for a full sync now (a listing missed a lease it expected).
+    pub sync_now: Notify,
     pub stats: Stats,
     rng: Mutex<StdRng>,
 }
@@ -188,11 +206,17 @@ impl Shared {
             granted: Mutex::new(BTreeMap::new()),
             reported_corrupt: Mutex::new(Default::default()),
             balance_now: Notify::new(),
+            changes: AtomicU64::new(0),
+            listing_wanted: AtomicU64::new(0),
+            publish_now: Notify::new(),
             heartbeat_ok: watch::channel(None).0,
             workers_listed: watch::channel(None).0,
             fenced: AtomicBool::new(false),
             remembered: Mutex::new(BTreeMap::new()),
             lost_since: Mutex::new(BTreeMap::new()),
+            last_sync: Mutex::new(None),
+            sync_now: Notify::new(),
+            hold_takes_until: Mutex::new(None),
             previous_listing: Mutex::new(None),
             claims_on_mine: Mutex::new(BTreeMap::new()),
             stats: Stats::default(),
@@ -233,6 +257,32 @@ impl Shared {
         }
     }
 
+    /// Counts `n` ownership changes this worker just wrote, published by the next heartbeat;
+    /// this worker's own next pass lists too. A balance pass publishes once at its end (so that
+    /// peers see all of a pass's claims at once); anything else calls [`Shared::publish`] too.
+    pub(crate) fn changed(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.changes.fetch_add(n, Ordering::SeqCst);
+        self.listing_wanted.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Counts `n` ownership changes and publishes them at once by an early heartbeat, so peers
+    /// list the leases within about a heartbeat.
+    pub(crate) fn changed_now(&self, n: u64) {
+        if n > 0 {
+            self.changed(n);
+            self.publish_now.notify_one();
+        }
+    }
+
+    /// Asks for a balance pass that lists the leases, now.
+    pub(crate) fn want_listing(&self) {
+        self.listing_wanted.fetch_add(1, Ordering::SeqCst);
+        self.balance_now.notify_one();
+    }
+
     /// A random u64 from the worker's RNG.
     pub(crate) fn random(&self) -> u64 {
         lock(&self.rng).random()
@@ -260,6 +310,25 @@ impl Shared {
 
     pub(crate) fn bump(&self, counter: &AtomicU64, by: u64) {
         counter.fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+impl crate::processor::CheckpointObserver for Shared {
+    /// Keeps this worker's memory of its own leases' checkpoints current without a listing (a
+    /// quiet fleet does not list), so a store that loses writes is repaired to the latest one.
+    fn written(&self, token: &crate::lease::LeaseToken, position: &crate::position::Position) {
+        let mut memory = lock(&self.remembered);
+        if let Some(seen) = memory.get_mut(&token.key) {
+            if seen.epoch <= token.epoch && !seen.checkpoint.would_regress_to(position) {
+                seen.checkpoint = position.clone();
+            }
+        }
+    }
+
+    /// The lease moved on: the next balance pass lists the leases (and counts the loss).
+    fn refused(&self, _token: &crate::lease::LeaseToken) {
+        self.listing_wanted.fetch_add(1, Ordering::SeqCst);
+        self.balance_now.notify_one();
     }
 }
 

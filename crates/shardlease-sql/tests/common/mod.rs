@@ -57,6 +57,12 @@ macro_rules! server_tests {
             let Some(url) = $url else { return };
             common::concurrent_migrations(&url).await;
         }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn migrates_version_1_tables() {
+            let Some(url) = $url else { return };
+            common::migrates_version_1_tables(&url).await;
+        }
     };
 }
 
@@ -461,6 +467,41 @@ pub async fn concurrent_migrations(url: &str) {
         migrations,
     ] {
         exec_raw(&again, &format!("DROP TABLE {table}"), &[]).await;
+    }
+}
+
+/// Tables left at schema version 1 (worker rows without `changes`) are refused without
+/// `create_schema`, migrated with it, and their old worker rows read as 0 changes.
+pub async fn migrates_version_1_tables(url: &str) {
+    let prefix = format!("v{}_", fresh_namespace("").replace('-', "_").trim_start_matches("ns_"));
+    let current = SqlStore::builder(url).table_prefix(&prefix).connect().await.unwrap();
+    // Back to version 1 by hand: drop the column and the record of migration 2.
+    let workers = current.workers_table().to_owned();
+    let migrations = format!("{prefix}schema_migrations");
+    exec_raw(&current, &format!("ALTER TABLE {workers} DROP COLUMN changes"), &[]).await;
+    exec_raw(&current, &format!("DELETE FROM {migrations} WHERE version = 2"), &[]).await;
+    let old_row = format!(
+        "INSERT INTO {workers} (namespace, worker_id, beat, updated_at_millis, lease_count) \
+         VALUES ('default', 'old', 7, 0, 1)"
+    );
+    exec_raw(&current, &old_row, &[]).await;
+    match SqlStore::builder(url).table_prefix(&prefix).create_schema(false).connect().await {
+        Err(Error::Config(m)) => assert!(m.contains("schema version 1"), "{m}"),
+        other => panic!("version 1 tables without create_schema: expected Config, got {other:?}"),
+    }
+    let migrated = SqlStore::builder(url).table_prefix(&prefix).connect().await.unwrap();
+    let listed = migrated.list_workers().await.unwrap();
+    assert_eq!(listed.items.len(), 1, "{listed:?}");
+    assert_eq!((listed.items[0].beat, listed.items[0].changes), (7, 0));
+    let mut fresh = WorkerRecord::new("new".into(), 1);
+    fresh.changes = 12;
+    migrated.heartbeat(&fresh).await.unwrap();
+    let listed = migrated.list_workers().await.unwrap();
+    assert_eq!(listed.items.iter().find(|w| w.id.as_str() == "new").map(|w| w.changes), Some(12));
+    for table in
+        [migrated.leases_table().to_owned(), workers, format!("{prefix}namespaces"), migrations]
+    {
+        exec_raw(&migrated, &format!("DROP TABLE {table}"), &[]).await;
     }
 }
 

@@ -22,6 +22,7 @@ pub async fn worker_records(factory: &dyn StoreFactory) {
         first.lease_count = 3;
         first.load = Some(0.5);
         first.capacity = Some(10);
+        first.changes = 5;
         ok(store.heartbeat(&first).await, "first heartbeat");
         let listing = ok(store.list_workers().await, "list after the first heartbeat");
         assert_eq!(listing.items, [first.clone()], "the heartbeat record reads back exactly");
@@ -32,6 +33,9 @@ pub async fn worker_records(factory: &dyn StoreFactory) {
         second.updated_at_millis += 2_000;
         second.lease_count = 4;
         second.load = None;
+        // Peers list the leases again when this changes, so it must read back exactly, even
+        // when it goes down (a new process under the same id starts again from 0).
+        second.changes = 0;
         ok(store.heartbeat(&second).await, "second heartbeat");
         let listing = ok(store.list_workers().await, "list after the second heartbeat");
         assert_eq!(listing.items, [second.clone()], "a heartbeat replaces the worker's record");
