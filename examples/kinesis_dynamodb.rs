@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `KINESIS_STREAM` | stream name or ARN | `shardlease-demo` |
 //! | `KINESIS_ENDPOINT_URL` | Kinesis endpoint (an emulator such as kinesalite) | AWS |
-//! | `SHARDLEASE_STORE_URL` | lease store: `dynamodb://…` once the DynamoDB store is built in, `sqlite://…`, `postgres://…`, `redis://…` | `sqlite://kinesis-demo.db` |
+//! | `SHARDLEASE_STORE_URL` | lease store: `dynamodb://TABLE?region=…`, `sqlite://…`, `postgres://…`, `redis://…` | `sqlite://kinesis-demo.db` |
 //! | `SHARDLEASE_NAMESPACE` | application name (lease namespace) | `kinesis-demo` |
 //! | `SHARDLEASE_WORKERS` | workers in this process | `1` |
 //! | `KINESIS_CREATE_SHARDS` | create the stream with this many shards if it does not exist | unset |

@@ -68,6 +68,28 @@ start_redis() {
   echo "redis $(cat "$run_dir/redis.pid" 2>/dev/null)" >>"$pids"
 }
 
+# DynamoDB: moto's server from PyPI, in a virtualenv under the build folder (no AWS is reachable).
+dynamodb_port=${SHARDLEASE_DYNAMODB_PORT:-8000}
+dynamodb_up() { curl -s -o /dev/null "http://127.0.0.1:$dynamodb_port/moto-api/"; }
+
+start_dynamodb() {
+  need_pkg curl curl
+  if dynamodb_up; then return 0; fi
+  need_pkg python3 python3 python3-venv
+  local venv="$run_dir/moto-venv"
+  if [ ! -x "$venv/bin/moto_server" ]; then
+    log "installing moto[server] into $venv"
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q 'moto[server]' >&2
+  fi
+  # Through a wrapper that applies one request at a time (moto's own server races conditional
+  # writes of one item; see the script).
+  nohup "$venv/bin/python" "$root/scripts/moto-server.py" -H 127.0.0.1 -p "$dynamodb_port" \
+    >"$run_dir/moto.log" 2>&1 &
+  echo "dynamodb $!" >>"$pids"
+  wait_for DynamoDB 30 dynamodb_up
+}
+
 start_kinesis() { # kinesalite from npm, via a Node wrapper that binds 127.0.0.1 only
   local port=${SHARDLEASE_KINESIS_PORT:-4567}
   if port_open "$port"; then return 0; fi
@@ -81,12 +103,15 @@ start_kinesis() { # kinesalite from npm, via a Node wrapper that binds 127.0.0.1
   wait_for kinesalite 30 port_open "$port"
 }
 
-wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis kinesis}
+wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis dynamodb kinesis}
 for s in $wanted; do
   case $s in
     postgres) start_postgres && echo "export SHARDLEASE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test" ;;
     mariadb|mysql) start_mariadb && echo "export SHARDLEASE_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test" ;;
     redis) start_redis && echo "export SHARDLEASE_TEST_REDIS_URL=redis://127.0.0.1:6379/" ;;
+    dynamodb) start_dynamodb &&
+      echo "export SHARDLEASE_TEST_DYNAMODB_ENDPOINT=http://127.0.0.1:$dynamodb_port" &&
+      echo "export SHARDLEASE_TEST_DYNAMODB_URL='dynamodb://test:test@shardlease-test?region=us-east-1&endpoint=http://127.0.0.1:$dynamodb_port&create_table=true'" ;;
     kinesis) start_kinesis && echo "export SHARDLEASE_TEST_KINESIS_ENDPOINT=http://127.0.0.1:${SHARDLEASE_KINESIS_PORT:-4567}" ;;
     *) log "unknown service $s"; exit 2 ;;
   esac

@@ -9,6 +9,9 @@ while read -r name pid; do
   if kill -0 "$pid" 2>/dev/null; then
     echo "stopping $name (pid $pid)" >&2
     kill "$pid" 2>/dev/null || true
+    # Some servers (moto's) can go on serving queued requests for minutes after SIGTERM.
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
   fi
 done <"$pids"
 : >"$pids"

@@ -65,6 +65,8 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
         "memory" => Ok(Arc::new(MemoryBackend::global().store(Namespace::new(namespace)))),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => shardlease_redis::connect_url(url.as_str(), namespace).await,
+        #[cfg(feature = "dynamodb")]
+        "dynamodb" => shardlease_dynamodb::connect_url(_raw, namespace).await,
         #[cfg(feature = "sqlite")]
         "sqlite" => shardlease_sql::connect_url(_raw, namespace).await,
         #[cfg(feature = "postgres")]
@@ -84,13 +86,18 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
     }
 }
 
-/// `url` with any password replaced by `***`, for logs and messages. A string that does not parse
-/// is replaced whole (it may hold a password in a shape we cannot find).
+/// `url` with any password (and a `dynamodb://` access key id) replaced by `***`, for logs and
+/// messages. A string that does not parse is replaced whole (it may hold a password in a shape
+/// we cannot find).
 pub fn redact_url(url: &str) -> String {
     match Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
+            }
+            // In a dynamodb:// URL the user name is an AWS access key id: hidden too.
+            if u.scheme() == "dynamodb" && !u.username().is_empty() {
+                let _ = u.set_username("***");
             }
             u.to_string()
         }
@@ -130,6 +137,11 @@ mod tests {
         }
         let m = config_error(connect("postgresql://u:pw@localhost/db").await);
         assert!(m.contains("`postgres` feature"), "{m}");
+        if !cfg!(feature = "dynamodb") {
+            let m = config_error(connect("dynamodb://AKID:s3cr3t@leases?region=x").await);
+            assert!(m.contains("`dynamodb` feature"), "{m}");
+            assert!(!m.contains("s3cr3t"), "{m}");
+        }
         let m = config_error(connect("gopher://x").await);
         assert!(m.contains("unknown store scheme"), "{m}");
     }
@@ -153,6 +165,7 @@ mod tests {
     fn redaction_hides_passwords() {
         assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
         assert_eq!(redact_url("memory://"), "memory://");
+        assert_eq!(redact_url("dynamodb://AKID:sk@t?region=r"), "dynamodb://***:***@t?region=r");
         assert_eq!(redact_url("::nope pw"), "<unparseable URL>");
     }
 }

@@ -22,15 +22,40 @@ use crate::recorder::Recorder;
 const HEARTBEAT: Duration = Duration::from_millis(100);
 const POLL: Duration = Duration::from_millis(20);
 const DEADLINE: Duration = Duration::from_secs(60);
+const PRODUCE_EVERY: Duration = Duration::from_millis(5);
 
-fn config(ns: &str) -> Config {
+/// The timings of one case: the constants above times the factory's
+/// [`timing_scale`](StoreFactory::timing_scale) (a slow store, such as an emulator, runs the
+/// same cases at a slower pace).
+#[derive(Clone, Copy, Debug)]
+struct Timings {
+    heartbeat: Duration,
+    poll: Duration,
+    deadline: Duration,
+    produce_every: Duration,
+}
+
+impl Timings {
+    fn of(factory: &dyn StoreFactory) -> Timings {
+        let k = factory.timing_scale().max(1);
+        Timings {
+            heartbeat: HEARTBEAT * k,
+            poll: POLL * k,
+            deadline: DEADLINE * k,
+            produce_every: PRODUCE_EVERY * k,
+        }
+    }
+}
+
+fn config(ns: &str, t: Timings) -> Config {
     let mut c =
-        Config::new(ns).with_heartbeat(HEARTBEAT).with_initial_position(Position::TrimHorizon);
-    c.idle_poll_interval = Duration::from_millis(20);
+        Config::new(ns).with_heartbeat(t.heartbeat).with_initial_position(Position::TrimHorizon);
+    c.idle_poll_interval = t.poll;
     c
 }
 
 struct World {
+    t: Timings,
     cluster: Cluster,
     source: MemorySource,
     recorder: Recorder,
@@ -38,18 +63,25 @@ struct World {
 }
 
 impl World {
-    async fn new(ns: &str, store: Arc<dyn LeaseStore>, shards: usize) -> World {
+    async fn new(
+        factory: &dyn StoreFactory,
+        ns: &str,
+        store: Arc<dyn LeaseStore>,
+        shards: usize,
+    ) -> World {
+        let t = Timings::of(factory);
         let source = MemorySource::new(shards);
         let recorder = Recorder::new();
         let src: Arc<dyn ShardSource> = Arc::new(source.clone());
-        let mut cluster = Cluster::new(store, src, recorder.factory(), config(ns));
+        let mut cluster = Cluster::new(store, src, recorder.factory(), config(ns, t));
         ok(cluster.sync_shards().await, "create the leases with a shard sync");
-        World { cluster, source, recorder, producing: CancellationToken::new() }
+        World { t, cluster, source, recorder, producing: CancellationToken::new() }
     }
 
     /// Writes a few records every few milliseconds until [`stop_producing`](Self::stop_producing).
     fn produce(&self) {
         let (source, stop) = (self.source.clone(), self.producing.clone());
+        let every = self.t.produce_every;
         tokio::spawn(async move {
             let mut i = 0u64;
             while !stop.is_cancelled() {
@@ -57,7 +89,7 @@ impl World {
                     i += 1;
                     source.put(&format!("key-{}", i % 97), format!("record {i}"));
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(every).await;
             }
         });
     }
@@ -66,10 +98,11 @@ impl World {
         self.producing.cancel();
         let produced = self.source.produced();
         let rec = &self.recorder;
-        let r = wait_until("every produced record processed", DEADLINE, POLL, || async {
-            rec.distinct() as u64 >= produced
-        })
-        .await;
+        let r =
+            wait_until("every produced record processed", self.t.deadline, self.t.poll, || async {
+                rec.distinct() as u64 >= produced
+            })
+            .await;
         if let Err(e) = r {
             panic!(
                 "{e}: {} of {produced} processed; first missing {:?}",
@@ -85,7 +118,7 @@ impl World {
     }
 
     async fn balanced(&self, what: &str) -> crate::cluster::Coverage {
-        match self.cluster.wait_balanced(DEADLINE, POLL).await {
+        match self.cluster.wait_balanced(self.t.deadline, self.t.poll).await {
             Ok(c) => c,
             Err(e) => panic!("{what}: {e}"),
         }
@@ -97,7 +130,7 @@ impl World {
 pub async fn one_worker_takes_every_lease_in_one_pass(factory: &dyn StoreFactory) {
     with_scope(factory, "one_worker_takes_every_lease_in_one_pass", |scope| async move {
         let (ns, store) = scope.fresh_store().await;
-        let mut w = World::new(&ns, store, 64).await;
+        let mut w = World::new(scope.factory(), &ns, store, 64).await;
         let created: std::collections::BTreeMap<_, _> =
             ok(w.cluster.leases().await, "list").into_iter().map(|l| (l.key, l.epoch)).collect();
         let id = ok(w.cluster.start_worker(), "start a worker");
@@ -119,7 +152,7 @@ pub async fn one_worker_takes_every_lease_in_one_pass(factory: &dyn StoreFactory
 pub async fn workers_share_leases_evenly(factory: &dyn StoreFactory) {
     with_scope(factory, "workers_share_leases_evenly", |scope| async move {
         let (ns, store) = scope.fresh_store().await;
-        let mut w = World::new(&ns, store, 30).await;
+        let mut w = World::new(scope.factory(), &ns, store, 30).await;
         ok(w.cluster.start_workers(4), "start four workers");
         let cov = w.balanced("four workers on 30 leases").await;
         assert_eq!(cov.active, 30);
@@ -136,7 +169,7 @@ pub async fn workers_share_leases_evenly(factory: &dyn StoreFactory) {
 pub async fn a_joining_worker_gets_its_share_without_duplicates(factory: &dyn StoreFactory) {
     with_scope(factory, "a_joining_worker_gets_its_share_without_duplicates", |scope| async move {
         let (ns, store) = scope.fresh_store().await;
-        let mut w = World::new(&ns, store, 24).await;
+        let mut w = World::new(scope.factory(), &ns, store, 24).await;
         w.produce();
         ok(w.cluster.start_workers(3), "start three workers");
         w.balanced("three workers on 24 leases").await;
@@ -155,7 +188,7 @@ pub async fn a_joining_worker_gets_its_share_without_duplicates(factory: &dyn St
 pub async fn a_crashed_workers_leases_are_taken_over(factory: &dyn StoreFactory) {
     with_scope(factory, "a_crashed_workers_leases_are_taken_over", |scope| async move {
         let (ns, store) = scope.fresh_store().await;
-        let mut w = World::new(&ns, store, 24).await;
+        let mut w = World::new(scope.factory(), &ns, store, 24).await;
         w.produce();
         let ids = ok(w.cluster.start_workers(3), "start three workers");
         w.balanced("three workers").await;
@@ -187,13 +220,13 @@ pub async fn a_graceful_leave_releases_leases_and_keeps_checkpoints(factory: &dy
         "a_graceful_leave_releases_leases_and_keeps_checkpoints",
         |scope| async move {
             let (ns, store) = scope.fresh_store().await;
-            let mut w = World::new(&ns, store.clone(), 24).await;
+            let mut w = World::new(scope.factory(), &ns, store.clone(), 24).await;
             w.produce();
             let ids = ok(w.cluster.start_workers(3), "start three workers");
             w.balanced("three workers").await;
             let rec = w.recorder.clone();
             ok(
-                wait_until("some records processed", DEADLINE, POLL, || async {
+                wait_until("some records processed", w.t.deadline, w.t.poll, || async {
                     rec.distinct() > 200
                 })
                 .await
@@ -235,7 +268,7 @@ pub async fn a_graceful_leave_releases_leases_and_keeps_checkpoints(factory: &dy
 pub async fn a_zombie_cannot_checkpoint(factory: &dyn StoreFactory) {
     with_scope(factory, "a_zombie_cannot_checkpoint", |scope| async move {
         let (ns, store) = scope.fresh_store().await;
-        let mut w = World::new(&ns, store.clone(), 4).await;
+        let mut w = World::new(scope.factory(), &ns, store.clone(), 4).await;
         let zombie = ok(w.cluster.start_worker(), "start the first worker");
         w.balanced("first worker").await;
         let leases = ok(w.cluster.leases().await, "list");
@@ -270,14 +303,14 @@ pub async fn a_zombie_cannot_checkpoint(factory: &dyn StoreFactory) {
 pub async fn children_wait_for_their_parents(factory: &dyn StoreFactory) {
     with_scope(factory, "children_wait_for_their_parents", |scope| async move {
         let (ns, store) = scope.fresh_store().await;
-        let mut w = World::new(&ns, store, 4).await;
+        let mut w = World::new(scope.factory(), &ns, store, 4).await;
         w.produce();
         ok(w.cluster.start_workers(2), "start two workers");
         w.balanced("two workers").await;
         let shards = w.source.open_shards();
         let rec = w.recorder.clone();
         ok(
-            wait_until("records before the reshard", DEADLINE, POLL, || async {
+            wait_until("records before the reshard", w.t.deadline, w.t.poll, || async {
                 rec.distinct() > 100
             })
             .await
@@ -289,7 +322,7 @@ pub async fn children_wait_for_their_parents(factory: &dyn StoreFactory) {
         let rec = w.recorder.clone();
         let target = w.source.produced() + 400;
         ok(
-            wait_until("records after the reshard", DEADLINE, POLL, || async {
+            wait_until("records after the reshard", w.t.deadline, w.t.poll, || async {
                 rec.distinct() as u64 > target
             })
             .await

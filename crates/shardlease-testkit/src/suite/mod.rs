@@ -65,6 +65,14 @@ pub trait StoreFactory: Send + Sync {
     /// The backend's name, for messages ("memory", "postgres", ...).
     fn name(&self) -> String;
 
+    /// How much slower than the defaults the lease-loop cases run on this store (heartbeat,
+    /// polling, record production and deadlines are all multiplied by it). Default 1; a store
+    /// whose test server is slow (an emulator answering a few hundred writes a second) raises it
+    /// rather than loosening any check.
+    fn timing_scale(&self) -> u32 {
+        1
+    }
+
     /// The rollback hook: writes `lease` into `namespace` with exactly `version`, whatever the
     /// record holds now (creating it if missing), bypassing compare-and-set, the way a store
     /// that rolled back (a failover to a lagging replica, a restored backup) would hold an older
@@ -96,6 +104,9 @@ impl<T: StoreFactory + ?Sized> StoreFactory for Arc<T> {
     fn name(&self) -> String {
         (**self).name()
     }
+    fn timing_scale(&self) -> u32 {
+        (**self).timing_scale()
+    }
     async fn restore_raw(
         &self,
         store: &Arc<dyn LeaseStore>,
@@ -117,6 +128,9 @@ impl<T: StoreFactory + ?Sized> StoreFactory for Box<T> {
     }
     fn name(&self) -> String {
         (**self).name()
+    }
+    fn timing_scale(&self) -> u32 {
+        (**self).timing_scale()
     }
     async fn restore_raw(
         &self,

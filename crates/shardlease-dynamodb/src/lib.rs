@@ -1,0 +1,89 @@
+//! # shardlease-dynamodb
+//!
+//! A [`LeaseStore`] on Amazon DynamoDB. Connect with [`DynamoDbStore::builder`] or, through the
+//! `shardlease` facade with its `dynamodb` feature, by URL:
+//! `dynamodb://TABLE?region=REGION&endpoint=URL&namespace=NAME&create_table=true`.
+//!
+//! ```no_run
+//! # async fn demo() -> shardlease_core::Result<()> {
+//! use shardlease_dynamodb::{Billing, DynamoDbStore};
+//! let store = DynamoDbStore::builder("shardlease-leases") // region, credentials: AWS defaults
+//!     .namespace("orders")
+//!     .create_table(true) // on-demand billing unless told otherwise
+//!     .billing(Billing::OnDemand)
+//!     .connect()
+//!     .await?;
+//! # let _ = store; Ok(()) }
+//! ```
+//!
+//! ## One table, namespaces in the key
+//!
+//! One table holds any number of namespaces (applications): partition key `pk` =
+//! `<namespace>/leases` or `<namespace>/workers`, sort key `sk` = the lease key or worker id
+//! (see the `layout` module). Why not one table per namespace, as the Java KCL does:
+//!
+//! - a store URL names a place, and the namespace is chosen apart from it (the facade's
+//!   `connect_namespace`, the bench's fresh namespace per run, tests): a table per namespace
+//!   would make every new namespace a `CreateTable` (seconds on AWS, an IAM permission most
+//!   consumers should not hold, and an account-wide table quota);
+//! - listings read only their own records: the workers are listed every heartbeat and must cost
+//!   O(workers), which a `Scan` of a table that also holds the leases cannot do. Both listings
+//!   are a consistent `Query` on one partition key, paged through `LastEvaluatedKey`;
+//! - one table is one thing to provision, back up, alarm on and grant.
+//!
+//! The price: a namespace's leases share one partition key, so their writes share DynamoDB's
+//! per-partition ceiling (about 1,000 write units per second before adaptive capacity splits
+//! the collection by sort key). `docs/dynamodb.md` works out what a fleet needs; checkpoints
+//! are the only writes that grow with the shard count.
+//!
+//! ## Versions, conflicts, corruption, retries
+//!
+//! Every write draws a random 63-bit `version` ([`Version::random`](shardlease_core::Version)),
+//! so a version never repeats for a key, even after a table is restored from a backup.
+//! Conditional writes return the current item on failure (`ReturnValuesOnConditionCheckFailure`),
+//! so a `Conflict` carries it at no extra cost. An item that does not decode is
+//! `Error::Corrupt` for that key (a listing's `corrupt` entry), never a panic. Throttling,
+//! server errors and timeouts are retried by the SDK with jittered exponential backoff and then
+//! reported as retryable `Error::Backend`. AWS keys never appear in an error, a log line or
+//! `Debug` output.
+
+mod codec;
+mod config;
+mod errors;
+mod layout;
+mod redact;
+mod store;
+mod table;
+
+use std::sync::Arc;
+
+use shardlease_core::{LeaseStore, Result};
+
+pub use config::{
+    DynamoDbStoreBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_NAMESPACE, DEFAULT_TABLE_READY_TIMEOUT,
+};
+pub use redact::redact_url;
+pub use store::DynamoDbStore;
+pub use table::Billing;
+
+/// Re-export of the SDK crate, so callers of [`DynamoDbStore::from_client`] use the version this
+/// crate was built with.
+pub use aws_sdk_dynamodb;
+
+/// A builder from a `dynamodb://` URL (see [`connect_url`] for its form), for options beyond it.
+pub fn builder_from_url(url: &str) -> Result<DynamoDbStoreBuilder> {
+    config::builder_from_url(url)
+}
+
+/// Opens `namespace` on the table named by `url`, as a shared [`LeaseStore`]: the entry point of
+/// the `shardlease` facade for `dynamodb://` URLs. The form is
+/// `dynamodb://[KEY_ID:SECRET@]TABLE?region=&endpoint=&profile=&create_table=true&
+/// billing=on-demand|provisioned&read_capacity=&write_capacity=&page_size=&max_attempts=&
+/// attempt_timeout_ms=`;
+/// anything not given comes from the AWS default chains. Keys in the URL are for emulators;
+/// they never appear in an error. Any `namespace` parameter is ignored in favour of the argument.
+pub async fn connect_url(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+    let store = builder_from_url(url)?.namespace(namespace).connect().await?;
+    Ok(Arc::new(store))
+}

@@ -1,0 +1,31 @@
+//! The `dynamodb://` URL the facade hands to [`connect_url`]: every option reaches the store,
+//! and two namespaces opened on one URL share the table but nothing else. Runs on the emulator
+//! named by `SHARDLEASE_TEST_DYNAMODB_ENDPOINT`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use shardlease_core::{Lease, Position};
+use shardlease_dynamodb::connect_url;
+
+#[tokio::test]
+async fn urls_open_namespaces_of_one_table() {
+    let Some(endpoint) = common::endpoint() else { return };
+    let table = common::fresh_table("url");
+    let url = format!(
+        "dynamodb://{}:{}@{table}?region=us-east-1&endpoint={endpoint}&create_table=true\
+         &page_size=2&namespace=ignored",
+        common::KEY_ID,
+        common::SECRET
+    );
+    let a = connect_url(&url, "app-a").await.unwrap();
+    let b = connect_url(&url, "app-b").await.unwrap();
+    assert_eq!(a.namespace().unwrap().as_str(), "app-a", "the argument wins over the URL");
+    for i in 0..5 {
+        a.create_lease(&Lease::new(format!("s{i}"), Position::TrimHorizon)).await.unwrap();
+    }
+    assert_eq!(a.list_leases().await.unwrap().items.len(), 5, "three pages of two");
+    assert!(b.list_leases().await.unwrap().items.is_empty());
+    common::delete_table(&endpoint, &table).await.unwrap();
+}
