@@ -25,6 +25,7 @@ pub mod liveness;
 pub mod memory;
 pub mod position;
 pub mod processor;
+pub mod redact;
 pub mod runtime;
 pub mod source;
 pub mod store;

@@ -58,18 +58,6 @@ impl HttpStatus for aws_sdk_dynamodb::config::http::HttpResponse {
     }
 }
 
-/// A failure whose text had to be scrubbed of a secret.
-#[derive(Debug)]
-struct RedactedError(String);
-
-impl std::fmt::Display for RedactedError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for RedactedError {}
-
 /// `Error::Backend` for a failure of `what` (free of secrets), keeping `e` as the source unless
 /// its text holds a secret (then a scrubbed copy of the text takes its place).
 pub(crate) fn backend<E, R>(redactor: &Redactor, what: &str, e: SdkError<E, R>) -> Error
@@ -77,14 +65,8 @@ where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: HttpStatus + std::fmt::Debug + Send + Sync + 'static,
 {
-    let retryable = is_retryable(&e);
     let display = DisplayErrorContext(&e).to_string();
-    let message = format!("dynamodb: {what}: {}", redactor.scrub(&display));
-    if redactor.leaks(&display) || redactor.leaks(&format!("{e:?}")) {
-        Error::backend(retryable, message, RedactedError(redactor.scrub(&display)))
-    } else {
-        Error::backend(retryable, message, e)
-    }
+    redactor.backend_error(is_retryable(&e), &format!("dynamodb: {what}"), &display, e)
 }
 
 /// `Error::Backend` (permanent) for a reply of a shape this crate does not expect.

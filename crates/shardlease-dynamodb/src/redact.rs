@@ -3,12 +3,12 @@
 //! Keys reach the store in two ways: given to the builder (or in a `dynamodb://` URL, for
 //! emulators), or found by the SDK's default credential chain. The SDK never prints the latter
 //! (its `Credentials` redact themselves); the former pass through this crate, so a [`Redactor`]
-//! built from them scrubs any text (an SDK error message, say) before it leaves the crate.
+//! built from them (core's, shared with every backend) scrubs any text (an SDK error message, say)
+//! before it leaves the crate.
 
 use url::Url;
 
-/// What replaces a secret.
-pub(crate) const MASK: &str = "***";
+pub(crate) use shardlease_core::redact::MASK;
 
 /// `url` with any user name (access key id) and password (secret key) replaced by `***`. A
 /// string that does not parse is replaced whole, as it may hold a key in a shape we cannot find.
@@ -46,45 +46,7 @@ fn redact_query(u: &mut Url) {
     u.query_pairs_mut().clear().extend_pairs(pairs);
 }
 
-/// Removes known secrets from text.
-#[derive(Clone, Default)]
-pub(crate) struct Redactor {
-    /// Longest first, so a secret containing another is replaced whole.
-    secrets: Vec<String>,
-}
-
-impl std::fmt::Debug for Redactor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Redactor({} secrets)", self.secrets.len())
-    }
-}
-
-impl Redactor {
-    /// A redactor for these secrets (empty ones are ignored).
-    pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut secrets: Vec<String> =
-            secrets.into_iter().filter(|s| !s.is_empty()).map(str::to_owned).collect();
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
-        Redactor { secrets }
-    }
-
-    /// `text` with every secret replaced by `***`.
-    pub(crate) fn scrub(&self, text: &str) -> String {
-        let mut out = text.to_owned();
-        for s in &self.secrets {
-            if out.contains(s.as_str()) {
-                out = out.replace(s.as_str(), MASK);
-            }
-        }
-        out
-    }
-
-    /// Whether `text` contains a secret.
-    pub(crate) fn leaks(&self, text: &str) -> bool {
-        self.secrets.iter().any(|s| text.contains(s.as_str()))
-    }
-}
+pub(crate) use shardlease_core::redact::Redactor;
 
 #[cfg(test)]
 mod tests {

@@ -19,18 +19,6 @@ const RETRYABLE_CODES: &[&str] =
 /// Server error codes that will not go away by themselves.
 const PERMANENT_CODES: &[&str] = &["NOAUTH", "WRONGPASS", "NOPERM", "WRONGTYPE"];
 
-/// A Redis failure whose text had to be scrubbed of the password.
-#[derive(Debug)]
-struct RedactedError(String);
-
-impl std::fmt::Display for RedactedError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for RedactedError {}
-
 /// Whether repeating the call that failed with `e` may succeed.
 pub(crate) fn is_retryable(e: &RedisError) -> bool {
     if let Some(code) = e.code() {
@@ -61,14 +49,8 @@ pub(crate) fn is_retryable(e: &RedisError) -> bool {
 /// `Error::Backend` for a failure of `what` (free of secrets), keeping `e` as the source unless
 /// its text holds the password (then a scrubbed copy of the text takes its place).
 pub(crate) fn backend(redactor: &Redactor, what: &str, e: RedisError) -> Error {
-    let retryable = is_retryable(&e);
     let display = e.to_string();
-    let message = format!("redis: {what}: {}", redactor.scrub(&display));
-    if redactor.leaks(&display) || redactor.leaks(&format!("{e:?}")) {
-        Error::backend(retryable, message, RedactedError(redactor.scrub(&display)))
-    } else {
-        Error::backend(retryable, message, e)
-    }
+    redactor.backend_error(is_retryable(&e), &format!("redis: {what}"), &display, e)
 }
 
 /// `Error::Backend` (permanent) for a reply of a shape this crate does not expect.

@@ -6,8 +6,7 @@
 
 use url::Url;
 
-/// What replaces a password.
-const MASK: &str = "***";
+use shardlease_core::redact::MASK;
 
 /// `url` with any password replaced by `***`. A string that does not parse is replaced whole, as
 /// it may hold a password in a shape we cannot find.
@@ -24,49 +23,13 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// Removes known secrets from text.
-#[derive(Clone, Default)]
-pub(crate) struct Redactor {
-    /// The password as written in the URL and percent-decoded (when they differ).
-    secrets: Vec<String>,
-}
+pub(crate) use shardlease_core::redact::Redactor;
 
-impl std::fmt::Debug for Redactor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Redactor({} secrets)", self.secrets.len())
-    }
-}
-
-impl Redactor {
-    /// A redactor for the password of `url` (if any).
-    pub(crate) fn for_url(url: &Url) -> Self {
-        let mut secrets = Vec::new();
-        if let Some(raw) = url.password().filter(|p| !p.is_empty()) {
-            secrets.push(raw.to_owned());
-            let decoded = percent_decode(raw);
-            if decoded != raw {
-                secrets.push(decoded);
-            }
-        }
-        // Longest first, so a secret containing another is replaced whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        Redactor { secrets }
-    }
-
-    /// `text` with every secret replaced by `***`.
-    pub(crate) fn scrub(&self, text: &str) -> String {
-        let mut out = text.to_owned();
-        for s in &self.secrets {
-            if out.contains(s.as_str()) {
-                out = out.replace(s.as_str(), MASK);
-            }
-        }
-        out
-    }
-
-    /// Whether `text` contains a secret.
-    pub(crate) fn leaks(&self, text: &str) -> bool {
-        self.secrets.iter().any(|s| text.contains(s.as_str()))
+/// A redactor for the password of `url` (if any), as written and percent-decoded.
+pub(crate) fn for_url(url: &Url) -> Redactor {
+    match url.password().filter(|p| !p.is_empty()) {
+        Some(raw) => Redactor::new([raw.to_owned(), percent_decode(raw)]),
+        None => Redactor::default(),
     }
 }
 
@@ -107,12 +70,12 @@ mod tests {
     #[test]
     fn text_loses_raw_and_decoded_passwords() {
         let url = Url::parse("redis://:p%40ss%25word@h/").unwrap();
-        let r = Redactor::for_url(&url);
+        let r = for_url(&url);
         assert_eq!(r.scrub("auth p@ss%word failed"), "auth *** failed");
         assert_eq!(r.scrub("url had p%40ss%25word"), "url had ***");
         assert!(r.leaks("x p@ss%word"));
         assert!(!r.leaks("nothing here"));
-        let none = Redactor::for_url(&Url::parse("redis://h/").unwrap());
+        let none = for_url(&Url::parse("redis://h/").unwrap());
         assert_eq!(none.scrub("as is"), "as is");
         assert_eq!(percent_decode("%zz%4"), "%zz%4");
     }

@@ -23,7 +23,7 @@ use url::Url;
 use crate::codec::{self, Fields};
 use crate::errors::{backend, unexpected};
 use crate::keys::Keys;
-use crate::redact::{redact_url, Redactor};
+use crate::redact::{self, redact_url, Redactor};
 use crate::scripts::Scripts;
 
 /// The key prefix used unless another is configured.
@@ -150,7 +150,7 @@ impl RedisStoreBuilder {
     /// refuses the credentials (permanent). No message ever holds the password.
     pub async fn connect(self) -> Result<RedisStore> {
         let parsed = parse_url(&self.url)?;
-        let redactor = Redactor::for_url(&parsed.url);
+        let redactor = redact::for_url(&parsed.url);
         let target = redact_url(parsed.url.as_str());
         let namespace =
             self.namespace.or(parsed.namespace).unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());

@@ -189,7 +189,6 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
         seed: shared.random(),
     };
     let mut plan = shared.balancer.plan(&snapshot);
-    let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
     if holding && (plan.take_count > 0 || !plan.take_over.is_empty()) {
         debug!(take = plan.take_count, "the store went back in time: no takes this pass");
         plan.take_count = 0;
