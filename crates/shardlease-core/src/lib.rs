@@ -17,6 +17,7 @@
 
 pub mod balancer;
 pub mod checkpointer;
+pub mod clock;
 pub mod config;
 pub mod error;
 mod ids;

@@ -19,10 +19,17 @@ use tokio::time::Instant;
 use crate::ids::WorkerId;
 use crate::worker_record::WorkerRecord;
 
+/// A worker first listed with fewer beats than this started about when this observer listed it.
+const FRESH_PROCESS_BEATS: u64 = 3;
+
 #[derive(Clone, Debug)]
 struct Seen {
     beat: u64,
     since: Instant,
+    /// When this observer first saw the worker's current process (a restart under the same id
+    /// starts a new one), if it saw the process start; `None` for a process already running when
+    /// this observer first listed it.
+    process_since: Option<Instant>,
 }
 
 /// What changed in one observation of the worker records.
@@ -99,11 +106,21 @@ impl Liveness {
                     if WorkerRecord::beat_went_back(seen.beat, r.beat) {
                         change.went_back.push(r.id.clone());
                     }
-                    *seen = Seen { beat: r.beat, since: first_seen };
+                    let process_since = if WorkerRecord::same_process(seen.beat, r.beat) {
+                        seen.process_since
+                    } else {
+                        Some(first_seen)
+                    };
+                    *seen = Seen { beat: r.beat, since: first_seen, process_since };
                     self.dead.remove(&r.id);
                 }
                 None => {
-                    self.workers.insert(r.id.clone(), Seen { beat: r.beat, since: first_seen });
+                    let process_since =
+                        (r.beats_written() < FRESH_PROCESS_BEATS).then_some(first_seen);
+                    self.workers.insert(
+                        r.id.clone(),
+                        Seen { beat: r.beat, since: first_seen, process_since },
+                    );
                     change.appeared.push(r.id.clone());
                 }
             }
@@ -143,6 +160,17 @@ impl Liveness {
         let Some(observed) = self.last_observed else { return true };
         let since = *self.absent_owners.entry(id.clone()).or_insert(observed);
         observed.saturating_duration_since(since) < self.failover_timeout
+    }
+
+    /// Whether the process now running under `id` started less than `window` before the last
+    /// observation (a worker restarted under the same id, or one that just started). Such a
+    /// process knows only what it listed since: a peer must not leave the repair of a lease the
+    /// store lost to it on the strength of its id being alive.
+    pub fn started_within(&self, id: &WorkerId, window: Duration) -> bool {
+        let (Some(now), Some(seen)) = (self.last_observed, self.workers.get(id)) else {
+            return false;
+        };
+        seen.process_since.is_some_and(|t| now.saturating_duration_since(t) < window)
     }
 
     /// The workers with a record that were alive at the last observation.
@@ -202,6 +230,29 @@ mod tests {
         );
         assert!(c.newly_dead.is_empty());
         assert!(l.is_alive(&WorkerId::new("b")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_under_the_same_id_is_a_new_process() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut l = Liveness::new(s(10));
+        let w = WorkerId::new("w");
+        let base = 5u64 << 24;
+        // Listed first while long running: not a process that just started.
+        l.observe(&[rec("w", base + 100)], t0, t0);
+        assert!(!l.started_within(&w, s(30)));
+        l.observe(&[rec("w", base + 101)], t0 + s(1), t0 + s(1));
+        assert!(!l.started_within(&w, s(30)));
+        // The same id with another base: restarted, and counted as new for the window.
+        let other = 9u64 << 24;
+        l.observe(&[rec("w", other + 1)], t0 + s(2), t0 + s(2));
+        assert!(l.started_within(&w, s(30)));
+        l.observe(&[rec("w", other + 40)], t0 + s(40), t0 + s(40));
+        assert!(!l.started_within(&w, s(30)));
+        // A worker first listed on its first beats just started.
+        l.observe(&[rec("w", other + 41), rec("n", 3 << 24 | 1)], t0 + s(41), t0 + s(41));
+        assert!(l.started_within(&WorkerId::new("n"), s(30)));
     }
 
     #[tokio::test(start_paused = true)]

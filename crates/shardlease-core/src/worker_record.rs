@@ -47,6 +47,12 @@ impl WorkerRecord {
         self.beat & ((1 << BEAT_COUNT_BITS) - 1)
     }
 
+    /// Whether two beats of one worker id come from the same process (a restart under the same
+    /// id draws a new random base).
+    pub fn same_process(before: u64, now: u64) -> bool {
+        before >> BEAT_COUNT_BITS == now >> BEAT_COUNT_BITS
+    }
+
     /// Whether a worker's beat went from `before` to `now` backwards within one process (same
     /// random start): a live process only counts up, so the store lost writes (a rollback to an
     /// earlier copy). A restart under the same id starts from another random base instead.
@@ -68,12 +74,10 @@ impl WorkerRecord {
     }
 }
 
-/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it): the engine's one
+/// clock, [`crate::clock::now_millis`].
 pub fn now_millis() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    crate::clock::now_millis()
 }
 
 #[cfg(test)]

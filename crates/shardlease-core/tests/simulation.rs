@@ -121,7 +121,7 @@ fn draw(rng: &mut StdRng) -> Draw {
     let start = match rng.random_range(0..3) {
         0 => Position::TrimHorizon,
         1 => Position::Latest,
-        _ => Position::AtTimestamp { millis: wall_millis() - 1_000 },
+        _ => Position::AtTimestamp { millis: shardlease_core::clock::now_millis_i64() - 1_000 },
     };
     Draw {
         start,
@@ -141,12 +141,6 @@ fn draw(rng: &mut StdRng) -> Draw {
         },
         error_rate: rng.random_range(0.0..0.2),
     }
-}
-
-fn wall_millis() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 async fn simulate(seed: u64) -> Result<String, String> {
@@ -267,6 +261,22 @@ async fn simulate(seed: u64) -> Result<String, String> {
                 cluster.restart_as(&w).map_err(|e| e.to_string())?;
             }
             Event::Wipe | Event::Rollback => {
+                // The fleet restores what it remembers, and a process remembers the leases from
+                // its first listing on. A fleet whose only processes restarted a moment ago and
+                // still fail to list knows nothing: a store losing everything then is, to that
+                // fleet, a new application (under `LATEST` the records since the last
+                // checkpoints are skipped, the limit docs/algorithm.md states in "When the store
+                // loses writes"). The accident waits until a running process has listed once.
+                let someone_listed = wait_until(
+                    "a running worker listed the leases",
+                    Duration::from_secs(300),
+                    HEARTBEAT,
+                    || async { cluster.stats().values().any(|s| s.lease_listings > 0) },
+                )
+                .await;
+                if let Err(e) = someone_listed {
+                    return Err(format!("{e} before {event:?}; events {events:?}"));
+                }
                 let listed = base.list_leases().await.map_err(|e| e.to_string())?.items;
                 match (&event, &copy) {
                     (Event::Rollback, Some(c)) => mem.restore(c),

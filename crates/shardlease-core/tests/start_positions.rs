@@ -55,6 +55,7 @@ impl ShardSource for OpenCounting {
 
 struct World {
     cluster: Cluster,
+    store: Arc<dyn LeaseStore>,
     source: MemorySource,
     counting: OpenCounting,
     rec: Recorder,
@@ -69,8 +70,8 @@ fn world(shards: usize, initial: Position) -> World {
     cfg.idle_poll_interval = Duration::from_secs(60);
     cfg.rng_seed = Some(11);
     let src: Arc<dyn ShardSource> = Arc::new(counting.clone());
-    let cluster = Cluster::new(store, src, rec.factory(), cfg);
-    World { cluster, source, counting, rec }
+    let cluster = Cluster::new(store.clone(), src, rec.factory(), cfg);
+    World { cluster, store, source, counting, rec }
 }
 
 impl World {
@@ -138,6 +139,57 @@ async fn a_latest_lease_changing_hands_before_its_first_record_loses_nothing() {
         assert!(r.is_ok(), "{change:?}: {r:?}");
         w.cluster.shutdown_all().await;
     }
+}
+
+/// The store lost one lease (a restore from an old backup, a failover that dropped it) while no
+/// running process remembers it: the only worker that ran it crashed. A `LATEST` start skips
+/// history only for a namespace's first leases; here the application has run (the other lease
+/// moved past `LATEST`), so the lost lease is created again from the shard's first record and
+/// the record written after its last checkpoint is processed (with the earlier ones again),
+/// instead of the lease being pinned at the new tip.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_nobody_remembers_is_not_recreated_at_latest() {
+    let mut w = world(2, Position::Latest);
+    w.cluster.sync_shards().await.unwrap();
+    let a = w.cluster.start_worker().unwrap();
+    let keys: Vec<LeaseKey> = w.source.shards().into_iter().map(|s| s.id).collect();
+    w.wait_opened(&keys).await;
+    for k in &keys {
+        w.source.put_to_shard(k, format!("read by the first worker on {k}")).unwrap();
+    }
+    w.wait_all_processed().await.unwrap();
+    w.cluster.crash(&a);
+    w.source.put_to_shard(&keys[1], "after the last checkpoint").unwrap();
+    let (_, version) = w.store.get_lease(&keys[1]).await.unwrap().unwrap();
+    w.store.delete_lease(&keys[1], version).await.unwrap();
+    w.cluster.start_worker().unwrap();
+    w.wait_all_processed().await.unwrap();
+    w.cluster.shutdown_all().await;
+}
+
+/// The store lost a closed shard's lease and kept (or got back) its children's leases at their
+/// start: a child lease that has not read anything proves nothing about its parent, so shard sync
+/// creates the parent's lease again and its records are processed (before the children's).
+#[tokio::test(start_paused = true)]
+async fn a_lost_parent_whose_children_did_not_move_on_is_created_again() {
+    use shardlease_core::Lease;
+    let mut w = world(1, Position::TrimHorizon);
+    let parent = w.source.shards()[0].id.clone();
+    w.source.put_to_shard(&parent, "in the parent").unwrap();
+    let (low, high) = w.source.split(&parent).unwrap();
+    for kid in [&low, &high] {
+        w.source.put_to_shard(kid, format!("in {kid}")).unwrap();
+        let lease = Lease::new(kid.clone(), Position::TrimHorizon).with_parents([parent.clone()]);
+        w.store.create_lease(&lease).await.unwrap();
+    }
+    w.cluster.start_worker().unwrap();
+    w.wait_all_processed().await.unwrap();
+    assert!(
+        w.rec.order_violations(&w.source).is_empty(),
+        "{:?}",
+        w.rec.order_violations(&w.source)
+    );
+    w.cluster.shutdown_all().await;
 }
 
 /// The same at `AT_TIMESTAMP`: the lease is reopened at the timestamp or later, never past a

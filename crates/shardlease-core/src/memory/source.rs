@@ -144,9 +144,7 @@ fn shard_id(n: usize) -> LeaseKey {
 }
 
 fn now_millis() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    crate::clock::now_millis_i64()
 }
 
 /// The `i`th of `n` hash ranges that evenly partition `0..=u128::MAX` (start = ⌊i·2^128/n⌋).

@@ -34,6 +34,7 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
     // see each other (each has heartbeated by then) and split the shards without churn.
     let mut ok = shared.heartbeat_ok.subscribe();
     let first = tokio::select! {
+        biased;
         r = ok.wait_for(Option::is_some) => match r {
             Ok(t) => t.unwrap_or_else(Instant::now),
             Err(_) => return,
@@ -43,6 +44,7 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
     let ready = first + shared.cfg.heartbeat_interval;
     let mut listed = shared.workers_listed.subscribe();
     tokio::select! {
+        biased;
         r = listed.wait_for(|t| t.is_some_and(|t| t >= ready)) => if r.is_err() { return },
         _ = shared.stop_taking.cancelled() => return,
     }
@@ -76,6 +78,7 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
         }
         let d = shared.jittered(shared.cfg.balance_interval);
         tokio::select! {
+            biased;
             _ = tokio::time::sleep(d) => {}
             _ = shared.balance_now.notified() => {}
             _ = shared.stop_taking.cancelled() => return,
@@ -300,6 +303,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
         // heartbeat to repair the leases it runs itself, without interrupting them.
         let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
             + shared.cfg.heartbeat_interval;
+        let restart_window = grace + shared.cfg.failover_timeout;
         lost.iter()
             .filter_map(|l| {
                 let first = *since.entry(l.key().clone()).or_insert(now);
@@ -312,7 +316,13 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                         .owner
                         .as_ref()
                         .is_some_and(|o| *o != me && liveness.is_alive(o)),
-                    owner_had_time: now.saturating_duration_since(first) >= grace,
+                    // An owner whose process started a moment ago (restarted under the same
+                    // id) knows only what it listed since; waiting for it to repair a lease it
+                    // may never have seen lets a fresh create win (see `recovery`).
+                    owner_had_time: now.saturating_duration_since(first) >= grace
+                        || l.seen.owner.as_ref().is_some_and(|o| {
+                            *o != me && liveness.started_within(o, restart_window)
+                        }),
                 };
                 l.restoration(&standing).map(|r| (r, l.now.as_ref().map(|(_, v)| *v)))
             })

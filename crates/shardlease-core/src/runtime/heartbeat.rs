@@ -107,10 +107,12 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         metrics::gauge!("shardlease_leases_held").set(lock(&shared.tasks).len() as f64);
         let next = sent + shared.jittered(hb);
         tokio::select! {
+            biased;
             _ = tokio::time::sleep_until(next) => {}
             _ = shared.publish_now.notified() => {
                 // Publish a change early, but no more than four beats per interval.
                 tokio::select! {
+                    biased;
                     _ = tokio::time::sleep_until((sent + hb / 4).min(next)) => {}
                     _ = shared.cancel.cancelled() => return,
                 }
@@ -155,17 +157,20 @@ pub(crate) async fn watchdog(shared: Arc<Shared>) {
         let last = *rx.borrow_and_update();
         let Some(sent) = last else {
             tokio::select! {
+                biased;
                 r = rx.changed() => if r.is_err() { return },
                 _ = shared.cancel.cancelled() => return,
             }
             continue;
         };
         tokio::select! {
+            biased;
             _ = tokio::time::sleep_until(sent + limit) => {
                 if *rx.borrow() == Some(sent) && !shared.fenced.load(Ordering::SeqCst) {
                     fence(&shared).await;
                 }
                 tokio::select! {
+                    biased;
                     r = rx.changed() => if r.is_err() { return },
                     _ = shared.cancel.cancelled() => return,
                 }

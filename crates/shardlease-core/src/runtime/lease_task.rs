@@ -68,6 +68,7 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
     // `cancel` fires only after a shutdown has dealt with every task it knew of, or on a crash:
     // a task still running then has nothing left to write, so it simply stops.
     let exit = tokio::select! {
+        biased;
         e = task.drive(&lease) => e,
         _ = shared.cancel.cancelled() => return,
     };
@@ -208,9 +209,7 @@ const IDLE_BACKOFF_MAX_FACTOR: u32 = 4;
 const UNRESOLVED_LATEST_MARGIN_MILLIS: i64 = 60_000;
 
 fn now_millis() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    crate::clock::now_millis_i64()
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -256,6 +255,7 @@ impl Task {
                 Some(r) => {
                     if let Some(deadline) = r.deadline() {
                         tokio::select! {
+                            biased;
                             _ = tokio::time::sleep_until(deadline) => return r,
                             changed = stop.changed() => if changed.is_err() {
                                 return StopReason::Fenced;
@@ -275,6 +275,7 @@ impl Task {
     /// Sleeps for `d` unless a stop arrives first.
     async fn pause(&mut self, d: std::time::Duration) -> Option<StopReason> {
         tokio::select! {
+            biased;
             _ = tokio::time::sleep(d) => None,
             r = Self::any_stop(&mut self.stop) => Some(r),
         }
@@ -342,6 +343,7 @@ impl Task {
                 },
             };
             let read = tokio::select! {
+                biased;
                 b = current.next_batch() => b,
                 r = Self::any_stop(&mut self.stop) => return Step::Exit(Exit::Stopped(r)),
             };
@@ -478,6 +480,7 @@ impl Task {
             })
             .catch_unwind();
             let result = tokio::select! {
+                biased;
                 r = fut => r,
                 r = Self::abrupt_stop(&mut self.stop) => return Step::Exit(Exit::Stopped(r)),
             };

@@ -105,9 +105,7 @@ impl Lost {
 /// its epoch bumped once per change of owner, which is far slower than one per millisecond, so a
 /// lease created again after the store lost its data starts above every epoch a sink has seen.
 pub(crate) fn creation_epoch() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    crate::clock::now_millis()
 }
 
 /// The epoch of a lease's next owner: one more than the current, and at least the wall clock in

@@ -55,6 +55,7 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
     loop {
         let d = shared.jittered(shared.cfg.shard_sync_interval);
         tokio::select! {
+            biased;
             _ = tokio::time::sleep(d) => {}
             _ = shared.sync_now.notified() => {}
             _ = shared.stop_taking.cancelled() => return,
@@ -213,6 +214,8 @@ async fn sync_shards_listed(
         Some(l) => l,
         None => shared.store.list_leases().await?,
     };
+    let remembers_any = !lock(&shared.remembered).is_empty();
+    let initial = &start_for_missing(initial, &listing, remembers_any);
     let mut existing: BTreeSet<String> =
         listing.items.iter().map(|(l, _)| l.key.as_str().to_owned()).collect();
     existing.extend(listing.corrupt.iter().map(|c| c.key.clone()));
@@ -223,6 +226,23 @@ async fn sync_shards_listed(
     // restore (a fresh `LATEST` lease pinned by its new owner would skip the records between the
     // lost checkpoint and the pin).
     existing.extend(lock(&shared.remembered).keys().map(|k| k.as_str().to_owned()));
+    // Leases that read past their start, listed or remembered: only such a descendant proves a
+    // shard's own lease was finished and collected (collection waits for every child to move on).
+    let mut moved: BTreeSet<String> = listing
+        .items
+        .iter()
+        .filter(|(l, _)| moved_on(l))
+        .map(|(l, _)| l.key.as_str().to_owned())
+        .collect();
+    // An undecodable lease may well have moved on: counted as if it had (recreating a parent
+    // already processed would read it again after its children).
+    moved.extend(listing.corrupt.iter().map(|c| c.key.clone()));
+    moved.extend(
+        lock(&shared.remembered)
+            .values()
+            .filter(|l| moved_on(l))
+            .map(|l| l.key.as_str().to_owned()),
+    );
     let mut children: BTreeMap<&LeaseKey, Vec<&LeaseKey>> = BTreeMap::new();
     for s in &shards {
         for p in &s.parents {
@@ -239,9 +259,11 @@ async fn sync_shards_listed(
             continue;
         }
         let kids = children.get(&shard.id).map(Vec::as_slice).unwrap_or(&[]);
-        if shard.closed && has_leased_descendant(&shard.id, &children, &existing) {
+        if shard.closed && has_moved_on_descendant(&shard.id, &children, &moved) {
             // Processing has already moved past this shard (its lease was finished and deleted
-            // once its children moved on): recreating it would process it all over again.
+            // once its children moved on): recreating it would process it all over again. A
+            // descendant that merely has a lease proves nothing: after the store lost its data,
+            // a child restored at its start may still wait for this shard.
             continue;
         }
         let checkpoint = initial_checkpoint(initial, shard, kids, &existing, &finished_now);
@@ -274,11 +296,38 @@ async fn sync_shards_listed(
     Ok(())
 }
 
-/// Whether any shard descending from `id` (children, grandchildren, ...) has a lease.
-fn has_leased_descendant(
+/// The start of a lease created now for a shard no leased ancestor leads into.
+///
+/// `LATEST` skips history only when the namespace gets its first leases. Once the application has
+/// run (a lease was pinned or read past `LATEST`, a record exists that cannot be decoded, or this
+/// worker remembers leases), a shard without a lease is either new since the application started
+/// (all its records are newer than the start, so reading it from its first record skips nothing
+/// the user asked for) or a lease the store lost (a wipe, a rollback, a restore) that this worker
+/// cannot restore, because it never saw it: a process restarted under the same id after its
+/// predecessor ran the lease knows nothing of it, while the peers that do defer to that "live"
+/// owner. Created at `LATEST`, such a lease would be pinned at the new tip by its next owner and
+/// every record since its last checkpoint skipped; read from its first record, they are processed
+/// again instead. `TRIM_HORIZON` and `AT_TIMESTAMP` already start at a fixed point.
+fn start_for_missing(
+    initial: &Position,
+    listing: &crate::store::Listing<crate::lease::VersionedLease>,
+    remembers_any: bool,
+) -> Position {
+    let has_run = remembers_any
+        || !listing.corrupt.is_empty()
+        || listing.items.iter().any(|(l, _)| l.checkpoint != Position::Latest);
+    match initial {
+        Position::Latest if has_run => Position::TrimHorizon,
+        other => other.clone(),
+    }
+}
+
+/// Whether any shard descending from `id` (children, grandchildren, ...) has a lease that read
+/// past its start (`moved`).
+fn has_moved_on_descendant(
     id: &LeaseKey,
     children: &BTreeMap<&LeaseKey, Vec<&LeaseKey>>,
-    existing: &BTreeSet<String>,
+    moved: &BTreeSet<String>,
 ) -> bool {
     let mut stack: Vec<&LeaseKey> = children.get(id).cloned().unwrap_or_default();
     let mut seen: BTreeSet<&LeaseKey> = BTreeSet::new();
@@ -286,7 +335,7 @@ fn has_leased_descendant(
         if !seen.insert(k) {
             continue;
         }
-        if existing.contains(k.as_str()) {
+        if moved.contains(k.as_str()) {
             return true;
         }
         stack.extend(children.get(k).into_iter().flatten().copied());
