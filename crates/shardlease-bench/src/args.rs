@@ -31,6 +31,10 @@ options:
   --batch-limit L     records per read batch (default 100)
   --timeout-s T       give up waiting for any condition after T seconds (default: derived from
                       the timings, the policy and the sizes)
+  --cpu-hogs K        burn CPU beside the fleet (default 0): K spinning threads, and K tasks on
+                      the bench's runtime computing 1.5 heartbeats at a time without yielding
+  --heartbeat-thread T  dedicated (default: the runtime's own heartbeat thread) | shared (the
+                      heartbeat runs among the lease tasks, as before it had a thread)
   -h, --help          print this help
 
 Prints one JSON object per line per scenario run on stdout. Exit status: 0 when every run
@@ -82,6 +86,10 @@ pub struct Args {
     pub batch_limit: usize,
     /// Overrides every wait's deadline.
     pub timeout: Option<Duration>,
+    /// Threads burning CPU beside the fleet for the whole run.
+    pub cpu_hogs: usize,
+    /// Whether heartbeats run on the runtime's dedicated heartbeat thread.
+    pub dedicated_heartbeat: bool,
 }
 
 /// A command-line mistake (or a request for help).
@@ -125,6 +133,8 @@ struct Raw {
     rate: Option<String>,
     batch_limit: Option<String>,
     timeout_s: Option<String>,
+    cpu_hogs: Option<String>,
+    heartbeat_thread: Option<String>,
 }
 
 impl Raw {
@@ -144,6 +154,8 @@ impl Raw {
             "--rate" => &mut self.rate,
             "--batch-limit" => &mut self.batch_limit,
             "--timeout-s" => &mut self.timeout_s,
+            "--cpu-hogs" => &mut self.cpu_hogs,
+            "--heartbeat-thread" => &mut self.heartbeat_thread,
             _ => return None,
         })
     }
@@ -280,6 +292,19 @@ fn validate(raw: Raw) -> Result<Args, ArgsError> {
     let batch_limit =
         to_usize(at_least_one(raw.batch_limit, "--batch-limit", Some(100))?, "--batch-limit")?;
     let timeout = seconds(raw.timeout_s, "--timeout-s")?;
+    let cpu_hogs = match raw.cpu_hogs {
+        Some(v) => to_usize(number::<u64>(&v, "--cpu-hogs", "a whole number")?, "--cpu-hogs")?,
+        None => 0,
+    };
+    let dedicated_heartbeat = match raw.heartbeat_thread.as_deref() {
+        None | Some("dedicated") => true,
+        Some("shared") => false,
+        Some(other) => {
+            return Err(invalid(format!(
+                "--heartbeat-thread must be dedicated or shared, not {other:?}"
+            )))
+        }
+    };
     Ok(Args {
         scenarios,
         store,
@@ -293,6 +318,8 @@ fn validate(raw: Raw) -> Result<Args, ArgsError> {
         rate,
         batch_limit,
         timeout,
+        cpu_hogs,
+        dedicated_heartbeat,
     })
 }
 

@@ -12,6 +12,7 @@ pub mod args;
 pub mod counting_store;
 pub mod error;
 pub mod fleet;
+pub mod hogs;
 pub mod processors;
 pub mod producer;
 pub mod report;
@@ -34,6 +35,8 @@ pub async fn preflight(args: &Args) -> Result<(), String> {
 /// Runs every requested scenario with every requested policy, handing each line to `emit` as soon
 /// as it is ready (a failed run's line has an `"error"` key). Returns whether every run succeeded.
 pub async fn run(args: &Args, mut emit: impl FnMut(&Report)) -> bool {
+    // Each runtime hog computes for most of the self-fence margin at a time.
+    let _hogs = hogs::CpuHogs::start(args.cpu_hogs, args.timings.heartbeat * 3 / 2);
     let mut ok = true;
     for &scenario in &args.scenarios {
         for &policy in &args.policies {

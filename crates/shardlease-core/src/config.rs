@@ -59,6 +59,12 @@ pub struct Config {
     pub jitter: f64,
     /// Seed for shuffles and jitter; `None` seeds from the OS. Tests set it for replayable runs.
     pub rng_seed: Option<u64>,
+    /// Whether the heartbeat and the watchdog run on the process's heartbeat thread (one OS
+    /// thread with its own tokio runtime, shared by every worker of the process) when the worker
+    /// is started on a multi-threaded runtime. Default `true`: busy lease tasks then cannot delay
+    /// a heartbeat into a self-fence. On a current-thread runtime (tests on paused time) they run
+    /// on that runtime either way. See docs/algorithm.md, "Self-fencing".
+    pub dedicated_heartbeat_thread: bool,
 }
 
 impl Config {
@@ -84,6 +90,7 @@ impl Config {
             retry_max_delay: Duration::from_secs(5),
             jitter: 0.1,
             rng_seed: None,
+            dedicated_heartbeat_thread: true,
         }
     }
 

@@ -105,12 +105,16 @@ impl Run<'_> {
         r.set("failover_ms", millis(a.timings.failover));
         r.set("poll_ms", millis(self.poll()));
         r.set("seed", a.seed.map_or(Value::Null, Value::from));
+        r.set("cpu_hogs", a.cpu_hogs);
+        r.set("heartbeat_thread", if a.dedicated_heartbeat { "dedicated" } else { "shared" });
         r
     }
 
     /// The worker configuration template.
     pub fn config(&self) -> Config {
-        config_template(&self.namespace, &self.args.timings, self.args.seed)
+        let mut c = config_template(&self.namespace, &self.args.timings, self.args.seed);
+        c.dedicated_heartbeat_thread = self.args.dedicated_heartbeat;
+        c
     }
 
     /// An in-memory stream of `--shards` shards with the `--batch-limit`.

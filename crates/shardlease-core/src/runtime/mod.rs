@@ -4,6 +4,7 @@
 
 mod balance;
 mod heartbeat;
+mod heartbeat_thread;
 mod lease_task;
 mod recovery;
 mod shard_sync;
@@ -121,9 +122,16 @@ impl Worker {
         let shared = self.shared;
         let span = tracing::info_span!("worker", id = %shared.cfg.worker_id, namespace = %shared.cfg.namespace);
         info!(parent: &span, "worker starting");
+        let dedicated = shared.cfg.dedicated_heartbeat_thread;
         let loops = vec![
-            tokio::spawn(heartbeat::heartbeat_loop(shared.clone()).instrument(span.clone())),
-            tokio::spawn(heartbeat::watchdog(shared.clone()).instrument(span.clone())),
+            heartbeat_thread::spawn(
+                dedicated,
+                heartbeat::heartbeat_loop(shared.clone()).instrument(span.clone()),
+            ),
+            heartbeat_thread::spawn(
+                dedicated,
+                heartbeat::watchdog(shared.clone()).instrument(span.clone()),
+            ),
             tokio::spawn(balance::balance_loop(shared.clone()).instrument(span.clone())),
             tokio::spawn(shard_sync::shard_sync_loop(shared.clone()).instrument(span.clone())),
         ];
