@@ -302,3 +302,32 @@ async fn the_safety_net_catches_a_change_nobody_signalled() {
     f.cluster.wait_balanced(LONG, HB / 10).await.unwrap();
     f.cluster.shutdown_all().await;
 }
+
+/// A claim left on a lease whose shard ended while the handoff was pending waits for nobody: a
+/// fleet holding such a lease still goes quiet. (It used to count as a pending claim, and every
+/// worker listed every lease on every pass for as long as the finished lease stayed in the store,
+/// which is as long as its children read nothing.)
+#[tokio::test(start_paused = true)]
+async fn a_claim_left_on_a_finished_lease_keeps_nobody_listing() {
+    use shardlease_core::{Claim, Lease};
+    let mut f = fleet(1, 4);
+    let parent = f.source.shards()[0].id.clone();
+    let (low, high) = f.source.split(&parent).unwrap();
+    let mut finished = Lease::new(parent.clone(), Position::ShardEnd);
+    finished.owner = Some(WorkerId::new("gone"));
+    finished.claim = Some(Claim { by: WorkerId::new("claimant"), at: finished.epoch });
+    assert!(finished.live_claim().is_some());
+    f.counting.create_lease(&finished).await.unwrap();
+    f.cluster.sync_shards().await.unwrap();
+    assert!([&low, &high].iter().all(|k| f.source.records(k).is_empty()), "children stay idle");
+    f.cluster.start_workers(2).unwrap();
+    f.settle().await;
+    let listings = f.listings();
+    let window = HB * 20;
+    assert!(window < f.cfg.shard_sync_interval.mul_f64(1.0 - f.cfg.jitter));
+    tokio::time::sleep(window).await;
+    assert_eq!(f.listings(), listings, "no balance pass listed the leases");
+    let (still, _) = f.counting.get_lease(&parent).await.unwrap().unwrap();
+    assert!(still.is_finished() && still.live_claim().is_some(), "the case under test stood");
+    f.cluster.shutdown_all().await;
+}

@@ -23,6 +23,7 @@
 //! `SHARDLEASE_SIM_FIRST_SEED`, default 1), or `scripts/soak.sh` for 10,000 in release.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +39,10 @@ use shardlease_testkit::recorder::Recorder;
 use shardlease_testkit::Faults;
 
 const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// Heartbeats over which a balanced, drained fleet must stay quiet (fewer than the shard-sync
+/// interval of 30 heartbeats, so at most one safety-net listing falls inside).
+const QUIET_BEATS: u32 = 20;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -358,6 +363,29 @@ async fn simulate(seed: u64) -> Result<String, String> {
         .wait_balanced(Duration::from_secs(120), HEARTBEAT)
         .await
         .map_err(|e| format!("{e}; events {events:?}"))?;
+    // Balanced and drained, the fleet goes quiet whatever its history (docs/algorithm.md,
+    // "Listing only when something changed"): over QUIET_BEATS heartbeats a worker lists the
+    // leases at most once per five heartbeats (the last changes settling, a long-dead peer's
+    // record removed, the safety net), never on every pass (8 times here).
+    let listings = |c: &Cluster| -> BTreeMap<String, u64> {
+        c.stats().into_iter().map(|(id, s)| (id.to_string(), s.lease_listings)).collect()
+    };
+    tokio::time::sleep(HEARTBEAT * 3).await;
+    let before = listings(&cluster);
+    tokio::time::sleep(HEARTBEAT * QUIET_BEATS).await;
+    let after = listings(&cluster);
+    let noisy: Vec<String> = after
+        .iter()
+        .filter_map(|(id, n)| {
+            let listed = n - before.get(id).copied().unwrap_or(0);
+            (listed > u64::from(QUIET_BEATS / 5)).then(|| format!("{id} listed {listed} times"))
+        })
+        .collect();
+    if !noisy.is_empty() {
+        return Err(format!(
+            "a quiet fleet kept listing the leases over {QUIET_BEATS} heartbeats: {noisy:?}; {d:?}; events {events:?}"
+        ));
+    }
     let v = audit.violations();
     if !v.is_empty() {
         return Err(format!("invariant broken: {v:?}; {d:?}; events {events:?}"));

@@ -219,9 +219,12 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     Some(PassOutcome { settled, leases: listed })
 }
 
-/// Whether a listing shows nothing waiting for a worker to act: no live claim, and every active
-/// lease owned by this worker or by one whose heartbeat moves. (A lease of a worker that stopped
-/// beating needs passes until its failover timeout is up and someone takes it.)
+/// Whether a listing shows nothing waiting for a worker to act: every active lease unclaimed and
+/// owned by this worker or by one whose heartbeat moves. (A lease of a worker that stopped
+/// beating needs passes until its failover timeout is up and someone takes it.) A claim left on a
+/// lease that finished since (its shard ended while the handoff was pending) waits for nobody:
+/// counting it kept a quiet fleet listing every lease on every pass for as long as the finished
+/// lease stayed in the store.
 fn nothing_pending(
     shared: &Shared,
     me: &WorkerId,
@@ -232,9 +235,9 @@ fn nothing_pending(
     let all: std::collections::HashMap<&LeaseKey, &Lease> =
         leases.iter().map(|(l, _)| (&l.key, l)).collect();
     leases.iter().all(|(l, _)| {
-        l.live_claim().is_none()
-            && (!is_active(l, &all, withheld)
-                || l.owner.as_ref().is_some_and(|o| o == me || live.contains(o)))
+        !is_active(l, &all, withheld)
+            || (l.live_claim().is_none()
+                && l.owner.as_ref().is_some_and(|o| o == me || live.contains(o)))
     })
 }
 
@@ -527,9 +530,11 @@ fn expired_claims(
     leases: &[VersionedLease],
     now: Instant,
 ) -> BTreeSet<LeaseKey> {
+    // A claim on a lease that finished since is moot: nothing is left to hand over.
     let standing: BTreeMap<&LeaseKey, Version> = leases
         .iter()
         .filter(|(l, _)| l.live_claim().is_some_and(|c| &c.by == me) && !l.is_owned_by(me))
+        .filter(|(l, _)| !l.is_finished())
         .map(|(l, v)| (&l.key, *v))
         .collect();
     let mut mine = lock(&shared.my_claims);
