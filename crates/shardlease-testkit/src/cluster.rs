@@ -9,8 +9,8 @@ use std::time::Duration;
 use shardlease_core::balancer::is_active;
 use shardlease_core::runtime::WorkerStats;
 use shardlease_core::{
-    Balancer, Checkpointer, Config, Lease, LeaseKey, LeaseStore, ProcessorFactory, Result, ShardSource, Worker,
-    WorkerHandle, WorkerId,
+    Balancer, Checkpointer, Config, Lease, LeaseKey, LeaseStore, ProcessorFactory, Result,
+    ShardSource, Worker, WorkerHandle, WorkerId,
 };
 
 /// Makes the store view a worker uses (the same store for all, or one fault-injecting view each).

@@ -443,14 +443,17 @@ impl Task {
                 Ok(()) => {
                     debug!(from = %start, pinned = %pinned, "start position pinned");
                     // Remember it at once rather than at the next listing: should the store lose
-                    // the write, this worker restores the pin, not the moving start.
-                    let mine = Lease {
-                        owner: Some(self.token.owner.clone()),
-                        epoch: self.token.epoch,
-                        checkpoint: pinned.clone(),
-                        ..lease.clone()
-                    };
-                    self.shared.remember(&mine);
+                    // the write, this worker restores the pin, not the moving start. (A custom
+                    // checkpointer keeping positions elsewhere leaves the lease record as it is.)
+                    if self.shared.checkpointer.stores_in_lease() {
+                        let mine = Lease {
+                            owner: Some(self.token.owner.clone()),
+                            epoch: self.token.epoch,
+                            checkpoint: pinned.clone(),
+                            ..lease.clone()
+                        };
+                        self.shared.remember(&mine);
+                    }
                     return Step::Done((pinned, reader));
                 }
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),

@@ -1,8 +1,8 @@
 //! One batch, effectively once: [`TxCheckpointer::write_batch`] begins a transaction, fences it,
 //! hands the records not yet committed to user code, writes the position after the batch and
 //! commits, retrying the whole transaction on a serialization failure, a deadlock or a lost
-//! connection (bounded, with backoff), and tells the runtime what happened through the
-//! processor's [`CheckpointHandle`].
+//! connection (bounded, with backoff), and tells the runtime through the processor's
+//! [`CheckpointHandle`] when a newer owner refused the batch.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,8 +38,8 @@ impl<DB: TxDatabase> TxCheckpointer<DB> {
     /// whole transaction, up to the [`RetryPolicy`](super::RetryPolicy); records already
     /// committed by an attempt whose commit outcome was unknown are skipped by the next.
     ///
-    /// The outcome is reported to the runtime through `handle` (a refusal ends the lease as a
-    /// refused checkpoint does). Returns at once for a batch without records.
+    /// A refusal is reported to the runtime through `handle`: it ends the lease as a refused
+    /// checkpoint does. Returns at once for a batch without records.
     pub async fn write_batch<F>(
         &self,
         handle: &CheckpointHandle,
@@ -69,10 +69,10 @@ impl<DB: TxDatabase> TxCheckpointer<DB> {
             }
             .await;
             match result {
-                Ok(outcome) => {
-                    handle.record_outcome(&last, &Ok(()));
-                    return Ok(outcome);
-                }
+                // Success is not reported: the runtime's memory of lease records must never
+                // hold a position the sink's database does not (it would "repair" a record to
+                // it), and it learns the lease rows' positions from its listings anyway.
+                Ok(outcome) => return Ok(outcome),
                 Err(e @ Error::LeaseLost { .. }) => {
                     let lost = Err(e);
                     handle.record_outcome(&last, &lost);

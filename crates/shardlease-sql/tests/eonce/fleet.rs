@@ -138,7 +138,8 @@ where
         })
     };
     let source = MemorySource::new(4);
-    let mut cfg = Config::new(ns.as_str()).with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut cfg =
+        Config::new(ns.as_str()).with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
     cfg.rng_seed = Some(seed);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster = Cluster::with_store_per_worker(base.clone(), store_for, src, factory, cfg);
