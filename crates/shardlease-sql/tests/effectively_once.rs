@@ -108,6 +108,12 @@ macro_rules! fleet_tests {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn transient_failures_and_unknown_commits_write_nothing_twice() {
+                let Some((pool, _guard)) = $pool.await else { return };
+                retries(pool).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_stale_lease_row_refuses_the_whole_transaction() {
                 let Some((pool, _guard)) = $pool.await else { return };
                 stale_lease_row(pool).await;
@@ -245,4 +251,60 @@ where
     for t in ["sink", "leases", "workers", "namespaces", "schema_migrations"] {
         DB::drop_table(&pool, &format!("{prefix}{t}")).await;
     }
+}
+
+/// A transient error from the batch's writes rolls back and retries the whole transaction; a
+/// batch whose commit went through although the caller never learnt it (a connection lost during
+/// `COMMIT`) is skipped entirely when it comes again.
+async fn retries<DB: Sink>(pool: Pool<DB>) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let prefix = eonce::fresh_prefix();
+    let table: Arc<str> = Arc::from(format!("{prefix}sink"));
+    DB::create_sink(&pool, &table).await;
+    let cp = Arc::new(
+        TxCheckpointer::in_checkpoints_table(pool.clone(), "retries", &prefix).await.unwrap(),
+    );
+    let (_source, first5, all10) = records(5);
+    let t = token("shard-c", "w", 7);
+    let as_dyn: Arc<dyn Checkpointer> = cp.clone();
+    let handle = CheckpointHandle::new(as_dyn, t.clone());
+    // The first attempt writes its rows, then fails as a dropped connection would.
+    let calls = Arc::new(AtomicU32::new(0));
+    let outcome = cp
+        .write_batch(&handle, &first5, |b, tx| {
+            let (table, calls) = (table.clone(), calls.clone());
+            Box::pin(async move {
+                DB::insert_tx(tx, &table, "shard-c", "w", &b.records).await?;
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "injected");
+                    return Err(sqlx::Error::Io(io).into());
+                }
+                Ok(())
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!((outcome.written, outcome.skipped, outcome.attempts), (5, 0, 2));
+    assert_eq!(rows_by(&pool, &table).await, (5, 5));
+    // The next batch commits by hand, and the caller "loses" the answer and tries again.
+    let mut fenced = cp.begin(&t).await.unwrap();
+    let unseen = fenced.unseen(&all10);
+    assert_eq!(unseen.records.len(), 5);
+    DB::insert_tx(fenced.transaction(), &table, "shard-c", "w", &unseen.records).await.unwrap();
+    fenced.commit(&all10.last_position().unwrap()).await.unwrap();
+    let again = write(&cp, &t, &table, "w", &all10).await.unwrap();
+    assert_eq!(again, 0);
+    assert_eq!(rows_by(&pool, &table).await, (10, 10));
+    // A permanent error is returned as it is, after one attempt, and leaves nothing behind.
+    let as_dyn: Arc<dyn Checkpointer> = cp.clone();
+    let other = CheckpointHandle::new(as_dyn, token("shard-d", "w", 7));
+    let failed = cp
+        .write_batch(&other, &all10, |_b, _tx| {
+            Box::pin(async move { Err("the sink rejected the rows".into()) })
+        })
+        .await;
+    assert!(matches!(failed, Err(Error::Backend { retryable: false, .. })), "{failed:?}");
+    assert_eq!(cp.fetch(&"shard-d".into()).await.unwrap(), None);
+    DB::drop_table(&pool, &table).await;
+    DB::drop_table(&pool, &format!("{prefix}checkpoints")).await;
 }

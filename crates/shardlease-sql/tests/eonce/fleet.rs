@@ -175,6 +175,16 @@ where
     // A worker cut off from the lease store past its failover timeout; meanwhile a zombie with
     // one of its leases' tokens keeps trying to commit.
     let victim = ids[1].clone();
+    let victim_runs_an_open_shard = || async {
+        base.list_leases().await.unwrap().items.iter().any(|(l, _)| {
+            l.owner.as_ref() == Some(&victim)
+                && !l.is_finished()
+                && source.shard(&l.key).is_some_and(|s| !s.closed)
+        })
+    };
+    wait_until("the victim runs an open shard", LONG, POLL, victim_runs_an_open_shard)
+        .await
+        .unwrap();
     let zombie_token = base
         .list_leases()
         .await
