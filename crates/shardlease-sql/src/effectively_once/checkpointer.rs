@@ -128,9 +128,13 @@ impl<DB: TxDatabase> TxCheckpointer<DB> {
         let table = format!("{table_prefix}checkpoints");
         let statements = Statements::new(DB::dialect(), Target::Checkpoints, &table);
         let mut conn = pool.acquire().await.map_err(|e| fail("connect", e, DB::dialect()))?;
-        DB::exec(&mut conn, &statements.create, Vec::new())
-            .await
-            .map_err(|e| fail("create the checkpoints table", e, DB::dialect()))?;
+        match DB::exec(&mut conn, &statements.create, Vec::new()).await {
+            Ok(_) => {}
+            // PostgreSQL: another process created it at the same moment (the catalog's unique
+            // index, not `IF NOT EXISTS`, caught the race).
+            Err(e) if errors::is_unique_violation(&e) => {}
+            Err(e) => return Err(fail("create the checkpoints table", e, DB::dialect())),
+        }
         Ok(TxCheckpointer {
             pool,
             namespace: namespace.to_owned(),
