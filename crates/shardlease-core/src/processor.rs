@@ -96,17 +96,25 @@ impl CheckpointHandle {
     /// `Error::LeaseLost` means the lease moved on: stop writing for this shard.
     pub async fn checkpoint(&self, position: Position) -> Result<()> {
         let result = self.checkpointer.checkpoint(&self.token, &position).await;
-        if let Err(crate::error::Error::LeaseLost { .. }) = &result {
+        self.record_outcome(&position, &result);
+        result
+    }
+
+    /// Tells the runtime the outcome of a checkpoint written without this handle, for example in
+    /// the same database transaction as the processor's output: `Ok` records `position` as
+    /// written under this handle's token, `Err(Error::LeaseLost)` ends the lease exactly as a
+    /// refused [`checkpoint`](Self::checkpoint) does. Other errors change nothing.
+    pub fn record_outcome(&self, position: &Position, result: &Result<()>) {
+        if let Err(crate::error::Error::LeaseLost { .. }) = result {
             self.refused.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         if let Some(o) = &self.observer {
-            match &result {
-                Ok(()) => o.written(&self.token, &position),
+            match result {
+                Ok(()) => o.written(&self.token, position),
                 Err(crate::error::Error::LeaseLost { .. }) => o.refused(&self.token),
                 Err(_) => {}
             }
         }
-        result
     }
 
     /// Checkpoints after the last record of `batch` (nothing if it is empty).

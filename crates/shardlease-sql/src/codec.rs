@@ -76,16 +76,8 @@ pub(crate) fn encode_lease(lease: &Lease) -> Result<LeaseColumns<'_>> {
     if let Some(claim) = &lease.claim {
         check_name("claimant", claim.by.as_str())?;
     }
-    let (checkpoint_kind, checkpoint_seq, checkpoint_sub, checkpoint_millis) =
-        match &lease.checkpoint {
-            Position::TrimHorizon => ("trim_horizon", None, None, None),
-            Position::Latest => ("latest", None, None, None),
-            Position::AtTimestamp { millis } => ("at_timestamp", None, None, Some(*millis)),
-            Position::Sequence { seq, sub } => {
-                ("sequence", Some(seq.as_str()), Some(to_i64("sub-sequence number", *sub)?), None)
-            }
-            Position::ShardEnd => ("shard_end", None, None, None),
-        };
+    let PositionColumns { checkpoint_kind, checkpoint_seq, checkpoint_sub, checkpoint_millis } =
+        encode_position(&lease.checkpoint)?;
     let parents = serde_json::to_string(&lease.parents)
         .map_err(|e| Error::InvalidInput(format!("parents cannot be encoded: {e}")))?;
     let attributes = serde_json::to_string(&lease.attributes)
@@ -102,6 +94,60 @@ pub(crate) fn encode_lease(lease: &Lease) -> Result<LeaseColumns<'_>> {
         claim_at: lease.claim.as_ref().map(|c| to_i64("claim epoch", c.at)).transpose()?,
         attributes,
         updated_at_millis: now_millis(),
+    })
+}
+
+/// The four checkpoint columns of a position, ready to bind.
+pub(crate) struct PositionColumns<'a> {
+    pub(crate) checkpoint_kind: &'static str,
+    pub(crate) checkpoint_seq: Option<&'a str>,
+    pub(crate) checkpoint_sub: Option<i64>,
+    pub(crate) checkpoint_millis: Option<i64>,
+}
+
+/// Encodes a position as its `checkpoint_*` columns.
+pub(crate) fn encode_position(position: &Position) -> Result<PositionColumns<'_>> {
+    let (checkpoint_kind, checkpoint_seq, checkpoint_sub, checkpoint_millis) = match position {
+        Position::TrimHorizon => ("trim_horizon", None, None, None),
+        Position::Latest => ("latest", None, None, None),
+        Position::AtTimestamp { millis } => ("at_timestamp", None, None, Some(*millis)),
+        Position::Sequence { seq, sub } => {
+            ("sequence", Some(seq.as_str()), Some(to_i64("sub-sequence number", *sub)?), None)
+        }
+        Position::ShardEnd => ("shard_end", None, None, None),
+    };
+    Ok(PositionColumns { checkpoint_kind, checkpoint_seq, checkpoint_sub, checkpoint_millis })
+}
+
+/// Decodes the `checkpoint_*` columns of a row (`Err` names the column at fault).
+pub(crate) fn decode_position(
+    kind: Col<String>,
+    seq: Col<String>,
+    sub: Col<i64>,
+    millis: Col<i64>,
+) -> std::result::Result<Position, String> {
+    let kind = required("checkpoint_kind", kind)?;
+    Ok(match kind.as_str() {
+        "trim_horizon" => Position::TrimHorizon,
+        "latest" => Position::Latest,
+        "shard_end" => Position::ShardEnd,
+        "at_timestamp" => Position::AtTimestamp { millis: required("checkpoint_millis", millis)? },
+        "sequence" => {
+            let digits = required("checkpoint_seq", seq)?;
+            let seq = SequenceNumber::parse(&digits)
+                .map_err(|e| format!("column checkpoint_seq: {e}"))?;
+            let sub = match optional("checkpoint_sub", sub)? {
+                Some(sub) => unsigned("checkpoint_sub", sub)?,
+                None => 0,
+            };
+            Position::Sequence { seq, sub }
+        }
+        other => {
+            return Err(format!(
+                "column checkpoint_kind has unknown value {:?}",
+                other.chars().take(40).collect::<String>()
+            ))
+        }
     })
 }
 
@@ -136,9 +182,10 @@ fn now_millis() -> i64 {
 }
 
 /// One column as the driver decoded it, or why it could not.
-type Col<T> = std::result::Result<Option<T>, String>;
+pub(crate) type Col<T> = std::result::Result<Option<T>, String>;
 
-fn col<'r, R, T>(row: &'r R, index: usize) -> Col<T>
+/// Column `index` of `row`, decoded as an optional `T`.
+pub(crate) fn col<'r, R, T>(row: &'r R, index: usize) -> Col<T>
 where
     R: Row,
     usize: ColumnIndex<R>,
@@ -226,31 +273,12 @@ impl RawLease {
         if version <= 0 {
             return Err(format!("column version must be positive, got {version}"));
         }
-        let kind = required("checkpoint_kind", self.checkpoint_kind)?;
-        let checkpoint = match kind.as_str() {
-            "trim_horizon" => Position::TrimHorizon,
-            "latest" => Position::Latest,
-            "shard_end" => Position::ShardEnd,
-            "at_timestamp" => Position::AtTimestamp {
-                millis: required("checkpoint_millis", self.checkpoint_millis)?,
-            },
-            "sequence" => {
-                let digits = required("checkpoint_seq", self.checkpoint_seq)?;
-                let seq = SequenceNumber::parse(&digits)
-                    .map_err(|e| format!("column checkpoint_seq: {e}"))?;
-                let sub = match optional("checkpoint_sub", self.checkpoint_sub)? {
-                    Some(sub) => unsigned("checkpoint_sub", sub)?,
-                    None => 0,
-                };
-                Position::Sequence { seq, sub }
-            }
-            other => {
-                return Err(format!(
-                    "column checkpoint_kind has unknown value {:?}",
-                    other.chars().take(40).collect::<String>()
-                ))
-            }
-        };
+        let checkpoint = decode_position(
+            self.checkpoint_kind,
+            self.checkpoint_seq,
+            self.checkpoint_sub,
+            self.checkpoint_millis,
+        )?;
         let parents: Vec<LeaseKey> = serde_json::from_str(&required("parents", self.parents)?)
             .map_err(|e| format!("column parents is not a JSON array of strings: {e}"))?;
         let claim =

@@ -97,6 +97,12 @@
 //! that the pool never closes; two `connect` calls give two separate databases (use
 //! [`SqlStore::with_namespace`] to open more namespaces in one).
 //!
+//! ## Effectively-once output
+//!
+//! [`effectively_once`] writes a processor's output and the checkpoint after it in one
+//! transaction of the sink's database, fenced by the lease epoch: see that module and
+//! `docs/effectively-once.md`.
+//!
 //! ## Errors
 //!
 //! I/O errors, pool timeouts, serialization failures, deadlocks, a server shutting down or
@@ -139,6 +145,7 @@ macro_rules! on_pool {
 
 mod codec;
 mod dialect;
+pub mod effectively_once;
 mod errors;
 mod schema;
 mod store;

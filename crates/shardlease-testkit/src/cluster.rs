@@ -9,8 +9,8 @@ use std::time::Duration;
 use shardlease_core::balancer::is_active;
 use shardlease_core::runtime::WorkerStats;
 use shardlease_core::{
-    Balancer, Config, Lease, LeaseKey, LeaseStore, ProcessorFactory, Result, ShardSource, Worker,
-    WorkerHandle, WorkerId,
+    Balancer, Checkpointer, Config, Lease, LeaseKey, LeaseStore, ProcessorFactory, Result,
+    ShardSource, Worker, WorkerHandle, WorkerId,
 };
 
 /// Makes the store view a worker uses (the same store for all, or one fault-injecting view each).
@@ -87,6 +87,7 @@ pub struct Cluster {
     factory: Arc<dyn ProcessorFactory>,
     template: Config,
     balancer: Option<Arc<dyn Balancer>>,
+    checkpointer: Option<Arc<dyn Checkpointer>>,
     workers: BTreeMap<WorkerId, WorkerHandle>,
     started: u32,
 }
@@ -119,6 +120,7 @@ impl Cluster {
             factory,
             template,
             balancer: None,
+            checkpointer: None,
             workers: BTreeMap::new(),
             started: 0,
         }
@@ -127,6 +129,12 @@ impl Cluster {
     /// Workers started from now on use `balancer` instead of the default one.
     pub fn with_balancer(mut self, balancer: Arc<dyn Balancer>) -> Self {
         self.balancer = Some(balancer);
+        self
+    }
+
+    /// Workers started from now on keep positions in `checkpointer` instead of the lease records.
+    pub fn with_checkpointer(mut self, checkpointer: Arc<dyn Checkpointer>) -> Self {
+        self.checkpointer = Some(checkpointer);
         self
     }
 
@@ -153,7 +161,10 @@ impl Cluster {
     }
 
     fn worker(&self, cfg: Config, store: Arc<dyn LeaseStore>) -> Result<Worker> {
-        let builder = Worker::builder(cfg, store, self.source.clone(), self.factory.clone());
+        let mut builder = Worker::builder(cfg, store, self.source.clone(), self.factory.clone());
+        if let Some(c) = &self.checkpointer {
+            builder = builder.checkpointer(c.clone());
+        }
         match &self.balancer {
             Some(b) => builder.balancer(b.clone()).build(),
             None => builder.build(),

@@ -299,7 +299,9 @@ impl Task {
             Step::Exit(e) => return Step::Exit(e),
         };
         if start.is_shard_end() {
-            return Step::Done(());
+            // A custom checkpointer may hold `ShardEnd` while the lease record does not (its
+            // last owner stopped in between): mark the lease so the children can start.
+            return self.mark_finished().await;
         }
         let (start, mut reader) = match start {
             Position::Latest | Position::AtTimestamp { .. } => match self.pin(lease, start).await {
@@ -443,14 +445,17 @@ impl Task {
                 Ok(()) => {
                     debug!(from = %start, pinned = %pinned, "start position pinned");
                     // Remember it at once rather than at the next listing: should the store lose
-                    // the write, this worker restores the pin, not the moving start.
-                    let mine = Lease {
-                        owner: Some(self.token.owner.clone()),
-                        epoch: self.token.epoch,
-                        checkpoint: pinned.clone(),
-                        ..lease.clone()
-                    };
-                    self.shared.remember(&mine);
+                    // the write, this worker restores the pin, not the moving start. (A custom
+                    // checkpointer keeping positions elsewhere leaves the lease record as it is.)
+                    if self.shared.checkpointer.stores_in_lease() {
+                        let mine = Lease {
+                            owner: Some(self.token.owner.clone()),
+                            epoch: self.token.epoch,
+                            checkpoint: pinned.clone(),
+                            ..lease.clone()
+                        };
+                        self.shared.remember(&mine);
+                    }
                     return Step::Done((pinned, reader));
                 }
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
@@ -532,24 +537,30 @@ impl Task {
                 return Step::Exit(Exit::Stopped(r));
             }
         }
-        if !self.shared.checkpointer.stores_in_lease() {
-            // Positions live elsewhere: mark the lease itself finished so the children unblock.
-            let marker = StoreCheckpointer::new(self.shared.store.clone());
-            loop {
-                match marker.checkpoint(&self.token, &Position::ShardEnd).await {
-                    Ok(()) => break,
-                    Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
-                    Err(e) => {
-                        warn!(error = %e, "marking the lease finished failed; retrying");
-                        let d = backoff.next(&self.shared);
-                        if let Some(r) = self.pause(d).await {
-                            return Step::Exit(Exit::Stopped(r));
-                        }
+        self.mark_finished().await
+    }
+
+    /// When positions live outside the lease record, marks the lease itself finished (fenced by
+    /// its epoch) so the children unblock: the lease store decides when they may start.
+    async fn mark_finished(&mut self) -> Step<()> {
+        if self.shared.checkpointer.stores_in_lease() {
+            return Step::Done(());
+        }
+        let mut backoff = self.shared.backoff();
+        let marker = StoreCheckpointer::new(self.shared.store.clone());
+        loop {
+            match marker.checkpoint(&self.token, &Position::ShardEnd).await {
+                Ok(()) => return Step::Done(()),
+                Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
+                Err(e) => {
+                    warn!(error = %e, "marking the lease finished failed; retrying");
+                    let d = backoff.next(&self.shared);
+                    if let Some(r) = self.pause(d).await {
+                        return Step::Exit(Exit::Stopped(r));
                     }
                 }
             }
         }
-        Step::Done(())
     }
 
     /// Creates the lease of a child shard, unless another parent of it has no lease yet: that

@@ -316,7 +316,12 @@ impl Shared {
 impl crate::processor::CheckpointObserver for Shared {
     /// Keeps this worker's memory of its own leases' checkpoints current without a listing (a
     /// quiet fleet does not list), so a store that loses writes is repaired to the latest one.
+    /// Positions a custom checkpointer keeps outside the lease record are not remembered: the
+    /// record never holds them, and a listing would then look like a store that lost writes.
     fn written(&self, token: &crate::lease::LeaseToken, position: &crate::position::Position) {
+        if !self.checkpointer.stores_in_lease() {
+            return;
+        }
         let mut memory = lock(&self.remembered);
         if let Some(seen) = memory.get_mut(&token.key) {
             if seen.epoch <= token.epoch && !seen.checkpoint.would_regress_to(position) {
