@@ -27,12 +27,11 @@ pub trait Checkpointer: Send + Sync + Debug {
     /// The last recorded position, if any.
     async fn fetch(&self, key: &LeaseKey) -> Result<Option<Position>>;
 
-    /// A hint from the runtime: it has just read or written this lease at this version. A
-    /// checkpointer that caches records can use it to skip a read; the default ignores it.
-    fn observe(&self, _lease: &Lease, _version: Version) {}
-
-    /// Whether positions live in the lease record itself (the runtime then need not copy
-    /// `ShardEnd` into the lease when a shard finishes).
+    /// Whether positions live in the lease record itself: the runtime then resumes a lease from
+    /// the record's checkpoint without a [`fetch`](Self::fetch), remembers the positions written
+    /// as the record's (and repairs the record to them should the store lose them), and need not
+    /// copy `ShardEnd` into the record when a shard finishes. `false` (the default) for positions
+    /// kept anywhere else, where `fetch` is the source of truth.
     fn stores_in_lease(&self) -> bool {
         false
     }
@@ -131,11 +130,16 @@ impl Checkpointer for StoreCheckpointer {
         Ok(read.map(|(l, _)| l.checkpoint))
     }
 
-    fn observe(&self, lease: &Lease, version: Version) {
-        self.remember(&lease.key, Some((lease.clone(), version)));
-    }
-
     fn stores_in_lease(&self) -> bool {
         true
+    }
+}
+
+impl StoreCheckpointer {
+    /// What the runtime just read or wrote of a lease: cached, so the next checkpoint of it needs
+    /// no read. (Only the runtime's own default checkpointer gets these hints; they are not part
+    /// of [`Checkpointer`].)
+    pub(crate) fn observe(&self, lease: &Lease, version: Version) {
+        self.remember(&lease.key, Some((lease.clone(), version)));
     }
 }

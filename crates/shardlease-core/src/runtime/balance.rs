@@ -685,7 +685,7 @@ async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> bool {
         let next = Lease { claim: None, ..lease.clone() };
         match shared.store.update_lease(&next, version).await {
             Ok(v) => {
-                shared.checkpointer.observe(&next, v);
+                shared.observe(&next, v);
                 shared.changed(1);
                 return true;
             }
@@ -723,7 +723,7 @@ async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: u64, to: &Wor
         }
         match shared.store.update_lease(&lease, version).await {
             Ok(v) => {
-                shared.checkpointer.observe(&lease, v);
+                shared.observe(&lease, v);
                 debug!(key = %key, to = %to, "claim acknowledged; handing over");
                 return true;
             }

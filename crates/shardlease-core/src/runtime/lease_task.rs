@@ -37,7 +37,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> boo
     {
         return false;
     }
-    shared.checkpointer.observe(&lease, version);
+    shared.observe(&lease, version);
     lock(&shared.granted).insert(lease.key.clone(), token.epoch);
     let (tx, rx) = watch::channel(None);
     let span = tracing::info_span!("lease", key = %lease.key, epoch = lease.epoch);
@@ -151,7 +151,7 @@ pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<Wor
         };
         match shared.store.update_lease(&next, version).await {
             Ok(v) => {
-                shared.checkpointer.observe(&next, v);
+                shared.observe(&next, v);
                 shared.remember(&next);
                 shared.changed_now(1);
                 match next_owner {

@@ -71,9 +71,15 @@ impl WorkerBuilder {
                 )));
             }
         }
-        let checkpointer = self
-            .checkpointer
-            .unwrap_or_else(|| Arc::new(StoreCheckpointer::new(self.store.clone())));
+        // The default checkpointer is kept by its type too, to feed its cache with what the
+        // runtime reads and writes; a custom one gets nothing but the `Checkpointer` calls.
+        let (checkpointer, default_checkpointer) = match self.checkpointer {
+            Some(c) => (c, None),
+            None => {
+                let d = Arc::new(StoreCheckpointer::new(self.store.clone()));
+                (d.clone() as Arc<dyn Checkpointer>, Some(d))
+            }
+        };
         Ok(Worker {
             shared: Arc::new(Shared::new(
                 self.config,
@@ -81,6 +87,7 @@ impl WorkerBuilder {
                 self.source,
                 self.factory,
                 checkpointer,
+                default_checkpointer,
                 self.balancer,
             )),
         })
