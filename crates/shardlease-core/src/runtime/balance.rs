@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::shared::{lock, MyClaim, Shared, StopReason};
-use super::{lease_task, recovery};
+use super::{cas, lease_task, recovery};
 use crate::balancer::{is_active, Plan, Snapshot};
 use crate::error::Error;
 use crate::lease::{Claim, Lease, LeaseKey, Version, VersionedLease, WorkerId};
@@ -604,10 +604,17 @@ async fn execute(
         .map(|(lease, version, owner)| {
             let me = me.clone();
             async move {
-                let next =
-                    Lease { claim: Some(Claim { by: me, at: lease.epoch }), ..lease.clone() };
-                match shared.store.update_lease(&next, version).await {
-                    Ok(v) => {
+                let listed = Some((lease.clone(), version));
+                let outcome =
+                    cas::write(shared, &lease.key, listed, cas::Policy::ONCE, "claim", |l| {
+                        Some(Lease {
+                            claim: Some(Claim { by: me.clone(), at: l.epoch }),
+                            ..l.clone()
+                        })
+                    })
+                    .await;
+                match outcome {
+                    cas::Outcome::Written(_, v) => {
                         let claim = MyClaim { since: Instant::now(), seen: v, at: lease.epoch };
                         lock(&shared.my_claims).insert(lease.key.clone(), claim);
                         shared.changed(1);
@@ -615,8 +622,7 @@ async fn execute(
                         metrics::counter!("shardlease_claims_total").increment(1);
                         debug!(key = %lease.key, from = %owner, "claimed");
                     }
-                    Err(Error::Conflict { .. }) => {}
-                    Err(e) => warn!(key = %lease.key, error = %e, "claiming failed"),
+                    cas::Outcome::Declined | cas::Outcome::GaveUp => {}
                 }
             }
         })
@@ -676,28 +682,29 @@ async fn execute(
 /// version is often stale: on a conflict, re-decide from the current record (a claim left standing
 /// would let the claimant take the lease after the claim timeout). True when it cleared it.
 async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> bool {
-    let (mut lease, mut version) = listed.clone();
-    let claim = lease.live_claim().cloned();
-    for _ in 0..8 {
-        if !lease.is_owned_by(&shared.id()) || lease.live_claim() != claim.as_ref() {
-            return false;
+    let claim = listed.0.live_claim().cloned();
+    let me = shared.id();
+    let key = listed.0.key.clone();
+    let outcome = cas::write(
+        shared,
+        &key,
+        Some(listed.clone()),
+        cas::Policy::PERSIST,
+        "clear a claim",
+        |l| {
+            (l.is_owned_by(&me) && l.live_claim() == claim.as_ref())
+                .then(|| Lease { claim: None, ..l.clone() })
+        },
+    )
+    .await;
+    match outcome {
+        cas::Outcome::Written(next, v) => {
+            shared.observe(&next, v);
+            shared.changed(1);
+            true
         }
-        let next = Lease { claim: None, ..lease.clone() };
-        match shared.store.update_lease(&next, version).await {
-            Ok(v) => {
-                shared.observe(&next, v);
-                shared.changed(1);
-                return true;
-            }
-            Err(Error::Conflict { current: Some(current), .. }) => (lease, version) = *current,
-            Err(Error::Conflict { current: None, .. }) => return false,
-            Err(e) => {
-                warn!(key = %lease.key, error = %e, "clearing a claim failed");
-                return false;
-            }
-        }
+        cas::Outcome::Declined | cas::Outcome::GaveUp => false,
     }
-    false
 }
 
 /// Acknowledges `to`'s claim on a lease this worker runs at `epoch` with a write that changes
@@ -706,35 +713,21 @@ async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> bool {
 /// pass.
 async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: u64, to: &WorkerId) -> bool {
     let me = shared.id();
-    for _ in 0..8 {
-        let (lease, version) = match shared.store.get_lease(key).await {
-            Ok(Some(v)) => v,
-            Ok(None) => return false,
-            Err(e) => {
-                warn!(key = %key, error = %e, "reading a claimed lease failed");
-                return false;
-            }
-        };
-        let standing = lease.is_owned_by(&me)
-            && lease.epoch == epoch
-            && lease.live_claim().is_some_and(|c| &c.by == to);
-        if !standing {
-            return false;
+    // Read first: the listing's version is likely stale (the owner checkpoints all the time).
+    let outcome = cas::write(shared, key, None, cas::Policy::PERSIST, "acknowledge a claim", |l| {
+        let standing =
+            l.is_owned_by(&me) && l.epoch == epoch && l.live_claim().is_some_and(|c| &c.by == to);
+        standing.then(|| l.clone())
+    })
+    .await;
+    match outcome {
+        cas::Outcome::Written(lease, v) => {
+            shared.observe(&lease, v);
+            debug!(key = %key, to = %to, "claim acknowledged; handing over");
+            true
         }
-        match shared.store.update_lease(&lease, version).await {
-            Ok(v) => {
-                shared.observe(&lease, v);
-                debug!(key = %key, to = %to, "claim acknowledged; handing over");
-                return true;
-            }
-            Err(Error::Conflict { .. }) => continue,
-            Err(e) => {
-                warn!(key = %key, error = %e, "acknowledging a claim failed");
-                return false;
-            }
-        }
+        cas::Outcome::Declined | cas::Outcome::GaveUp => false,
     }
-    false
 }
 
 /// Takes one lease by CAS (owner = me, epoch + 1) and starts its task. False on conflict/error.
@@ -742,12 +735,18 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
         return false;
     }
-    let next = Lease {
-        epoch: recovery::next_epoch(lease.epoch),
-        ..lease.transferred_to(Some(shared.id()))
-    };
-    match shared.store.update_lease(&next, *version).await {
-        Ok(v) => {
+    let me = shared.id();
+    let listed = Some((lease.clone(), *version));
+    let outcome =
+        cas::write(shared, &lease.key, listed, cas::Policy::ONCE, "take the lease", |l| {
+            Some(Lease {
+                epoch: recovery::next_epoch(l.epoch),
+                ..l.transferred_to(Some(me.clone()))
+            })
+        })
+        .await;
+    match outcome {
+        cas::Outcome::Written(next, v) => {
             lock(&shared.granted).insert(next.key.clone(), next.epoch);
             shared.remember(&next);
             shared.changed(1);
@@ -763,11 +762,10 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
             }
             true
         }
-        Err(Error::Conflict { .. }) => false,
-        Err(e) => {
+        cas::Outcome::Declined => false,
+        cas::Outcome::GaveUp => {
             // The write may have landed all the same: look again at the next pass.
             shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
-            warn!(key = %lease.key, error = %e, "taking a lease failed");
             false
         }
     }

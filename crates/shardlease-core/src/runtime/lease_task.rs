@@ -126,52 +126,27 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
 /// Only acts while `token` is still current: a lease that moved on is left alone. Gives up when
 /// the store keeps failing past the shutdown timeout (the lease then expires with this worker).
 pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>) {
-    let mut backoff = shared.backoff();
     let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
-    loop {
-        let read = match shared.store.get_lease(&token.key).await {
-            Ok(r) => r,
-            Err(e) => {
-                warn!(error = %e, "reading the lease to hand it over failed");
-                if tokio::time::Instant::now() >= deadline {
-                    return;
-                }
-                tokio::time::sleep(backoff.next(shared)).await;
-                continue;
-            }
-        };
-        let Some((lease, version)) = read else { return };
-        if !token.matches(&lease) {
-            return;
+    let policy = super::cas::Policy::until(deadline);
+    let outcome = super::cas::write(shared, &token.key, None, policy, "hand the lease over", |l| {
+        if !token.matches(l) {
+            return None;
         }
-        let next_owner = to.clone().filter(|w| lease.live_claim().is_some_and(|c| &c.by == w));
-        let next = Lease {
-            epoch: super::recovery::next_epoch(lease.epoch),
-            ..lease.transferred_to(next_owner.clone())
-        };
-        match shared.store.update_lease(&next, version).await {
-            Ok(v) => {
-                shared.observe(&next, v);
-                shared.remember(&next);
-                shared.changed_now(1);
-                match next_owner {
-                    Some(w) => {
-                        shared.bump(&shared.stats.handoffs, 1);
-                        metrics::counter!("shardlease_handoffs_total").increment(1);
-                        info!(to = %w, epoch = next.epoch, "lease handed over");
-                    }
-                    None => info!(epoch = next.epoch, "lease released"),
-                }
-                return;
+        let next_owner = to.clone().filter(|w| l.live_claim().is_some_and(|c| &c.by == w));
+        Some(Lease { epoch: super::recovery::next_epoch(l.epoch), ..l.transferred_to(next_owner) })
+    })
+    .await;
+    if let super::cas::Outcome::Written(next, v) = outcome {
+        shared.observe(&next, v);
+        shared.remember(&next);
+        shared.changed_now(1);
+        match &next.owner {
+            Some(w) => {
+                shared.bump(&shared.stats.handoffs, 1);
+                metrics::counter!("shardlease_handoffs_total").increment(1);
+                info!(to = %w, epoch = next.epoch, "lease handed over");
             }
-            Err(Error::Conflict { .. }) => continue,
-            Err(e) => {
-                warn!(error = %e, "handing the lease over failed");
-                if tokio::time::Instant::now() >= deadline {
-                    return;
-                }
-                tokio::time::sleep(backoff.next(shared)).await;
-            }
+            None => info!(epoch = next.epoch, "lease released"),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! down gracefully (or, for tests and benchmarks, crashes it).
 
 mod balance;
+mod cas;
 mod heartbeat;
 mod heartbeat_thread;
 mod lease_task;
@@ -304,26 +305,22 @@ async fn withdraw_claims(shared: &Shared) {
     let me = shared.id();
     let claimed: Vec<LeaseKey> = lock(&shared.my_claims).keys().cloned().collect();
     for key in claimed {
-        for _ in 0..4 {
-            let Ok(Some((lease, version))) = shared.store.get_lease(&key).await else { break };
-            let next = if lease.is_owned_by(&me) {
-                crate::lease::Lease {
-                    epoch: recovery::next_epoch(lease.epoch),
-                    ..lease.transferred_to(None)
+        let outcome =
+            cas::write(shared, &key, None, cas::Policy::PERSIST, "withdraw a claim", |l| {
+                if l.is_owned_by(&me) {
+                    Some(crate::lease::Lease {
+                        epoch: recovery::next_epoch(l.epoch),
+                        ..l.transferred_to(None)
+                    })
+                } else if l.live_claim().is_some_and(|c| c.by == me) {
+                    Some(crate::lease::Lease { claim: None, ..l.clone() })
+                } else {
+                    None
                 }
-            } else if lease.live_claim().is_some_and(|c| c.by == me) {
-                crate::lease::Lease { claim: None, ..lease }
-            } else {
-                break;
-            };
-            match shared.store.update_lease(&next, version).await {
-                Err(crate::error::Error::Conflict { .. }) => continue,
-                Ok(_) => {
-                    shared.changed_now(1);
-                    break;
-                }
-                Err(_) => break,
-            }
+            })
+            .await;
+        if let cas::Outcome::Written(..) = outcome {
+            shared.changed_now(1);
         }
     }
 }

@@ -1,0 +1,125 @@
+//! One compare-and-set loop for every ownership write the runtime makes.
+//!
+//! Taking, claiming, acknowledging a claim, clearing one, handing over or releasing, withdrawing a
+//! claim at shutdown: each reads (or starts from what a listing showed), decides the next record
+//! from the current one, and writes it by compare-and-set. They differ only in what they decide
+//! and in how hard they try, so the loop lives here once, with one policy type:
+//!
+//! - a **conflict** means the record moved under us: decide again from the record the store
+//!   returned with the conflict (read it when it returned none), up to `conflicts` times, because
+//!   the owner checkpointing all the time makes a listed version stale within milliseconds;
+//! - a **store error** is retried with the worker's backoff only until `errors_until` (handing a
+//!   lease over may keep trying for the shutdown timeout); otherwise the write is given up and a
+//!   later pass looks again;
+//! - the decision returning `None` (the lease moved on, the claim was answered) ends the loop
+//!   without writing.
+
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::shared::Shared;
+use crate::error::Error;
+use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
+
+/// How hard one write tries.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Policy {
+    /// Decisions made again after a conflict (0: a conflict ends the write).
+    pub conflicts: usize,
+    /// Store errors are retried with backoff until then; `None`: an error ends the write.
+    pub errors_until: Option<Instant>,
+}
+
+impl Policy {
+    /// One attempt: a conflict means someone else acted first (a take, a claim).
+    pub const ONCE: Policy = Policy { conflicts: 0, errors_until: None };
+    /// Re-decide after a few conflicts; give up on the first store error (a later pass retries).
+    pub const PERSIST: Policy = Policy { conflicts: 8, errors_until: None };
+
+    /// Re-decide after conflicts and retry store errors until `deadline`.
+    pub fn until(deadline: Instant) -> Policy {
+        Policy { conflicts: 64, errors_until: Some(deadline) }
+    }
+}
+
+/// How a write ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Written: the record as written and its new version.
+    Written(Lease, Version),
+    /// Nothing to write: the lease is gone, or the decision declined (it moved on).
+    Declined,
+    /// Conflicts or store errors outlasted the policy.
+    GaveUp,
+}
+
+/// Writes `decide(current)` over the current record of `key` by compare-and-set, starting from
+/// `listed` when given (a listing's copy; the store is read otherwise), under `policy`. `what`
+/// names the write in logs ("could not {what}").
+pub(crate) async fn write<F>(
+    shared: &Shared,
+    key: &LeaseKey,
+    listed: Option<VersionedLease>,
+    policy: Policy,
+    what: &str,
+    mut decide: F,
+) -> Outcome
+where
+    F: FnMut(&Lease) -> Option<Lease>,
+{
+    let mut current = listed;
+    let mut conflicts = 0;
+    let mut backoff = shared.backoff();
+    loop {
+        let (lease, version) = match current.take() {
+            Some(v) => v,
+            None => match shared.store.get_lease(key).await {
+                Ok(Some(v)) => v,
+                Ok(None) => return Outcome::Declined,
+                Err(e) => {
+                    warn!(key = %key, error = %e, "could not {what}: reading the lease failed");
+                    if !retry_error(shared, policy, &mut backoff).await {
+                        return Outcome::GaveUp;
+                    }
+                    continue;
+                }
+            },
+        };
+        let Some(next) = decide(&lease) else { return Outcome::Declined };
+        match shared.store.update_lease(&next, version).await {
+            Ok(v) => return Outcome::Written(next, v),
+            Err(Error::Conflict { current: now, .. }) => {
+                if conflicts >= policy.conflicts {
+                    return Outcome::Declined;
+                }
+                conflicts += 1;
+                match now {
+                    Some(now) => current = Some(*now),
+                    // The record is gone (or the store did not say): read it again.
+                    None => current = None,
+                }
+            }
+            Err(e) => {
+                warn!(key = %key, error = %e, "could not {what}");
+                if !retry_error(shared, policy, &mut backoff).await {
+                    return Outcome::GaveUp;
+                }
+            }
+        }
+    }
+}
+
+/// Waits before retrying after a store error, if the policy's deadline allows one more try.
+async fn retry_error(
+    shared: &Shared,
+    policy: Policy,
+    backoff: &mut super::shared::Backoff,
+) -> bool {
+    match policy.errors_until {
+        Some(deadline) if Instant::now() < deadline => {
+            tokio::time::sleep(backoff.next(shared)).await;
+            true
+        }
+        _ => false,
+    }
+}
