@@ -115,6 +115,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                     _ = shared.cancel.cancelled() => return,
                 }
             }
+            _ = shared.workers_changed.notified() => {} // a worker came or went: list now
             _ = shared.cancel.cancelled() => return,
         }
     }

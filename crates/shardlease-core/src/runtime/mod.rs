@@ -5,6 +5,7 @@
 mod balance;
 mod heartbeat;
 mod lease_task;
+mod notices;
 mod recovery;
 mod shard_sync;
 mod shared;
@@ -126,6 +127,7 @@ impl Worker {
             tokio::spawn(heartbeat::watchdog(shared.clone()).instrument(span.clone())),
             tokio::spawn(balance::balance_loop(shared.clone()).instrument(span.clone())),
             tokio::spawn(shard_sync::shard_sync_loop(shared.clone()).instrument(span.clone())),
+            tokio::spawn(notices::notice_loop(shared.clone()).instrument(span.clone())),
         ];
         WorkerHandle { shared, loops: Mutex::new(loops), shutdown: tokio::sync::Mutex::new(false) }
     }
