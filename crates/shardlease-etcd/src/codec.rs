@@ -13,26 +13,44 @@
 //! snapshot and its revisions went back (see the crate docs). A value with another `format`, or
 //! one that does not decode, is reported as `Corrupt` for that record only.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
-use shardlease_core::{Lease, Version, WorkerRecord};
+use shardlease_core::{Claim, Lease, LeaseKey, Position, Version, WorkerId, WorkerRecord};
 
 /// The format number this version of the crate writes and reads.
 pub const FORMAT: u32 = 1;
 
+// The lease document's fields are spelled out (no `#[serde(flatten)]`, which buffers the whole
+// document first): every worker decodes every lease write its watch delivers, twice (before and
+// after), so decoding must be cheap.
 #[derive(Serialize)]
 struct LeaseOut<'a> {
     format: u32,
     version: u64,
-    #[serde(flatten)]
-    lease: &'a Lease,
+    key: &'a LeaseKey,
+    owner: &'a Option<WorkerId>,
+    epoch: u64,
+    checkpoint: &'a Position,
+    parents: &'a [LeaseKey],
+    claim: &'a Option<Claim>,
+    attributes: &'a BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
 struct LeaseIn {
     format: u32,
     version: u64,
-    #[serde(flatten)]
-    lease: Lease,
+    key: LeaseKey,
+    owner: Option<WorkerId>,
+    epoch: u64,
+    checkpoint: Position,
+    #[serde(default)]
+    parents: Vec<LeaseKey>,
+    #[serde(default)]
+    claim: Option<Claim>,
+    #[serde(default)]
+    attributes: BTreeMap<String, String>,
 }
 
 #[derive(Serialize)]
@@ -52,7 +70,18 @@ struct WorkerIn {
 /// The value of a lease record at `version`.
 pub fn encode_lease(lease: &Lease, version: Version) -> Vec<u8> {
     // Serializing plain data to a Vec cannot fail; an empty value would decode as corrupt.
-    serde_json::to_vec(&LeaseOut { format: FORMAT, version: version.0, lease }).unwrap_or_default()
+    let doc = LeaseOut {
+        format: FORMAT,
+        version: version.0,
+        key: &lease.key,
+        owner: &lease.owner,
+        epoch: lease.epoch,
+        checkpoint: &lease.checkpoint,
+        parents: &lease.parents,
+        claim: &lease.claim,
+        attributes: &lease.attributes,
+    };
+    serde_json::to_vec(&doc).unwrap_or_default()
 }
 
 /// Decodes a lease record stored under `key`; the error says why it is corrupt.
@@ -62,10 +91,19 @@ pub fn decode_lease(key: &str, value: &[u8]) -> Result<(Lease, Version), String>
     if doc.format != FORMAT {
         return Err(format!("unknown format {} (this version reads {FORMAT})", doc.format));
     }
-    if doc.lease.key.as_str() != key {
-        return Err(format!("the document names lease {:?}", doc.lease.key.as_str()));
+    if doc.key.as_str() != key {
+        return Err(format!("the document names lease {:?}", doc.key.as_str()));
     }
-    Ok((doc.lease, Version(doc.version)))
+    let lease = Lease {
+        key: doc.key,
+        owner: doc.owner,
+        epoch: doc.epoch,
+        checkpoint: doc.checkpoint,
+        parents: doc.parents,
+        claim: doc.claim,
+        attributes: doc.attributes,
+    };
+    Ok((lease, Version(doc.version)))
 }
 
 /// The value of a worker record.
@@ -89,7 +127,6 @@ pub fn decode_worker(id: &str, value: &[u8]) -> Result<WorkerRecord, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardlease_core::{Claim, Position, WorkerId};
 
     #[test]
     fn leases_and_workers_round_trip() {

@@ -30,10 +30,11 @@ async fn put(store: &EtcdStore, key: String, value: &[u8]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_records_are_reported_per_record() {
     let Some(factory) = common::factory().await else { return };
+    let opener = common::EtcdFactory::new(factory.url().to_owned(), false);
     with_scope(&factory, "corrupt_records", |scope| async move {
         let (ns, _) = scope.fresh_store().await;
         // Small pages, so corrupt entries fall on several pages.
-        let store = factory.open(&ns).await.unwrap().with_page_size(2);
+        let store = opener.open(&ns).await.unwrap().with_page_size(2);
         for k in ["good-1", "good-2", "good-3", "garbled", "format-9", "elsewhere"] {
             let created = store.create_lease(&Lease::new(k, Position::TrimHorizon)).await.unwrap();
             assert!(matches!(created, CreateOutcome::Created(_)));

@@ -112,6 +112,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 // Publish a change early, but no more than four beats per interval.
                 tokio::select! {
                     _ = tokio::time::sleep_until((sent + hb / 4).min(next)) => {}
+                    _ = shared.workers_changed.notified() => {}
                     _ = shared.cancel.cancelled() => return,
                 }
             }

@@ -67,6 +67,19 @@ impl StoreFactory for EtcdFactory {
         }
     }
 
+    /// With the watch on, every worker receives and decodes every write of its namespace
+    /// (checkpoints included): on this project's busy 2-core machine, with the suite's cases
+    /// running in parallel in debug builds, the default timings (a 100 ms heartbeat) leave too
+    /// little room, and workers fence themselves. The lease-loop cases run twice as slow then,
+    /// with the same checks.
+    fn timing_scale(&self) -> u32 {
+        if self.watch {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Puts the record's value back exactly as this crate encodes `(lease, version)`, with a raw
     /// `Put` that bypasses compare-and-set, the way a store restored from a snapshot holds it.
     async fn restore_raw(
