@@ -119,7 +119,10 @@ start_etcd() {
   fi
   local data="$run_dir/etcd-$etcd_port"
   mkdir -p "$data"
+  # Revisions older than the last 10,000 are compacted away, so repeated test runs (checkpoints are
+  # frequent writes) never fill etcd's backend quota.
   nohup etcd --name shardlease-test --data-dir "$data" --logger zap --log-level warn \
+    --auto-compaction-mode revision --auto-compaction-retention 10000 \
     --listen-client-urls "http://127.0.0.1:$etcd_port" \
     --advertise-client-urls "http://127.0.0.1:$etcd_port" \
     --listen-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \

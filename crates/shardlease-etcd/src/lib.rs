@@ -42,8 +42,9 @@
 //!
 //! ## Change notification
 //!
-//! [`LeaseStore::subscribe_changes`] opens one etcd watch on the namespace's prefix (with the
-//! previous values), turned into `shardlease_core::StoreChange` notices; the core decides which
+//! [`LeaseStore::subscribe_changes`] reads the namespace's leases once and opens one etcd watch on
+//! the namespace's prefix from the next revision (the stream keeps each lease's previous state
+//! itself rather than asking etcd for `prev_kv`), turned into `shardlease_core::StoreChange` notices; the core decides which
 //! call for a listing (ownership changes, not checkpoints). Each worker holds one watch; every
 //! write in the namespace (checkpoints and heartbeats included) is sent to every worker's watch.
 //! `watch=false` (or [`EtcdStore::with_watch`]) turns it off.
