@@ -99,7 +99,7 @@ impl EtcdOptions {
             None => (rest, None),
         };
         let authority = match before_query.split_once('/') {
-            Some((a, path)) if path.is_empty() => a,
+            Some((a, "")) => a,
             Some(_) => {
                 return Err(Error::Config(
                     "an etcd store URL has no path; name the namespace with ?namespace=".into(),

@@ -25,6 +25,9 @@ use crate::config::EtcdOptions;
 use crate::errors::{backend, unexpected};
 use crate::keys::{range_end, Keys, Record};
 
+/// Per lease key, the version last read or written and the value bytes it had.
+type Seen = HashMap<String, (Version, Vec<u8>)>;
+
 /// A lease store on etcd v3, for one namespace. Cheap to clone (clones share the connection and
 /// the cache of last-seen versions).
 #[derive(Clone)]
@@ -36,7 +39,7 @@ pub struct EtcdStore {
     watch: bool,
     redactor: Redactor,
     /// Per lease key, the version this store last read or wrote and the value bytes it had.
-    seen: Arc<Mutex<HashMap<String, (Version, Vec<u8>)>>>,
+    seen: Arc<Mutex<Seen>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -131,7 +134,7 @@ impl EtcdStore {
         Ok(resp.deleted().max(0) as u64)
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Version, Vec<u8>)>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, Seen> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 
