@@ -29,6 +29,8 @@ options:
   --records R         throughput: records pre-filled in the stream (default 200000)
   --rate R            join/leave/crash: records per second written while measuring (default 2000)
   --batch-limit L     records per read batch (default 100)
+  --poll-ms P         poll the lease table every P ms while waiting for coverage and balance
+                      (default: a tenth of the heartbeat, 2 to 50 ms, less often for big tables)
   --timeout-s T       give up waiting for any condition after T seconds (default: derived from
                       the timings, the policy and the sizes)
   -h, --help          print this help
@@ -82,6 +84,8 @@ pub struct Args {
     pub batch_limit: usize,
     /// Overrides every wait's deadline.
     pub timeout: Option<Duration>,
+    /// Overrides how often conditions are polled.
+    pub poll: Option<Duration>,
 }
 
 /// A command-line mistake (or a request for help).
@@ -125,6 +129,7 @@ struct Raw {
     rate: Option<String>,
     batch_limit: Option<String>,
     timeout_s: Option<String>,
+    poll_ms: Option<String>,
 }
 
 impl Raw {
@@ -144,6 +149,7 @@ impl Raw {
             "--rate" => &mut self.rate,
             "--batch-limit" => &mut self.batch_limit,
             "--timeout-s" => &mut self.timeout_s,
+            "--poll-ms" => &mut self.poll_ms,
             _ => return None,
         })
     }
@@ -280,6 +286,10 @@ fn validate(raw: Raw) -> Result<Args, ArgsError> {
     let batch_limit =
         to_usize(at_least_one(raw.batch_limit, "--batch-limit", Some(100))?, "--batch-limit")?;
     let timeout = seconds(raw.timeout_s, "--timeout-s")?;
+    let poll = match raw.poll_ms {
+        Some(v) => Some(millis(Some(v), "--poll-ms", 0)?),
+        None => None,
+    };
     Ok(Args {
         scenarios,
         store,
@@ -293,6 +303,7 @@ fn validate(raw: Raw) -> Result<Args, ArgsError> {
         rate,
         batch_limit,
         timeout,
+        poll,
     })
 }
 
@@ -328,6 +339,10 @@ mod tests {
         assert_eq!(a.duration, Duration::from_millis(500));
         let a = args("--scenario all --store memory:// --shards 4 --workers 3").unwrap();
         assert_eq!(a.scenarios, Scenario::ALL.to_vec());
+        assert_eq!(a.poll, None, "polling derived from the timings unless given");
+        let a = args(&format!("{BASE} --poll-ms 2")).unwrap();
+        assert_eq!(a.poll, Some(Duration::from_millis(2)));
+        assert!(args(&format!("{BASE} --poll-ms 0")).is_err());
     }
 
     #[test]
