@@ -103,12 +103,43 @@ start_kinesis() { # kinesalite from npm, via a Node wrapper that binds 127.0.0.1
   wait_for kinesalite 30 port_open "$port"
 }
 
-wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis dynamodb kinesis}
+# etcd v3 from Debian's etcd-server (etcdctl from etcd-client), data under the build folder.
+# Reuses an etcd already answering on the port; another program on 2379 moves ours to 23790.
+etcd_port=${SHARDLEASE_ETCD_PORT:-2379}
+etcd_up() { ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$1" --command-timeout=1s endpoint health; }
+
+start_etcd() {
+  need_pkg etcd etcd-server
+  need_pkg etcdctl etcd-client
+  if etcd_up "$etcd_port" >/dev/null 2>&1; then return 0; fi
+  if port_open "$etcd_port" || port_open $((etcd_port + 1)); then
+    log "port $etcd_port or $((etcd_port + 1)) is taken by something that is not etcd; using 23790"
+    etcd_port=23790
+    if etcd_up "$etcd_port" >/dev/null 2>&1; then return 0; fi
+  fi
+  local data="$run_dir/etcd-$etcd_port"
+  mkdir -p "$data"
+  # Revisions older than the last 10,000 are compacted away, so repeated test runs (checkpoints are
+  # frequent writes) never fill etcd's backend quota.
+  nohup etcd --name shardlease-test --data-dir "$data" --logger zap --log-level warn \
+    --auto-compaction-mode revision --auto-compaction-retention 10000 \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
+    --initial-cluster "shardlease-test=http://127.0.0.1:$((etcd_port + 1))" \
+    >"$run_dir/etcd.log" 2>&1 &
+  echo "etcd $!" >>"$pids"
+  wait_for etcd 30 etcd_up "$etcd_port"
+}
+
+wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis etcd dynamodb kinesis}
 for s in $wanted; do
   case $s in
     postgres) start_postgres && echo "export SHARDLEASE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test" ;;
     mariadb|mysql) start_mariadb && echo "export SHARDLEASE_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test" ;;
     redis) start_redis && echo "export SHARDLEASE_TEST_REDIS_URL=redis://127.0.0.1:6379/" ;;
+    etcd) start_etcd && echo "export SHARDLEASE_TEST_ETCD_URL=etcd://127.0.0.1:$etcd_port" ;;
     dynamodb) start_dynamodb &&
       echo "export SHARDLEASE_TEST_DYNAMODB_ENDPOINT=http://127.0.0.1:$dynamodb_port" &&
       echo "export SHARDLEASE_TEST_DYNAMODB_URL='dynamodb://test:test@shardlease-test?region=us-east-1&endpoint=http://127.0.0.1:$dynamodb_port&create_table=true'" ;;

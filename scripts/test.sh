@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "== build dependencies (protoc for the etcd store)"
+scripts/build-deps.sh
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -29,6 +29,8 @@ options:
   --records R         throughput: records pre-filled in the stream (default 200000)
   --rate R            join/leave/crash: records per second written while measuring (default 2000)
   --batch-limit L     records per read batch (default 100)
+  --poll-ms P         poll the lease table every P ms while waiting for coverage and balance
+                      (default: a tenth of the heartbeat, 2 to 50 ms, less often for big tables)
   --timeout-s T       give up waiting for any condition after T seconds (default: derived from
                       the timings, the policy and the sizes)
   --cpu-hogs K        burn CPU beside the fleet (default 0): K spinning threads, and K tasks on
@@ -90,6 +92,8 @@ pub struct Args {
     pub cpu_hogs: usize,
     /// Whether heartbeats run on the runtime's dedicated heartbeat thread.
     pub dedicated_heartbeat: bool,
+    /// Overrides how often conditions are polled.
+    pub poll: Option<Duration>,
 }
 
 /// A command-line mistake (or a request for help).
@@ -135,6 +139,7 @@ struct Raw {
     timeout_s: Option<String>,
     cpu_hogs: Option<String>,
     heartbeat_thread: Option<String>,
+    poll_ms: Option<String>,
 }
 
 impl Raw {
@@ -156,6 +161,7 @@ impl Raw {
             "--timeout-s" => &mut self.timeout_s,
             "--cpu-hogs" => &mut self.cpu_hogs,
             "--heartbeat-thread" => &mut self.heartbeat_thread,
+            "--poll-ms" => &mut self.poll_ms,
             _ => return None,
         })
     }
@@ -305,6 +311,10 @@ fn validate(raw: Raw) -> Result<Args, ArgsError> {
             )))
         }
     };
+    let poll = match raw.poll_ms {
+        Some(v) => Some(millis(Some(v), "--poll-ms", 0)?),
+        None => None,
+    };
     Ok(Args {
         scenarios,
         store,
@@ -320,6 +330,7 @@ fn validate(raw: Raw) -> Result<Args, ArgsError> {
         timeout,
         cpu_hogs,
         dedicated_heartbeat,
+        poll,
     })
 }
 
@@ -355,6 +366,10 @@ mod tests {
         assert_eq!(a.duration, Duration::from_millis(500));
         let a = args("--scenario all --store memory:// --shards 4 --workers 3").unwrap();
         assert_eq!(a.scenarios, Scenario::ALL.to_vec());
+        assert_eq!(a.poll, None, "polling derived from the timings unless given");
+        let a = args(&format!("{BASE} --poll-ms 2")).unwrap();
+        assert_eq!(a.poll, Some(Duration::from_millis(2)));
+        assert!(args(&format!("{BASE} --poll-ms 0")).is_err());
     }
 
     #[test]

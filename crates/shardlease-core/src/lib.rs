@@ -24,6 +24,7 @@ mod ids;
 pub mod lease;
 pub mod liveness;
 pub mod memory;
+pub mod notify;
 pub mod position;
 pub mod processor;
 pub mod redact;
@@ -39,6 +40,7 @@ pub use error::{BoxError, Error, Result};
 pub use ids::{LeaseKey, Namespace, WorkerId};
 pub use lease::{Claim, Lease, LeaseToken, Version, VersionedLease};
 pub use memory::{MemoryBackend, MemorySnapshot, MemorySource, MemoryStore};
+pub use notify::{ChangeStream, StoreChange};
 pub use position::{Position, SequenceNumber};
 pub use processor::{
     processor_fn, CheckpointHandle, LeaseContext, ProcessorFactory, RecordProcessor,

@@ -85,7 +85,8 @@ impl<T> Listing<T> {
 ///
 /// A store that wraps another (fault injection, auditing, counting) must forward every method,
 /// including the ones with a default body ([`remove_worker_if`](LeaseStore::remove_worker_if),
-/// [`namespace`](LeaseStore::namespace)), or the wrapped store's native behaviour is lost.
+/// [`namespace`](LeaseStore::namespace), [`subscribe_changes`](LeaseStore::subscribe_changes)),
+/// or the wrapped store's native behaviour is lost.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + Debug {
     /// Creates `lease` if no lease with its key exists, at a version the key never had (see
@@ -142,5 +143,16 @@ pub trait LeaseStore: Send + Sync + Debug {
     /// `None` (unknown; nothing is checked).
     fn namespace(&self) -> Option<Namespace> {
         None
+    }
+
+    /// Subscribes to notices of changes in this namespace, for stores that can push them (an
+    /// etcd watch, PostgreSQL `LISTEN/NOTIFY`, Redis pub/sub); see [`crate::notify`].
+    ///
+    /// `Ok(None)`, the default, means "not supported": the worker then runs exactly as without
+    /// notification. A returned stream carries the changes made after this call returned; it ends
+    /// when the subscription is lost, and the runtime subscribes again and lists once, so a
+    /// change made in between is never missed.
+    async fn subscribe_changes(&self) -> Result<Option<crate::notify::ChangeStream>> {
+        Ok(None)
     }
 }

@@ -132,6 +132,10 @@ impl LeaseStore for AuditStore {
     fn namespace(&self) -> Option<Namespace> {
         self.inner.namespace()
     }
+
+    async fn subscribe_changes(&self) -> Result<Option<shardlease_core::ChangeStream>> {
+        self.inner.subscribe_changes().await
+    }
 }
 
 #[cfg(test)]

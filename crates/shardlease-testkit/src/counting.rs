@@ -194,6 +194,10 @@ impl LeaseStore for CountingStore {
     fn namespace(&self) -> Option<Namespace> {
         self.inner.namespace()
     }
+
+    async fn subscribe_changes(&self) -> Result<Option<shardlease_core::ChangeStream>> {
+        self.inner.subscribe_changes().await
+    }
 }
 
 #[cfg(test)]

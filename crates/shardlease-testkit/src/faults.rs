@@ -336,4 +336,8 @@ impl LeaseStore for FaultyStore {
     fn namespace(&self) -> Option<Namespace> {
         self.inner.namespace()
     }
+
+    async fn subscribe_changes(&self) -> Result<Option<shardlease_core::ChangeStream>> {
+        self.inner.subscribe_changes().await
+    }
 }

@@ -21,6 +21,7 @@ const KNOWN: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
     ("etcd", "etcd"),
+    ("etcds", "etcd"),
     ("dynamodb", "dynamodb"),
 ];
 
@@ -48,13 +49,30 @@ fn parse(url: &str) -> Result<Url> {
     let memory = ["sqlite::memory:", "sqlite://:memory:"].iter().find(|p| url.starts_with(**p));
     let normalized = match memory {
         Some(prefix) => format!("sqlite:memory{}", &url[prefix.len()..]),
-        None => url.to_owned(),
+        None => first_etcd_host(url).unwrap_or_else(|| url.to_owned()),
     };
     Url::parse(&normalized).map_err(|e| {
         Error::Config(format!(
             "malformed store URL ({e}); expected e.g. memory:// or redis://host:6379"
         ))
     })
+}
+
+/// An `etcd://` URL may list several hosts (`h1:2379,h2:2379`), which `Url` cannot parse: for the
+/// scheme and the query, keep only the first; the etcd store parses the whole URL itself.
+fn first_etcd_host(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme != "etcd" && scheme != "etcds" {
+        return None;
+    }
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let first = hosts.split(',').next().unwrap_or_default();
+    Some(format!("{scheme}://{userinfo}{first}{tail}"))
 }
 
 async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
@@ -65,6 +83,8 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
         "memory" => Ok(Arc::new(MemoryBackend::global().store(Namespace::new(namespace)))),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => shardlease_redis::connect_url(url.as_str(), namespace).await,
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => shardlease_etcd::connect_url(_raw, namespace).await,
         #[cfg(feature = "dynamodb")]
         "dynamodb" => shardlease_dynamodb::connect_url(_raw, namespace).await,
         #[cfg(feature = "sqlite")]
@@ -142,6 +162,11 @@ mod tests {
             assert!(m.contains("`dynamodb` feature"), "{m}");
             assert!(!m.contains("s3cr3t"), "{m}");
         }
+        if !cfg!(feature = "etcd") {
+            let m = config_error(connect("etcd://u:s3cr3t@h1:2379,h2:2379?namespace=a").await);
+            assert!(m.contains("`etcd` feature"), "{m}");
+            assert!(!m.contains("s3cr3t"), "{m}");
+        }
         let m = config_error(connect("gopher://x").await);
         assert!(m.contains("unknown store scheme"), "{m}");
     }
@@ -161,11 +186,38 @@ mod tests {
         assert!(m.contains("namespace"), "{m}");
     }
 
+    /// With the `etcd` feature, `etcd://` URLs (one host or a host list) open the etcd store in
+    /// the URL's namespace, on the server named by `SHARDLEASE_TEST_ETCD_URL`.
+    #[cfg(feature = "etcd")]
+    #[tokio::test]
+    async fn etcd_urls_open_the_etcd_store() {
+        let Some(base) = std::env::var("SHARDLEASE_TEST_ETCD_URL").ok().filter(|u| !u.is_empty())
+        else {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "SHARDLEASE_TEST_ETCD_URL unset");
+            println!("etcd_urls_open_the_etcd_store: SKIPPED (SHARDLEASE_TEST_ETCD_URL unset)");
+            return;
+        };
+        let host = base.trim_start_matches("etcd://").trim_end_matches('/').to_owned();
+        let url = format!("etcd://{host},{host}/?namespace=facade-etcd&prefix=shardlease-test");
+        let store = connect(&url).await.unwrap();
+        assert_eq!(store.namespace().map(|n| n.as_str().to_owned()), Some("facade-etcd".into()));
+        let lease = shardlease_core::Lease::new("k", shardlease_core::Position::Latest);
+        let _ = store.create_lease(&lease).await.unwrap();
+        assert!(store.get_lease(&"k".into()).await.unwrap().is_some());
+        assert!(store.subscribe_changes().await.unwrap().is_some(), "watch is on by default");
+        let off = connect_namespace(&format!("{url}&watch=false"), "facade-etcd").await.unwrap();
+        assert!(off.subscribe_changes().await.unwrap().is_none(), "watch=false turns it off");
+        let v = store.get_lease(&"k".into()).await.unwrap().unwrap().1;
+        store.delete_lease(&"k".into(), v).await.unwrap();
+    }
+
     #[test]
     fn redaction_hides_passwords() {
         assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
         assert_eq!(redact_url("memory://"), "memory://");
         assert_eq!(redact_url("dynamodb://AKID:sk@t?region=r"), "dynamodb://***:***@t?region=r");
         assert_eq!(redact_url("::nope pw"), "<unparseable URL>");
+        assert_eq!(redact_url("etcd://u:pw@h:2379?watch=false"), "etcd://u:***@h:2379?watch=false");
+        assert_eq!(redact_url("etcd://u:pw@h1:2379,h2:2379"), "<unparseable URL>");
     }
 }

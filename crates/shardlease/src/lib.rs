@@ -14,6 +14,7 @@
 //! | `sqlite://path/to/leases.db`, `sqlite::memory:` | SQLite, embedded (bundled; processes on one machine can share a file) | `sqlite` (default) |
 //! | `postgres://user:pw@host:5432/db`, `postgresql://…` | PostgreSQL | `postgres` (`sql-tls` for `sslmode=require`) |
 //! | `mysql://user:pw@host:3306/db`, `mariadb://…` | MySQL 8 / MariaDB 10.5+ | `mysql` (`sql-tls` for TLS) |
+//! | `etcd://[user:pw@]host:2379[,host:2379]`, `etcds://…` | etcd v3 (Txn compare-and-set; change notification by watch, `?watch=false` turns it off; `?prefix=` sets the key prefix) | `etcd` (`etcd-tls` for `etcds://`) |
 //! | `dynamodb://TABLE?region=R&endpoint=URL&create_table=true` | DynamoDB (AWS default credential and region chains; namespaces share the table) | `dynamodb` |
 //!
 //! SQL URLs also take `?table_prefix=` (default `shardlease_`), `?create_schema=false` (the tables

@@ -127,9 +127,11 @@ impl Run<'_> {
         Fleet::new(self.store.clone(), Arc::new(source), factory, self.config(), self.policy)
     }
 
-    /// How often conditions are polled.
+    /// How often conditions are polled: `--poll-ms`, or derived from the timings and the size.
     pub fn poll(&self) -> Duration {
-        wait::poll_period(self.args.timings.heartbeat, self.args.shards)
+        self.args
+            .poll
+            .unwrap_or_else(|| wait::poll_period(self.args.timings.heartbeat, self.args.shards))
     }
 
     /// The deadline of every wait: `--timeout-s`, or enough for the timings and, with the

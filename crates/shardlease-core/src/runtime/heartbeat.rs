@@ -114,9 +114,11 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 tokio::select! {
                     biased;
                     _ = tokio::time::sleep_until((sent + hb / 4).min(next)) => {}
+                    _ = shared.workers_changed.notified() => {}
                     _ = shared.cancel.cancelled() => return,
                 }
             }
+            _ = shared.workers_changed.notified() => {} // a worker came or went: list now
             _ = shared.cancel.cancelled() => return,
         }
     }

@@ -7,6 +7,7 @@ mod cas;
 mod heartbeat;
 mod heartbeat_thread;
 mod lease_task;
+mod notices;
 mod recovery;
 mod shard_sync;
 mod shared;
@@ -142,6 +143,7 @@ impl Worker {
             ),
             tokio::spawn(balance::balance_loop(shared.clone()).instrument(span.clone())),
             tokio::spawn(shard_sync::shard_sync_loop(shared.clone()).instrument(span.clone())),
+            tokio::spawn(notices::notice_loop(shared.clone()).instrument(span.clone())),
         ];
         WorkerHandle { shared, loops: Mutex::new(loops), shutdown: tokio::sync::Mutex::new(false) }
     }

@@ -142,6 +142,9 @@ pub(crate) struct Shared {
     pub listing_wanted: AtomicU64,
     /// Wakes the heartbeat loop to publish this worker's changes without waiting an interval.
     pub publish_now: Notify,
+    /// Wakes the heartbeat loop to beat and list the worker records now: the store notified
+    /// that a worker record appeared or vanished (see `notices`).
+    pub workers_changed: Notify,
     /// Set after the first successful heartbeat since start (or since a fence).
     pub heartbeat_ok: watch::Sender<Option<Instant>>,
     /// When the last successful listing of worker records was started.
@@ -214,6 +217,7 @@ impl Shared {
             changes: AtomicU64::new(0),
             listing_wanted: AtomicU64::new(0),
             publish_now: Notify::new(),
+            workers_changed: Notify::new(),
             heartbeat_ok: watch::channel(None).0,
             workers_listed: watch::channel(None).0,
             fenced: AtomicBool::new(false),

@@ -1,0 +1,61 @@
+//! Reacting to a store's change notices (an optional store capability, see `crate::notify`).
+//!
+//! A small task per worker subscribes to the store's change stream, when the store has one, and
+//! turns each relevant notice into the triggers the loops already have: "list the leases now"
+//! (`Shared::want_listing`) and "list the worker records now" (`Shared::workers_changed`). It
+//! adds no decision of its own: without a stream it ends at once and the worker runs exactly as
+//! before. A stream that ends or fails is subscribed again with backoff, and every subscription
+//! is followed by one listing of each kind, so a change made while no stream was open (or before
+//! the first one opened) is never missed. docs/algorithm.md, "Change notification".
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tracing::{debug, warn};
+
+use super::shared::Shared;
+
+pub(crate) async fn notice_loop(shared: Arc<Shared>) {
+    let mut backoff = shared.backoff();
+    loop {
+        let subscribed = tokio::select! {
+            biased;
+            r = shared.store.subscribe_changes() => r,
+            _ = shared.cancel.cancelled() => return,
+        };
+        match subscribed {
+            Ok(None) => return,
+            Ok(Some(mut stream)) => {
+                debug!("subscribed to the store's change notices");
+                backoff = shared.backoff();
+                // Whatever changed while no stream was open is found by listing once.
+                shared.want_listing();
+                shared.workers_changed.notify_one();
+                loop {
+                    let next = tokio::select! {
+                        biased;
+                        _ = shared.cancel.cancelled() => return,
+                        n = stream.next() => n,
+                    };
+                    let Some(change) = next else { break };
+                    if change.calls_for_worker_listing() {
+                        shared.workers_changed.notify_one();
+                    }
+                    if change.calls_for_listing() {
+                        shared.want_listing();
+                    }
+                }
+                debug!("the store's change stream ended; subscribing again");
+            }
+            Err(e) => {
+                let delay = backoff.next(&shared);
+                warn!(error = %e, ?delay, "subscribing to the store's change notices failed; retrying");
+                tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.cancel.cancelled() => return,
+                }
+            }
+        }
+    }
+}

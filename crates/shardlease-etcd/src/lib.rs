@@ -1,0 +1,81 @@
+//! # shardlease-etcd
+//!
+//! A [`LeaseStore`] on etcd v3 (through the `etcd-client` crate, gRPC), with change notification:
+//! an etcd watch lets workers act on a released lease, a claim, a worker that joined or left, or
+//! a shard end at once instead of at their next heartbeat or balance pass.
+//!
+//! Connect with [`EtcdStore::connect`] (a URL), [`EtcdStore::connect_with`] ([`EtcdOptions`]),
+//! [`EtcdStore::from_client`] (an `etcd_client::Client` you built), or through the `shardlease`
+//! facade with its `etcd` feature: `shardlease::connect("etcd://127.0.0.1:2379?namespace=orders")`.
+//!
+//! ```text
+//! etcd://[user:password@]host[:port][,host[:port]...][/][?option=value&...]
+//! etcds://...            TLS (needs this crate's `tls` feature; `etcd-tls` on the facade)
+//!
+//! namespace=NAME         the namespace (the facade's default: `default`)
+//! prefix=PREFIX          key prefix, default `shardlease`
+//! page_size=N            records per range request when listing, default 500
+//! timeout_ms=N           per-request timeout, default 5000
+//! connect_timeout_ms=N   default 5000
+//! tls=true               TLS with an etcd:// URL
+//! ca_file=PATH           PEM of the CA to trust for TLS (the system roots otherwise)
+//! watch=false            no change notification: the worker runs as on any other store
+//! ```
+//!
+//! The password never appears in an error, a log line or `Debug` output ([`redact_url`]).
+//!
+//! ## Layout, encoding, versions
+//!
+//! One key per lease and per worker record: `<prefix>/<namespace>/lease/<lease key>` and
+//! `<prefix>/<namespace>/worker/<worker id>` (a `/` or `%` in the namespace is escaped, so no
+//! namespace's range holds another's keys). Values are JSON documents with a `format` number (see
+//! [`codec`]); a value that does not decode is `Error::Corrupt` for that key, never a panic.
+//!
+//! A lease's [`Version`](shardlease_core::Version) is a random 63-bit number the writer draws for
+//! every write and stores in the value; it is not the key's `mod_revision`, because etcd restored
+//! from a snapshot (without `--bump-revision`) hands out revisions it already gave, so a revision
+//! can repeat for a key with other contents. Compare-and-set is one `Txn` comparing the key's
+//! value with the bytes last seen at the expected version (the version is in those bytes, so
+//! equal bytes mean the same write); create-if-absent compares `create_revision` with 0; a failed
+//! compare returns the current record in the same round trip. Listings page with range limits,
+//! all pages read at the first page's revision.
+//!
+//! ## Change notification
+//!
+//! [`LeaseStore::subscribe_changes`] reads the namespace's leases once and opens one etcd watch on
+//! the namespace's prefix from the next revision (the stream keeps each lease's previous state
+//! itself rather than asking etcd for `prev_kv`), turned into `shardlease_core::StoreChange` notices; the core decides which
+//! call for a listing (ownership changes, not checkpoints). Each worker holds one watch; every
+//! write in the namespace (checkpoints and heartbeats included) is sent to every worker's watch.
+//! `watch=false` (or [`EtcdStore::with_watch`]) turns it off.
+//!
+//! docs/etcd.md in the repository has the details and the measured figures.
+
+pub mod codec;
+mod config;
+mod connection;
+mod errors;
+mod keys;
+mod store;
+mod watch;
+
+use std::sync::Arc;
+
+use shardlease_core::{LeaseStore, Result};
+
+pub use config::{
+    redact_url, EtcdOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PAGE_SIZE,
+    DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
+};
+pub use store::EtcdStore;
+
+/// Re-export of the `etcd-client` crate, so callers of [`EtcdStore::from_client`] use the same
+/// version this crate was built with.
+pub use etcd_client;
+
+/// Opens `namespace` on the etcd named by `url`, as a shared [`LeaseStore`]: the entry point of
+/// the `shardlease` facade for `etcd://` and `etcds://` URLs. Any `namespace` option of the URL
+/// is ignored in favour of the argument.
+pub async fn connect_url(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+    Ok(Arc::new(EtcdStore::connect(url, namespace).await?))
+}

@@ -1,0 +1,398 @@
+//! [`EtcdStore`]: the `LeaseStore` contract translated into etcd v3 requests.
+//!
+//! Each record is one key (see `keys`), each value a JSON document carrying the record's
+//! [`Version`] (see `codec`). Compare-and-set is one `Txn` comparing the key's **value** with the
+//! bytes last seen at the expected version: a version names exactly one write and its bytes, so
+//! equal bytes mean the record is still at that version, and a record restored from an older
+//! snapshot (same revision numbers, other contents) can never be mistaken for it. The bytes of the
+//! last version this store read or wrote are cached per lease; a compare-and-set at another
+//! version reads the record first. A failed compare returns the current record in the same
+//! round trip (`or_else: get`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use etcd_client::{Client, Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use shardlease_core::redact::Redactor;
+use shardlease_core::{
+    ChangeStream, CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing,
+    Namespace, Result, Version, VersionedLease, WorkerId, WorkerRecord,
+};
+
+use crate::codec;
+use crate::config::EtcdOptions;
+use crate::errors::{backend, unexpected};
+use crate::keys::{range_end, Keys, Record};
+
+/// Per lease key, the version last read or written and the value bytes it had.
+type Seen = HashMap<String, (Version, Vec<u8>)>;
+
+/// A lease store on etcd v3, for one namespace. Cheap to clone (clones share the connection and
+/// the cache of last-seen versions).
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    keys: Keys,
+    namespace: Namespace,
+    page_size: usize,
+    watch: bool,
+    redactor: Redactor,
+    /// Per lease key, the version this store last read or wrote and the value bytes it had.
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("namespace", &self.namespace.as_str())
+            .field("root", &self.keys.root())
+            .field("page_size", &self.page_size)
+            .field("watch", &self.watch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdStore {
+    /// Connects to the etcd named by `url` (see the crate docs) and opens `namespace`; any
+    /// `namespace` option of the URL is ignored in favour of the argument.
+    pub async fn connect(url: &str, namespace: &str) -> Result<EtcdStore> {
+        let options = EtcdOptions::from_url(url)?;
+        EtcdStore::connect_with(&options, namespace).await
+    }
+
+    /// Connects with explicit options and opens `namespace`.
+    pub async fn connect_with(options: &EtcdOptions, namespace: &str) -> Result<EtcdStore> {
+        let redactor = options.redactor();
+        let client = crate::connection::connect(options, &redactor).await?;
+        let mut store = EtcdStore::from_client(client, namespace, &options.key_prefix)?;
+        store.page_size = options.page_size.max(1);
+        store.watch = options.watch;
+        store.redactor = redactor;
+        Ok(store)
+    }
+
+    /// Opens `namespace` through an existing client, under `key_prefix`
+    /// ([`DEFAULT_KEY_PREFIX`](crate::DEFAULT_KEY_PREFIX) is what URLs use).
+    pub fn from_client(client: Client, namespace: &str, key_prefix: &str) -> Result<EtcdStore> {
+        if namespace.is_empty() {
+            return Err(Error::Config("namespace must not be empty".into()));
+        }
+        if key_prefix.is_empty() {
+            return Err(Error::Config("the etcd key prefix must not be empty".into()));
+        }
+        Ok(EtcdStore {
+            client,
+            keys: Keys::new(key_prefix, namespace),
+            namespace: Namespace::new(namespace),
+            page_size: crate::DEFAULT_PAGE_SIZE,
+            watch: true,
+            redactor: Redactor::default(),
+            seen: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    /// Records per range request when listing (at least 1).
+    pub fn with_page_size(mut self, page_size: usize) -> Self {
+        self.page_size = page_size.max(1);
+        self
+    }
+
+    /// Turns change notification (an etcd watch, see [`LeaseStore::subscribe_changes`]) on or
+    /// off. On by default.
+    pub fn with_watch(mut self, watch: bool) -> Self {
+        self.watch = watch;
+        self
+    }
+
+    /// The client, for raw access (tests, tools).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The etcd key that holds lease `key`.
+    pub fn lease_etcd_key(&self, key: &LeaseKey) -> String {
+        self.keys.lease(key.as_str())
+    }
+
+    /// The etcd key that holds worker `id`'s record.
+    pub fn worker_etcd_key(&self, id: &WorkerId) -> String {
+        self.keys.worker(id.as_str())
+    }
+
+    /// Deletes every key of the namespace; returns how many there were.
+    pub async fn delete_namespace(&self) -> Result<u64> {
+        let root = self.keys.root().to_owned();
+        let opts = etcd_client::DeleteOptions::new().with_range(range_end(&root));
+        let resp = self
+            .client
+            .kv_client()
+            .delete(root, Some(opts))
+            .await
+            .map_err(|e| backend(&self.redactor, "delete namespace", e))?;
+        self.cache().clear();
+        Ok(resp.deleted().max(0) as u64)
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember(&self, key: &str, version: Version, bytes: &[u8]) {
+        self.cache().insert(key.to_owned(), (version, bytes.to_vec()));
+    }
+
+    fn forget(&self, key: &str) {
+        self.cache().remove(key);
+    }
+
+    /// Every key-value under `prefix`, in pages of `page_size`, all read at the revision of the
+    /// first page (one consistent snapshot).
+    async fn range(&self, prefix: &str, what: &str) -> Result<Vec<KeyValue>> {
+        let end = range_end(prefix);
+        let mut start = prefix.as_bytes().to_vec();
+        let mut revision = 0;
+        let mut out = Vec::new();
+        let mut kv = self.client.kv_client();
+        loop {
+            let mut opts =
+                GetOptions::new().with_range(end.clone()).with_limit(self.page_size as i64);
+            if revision > 0 {
+                opts = opts.with_revision(revision);
+            }
+            let mut resp = kv
+                .get(start.clone(), Some(opts))
+                .await
+                .map_err(|e| backend(&self.redactor, what, e))?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            let more = resp.more();
+            let kvs = resp.take_kvs();
+            let Some(last) = kvs.last() else { break };
+            start = last.key().to_vec();
+            start.push(0);
+            out.extend(kvs);
+            if !more {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decodes a lease value, remembering its version; `Err(Corrupt)` when it does not decode.
+    fn decode_lease(&self, key: &str, value: &[u8]) -> Result<VersionedLease> {
+        match codec::decode_lease(key, value) {
+            Ok((lease, version)) => {
+                self.remember(key, version, value);
+                Ok((lease, version))
+            }
+            Err(reason) => {
+                self.forget(key);
+                Err(Error::Corrupt { key: key.to_owned(), reason })
+            }
+        }
+    }
+
+    /// The current record of `key` with its raw bytes, `None` when absent.
+    async fn read(&self, key: &LeaseKey) -> Result<Option<(VersionedLease, Vec<u8>)>> {
+        let resp = self
+            .client
+            .kv_client()
+            .get(self.keys.lease(key.as_str()), None)
+            .await
+            .map_err(|e| backend(&self.redactor, "get lease", e))?;
+        match resp.kvs().first() {
+            None => {
+                self.forget(key.as_str());
+                Ok(None)
+            }
+            Some(kv) => {
+                let lease = self.decode_lease(key.as_str(), kv.value())?;
+                Ok(Some((lease, kv.value().to_vec())))
+            }
+        }
+    }
+
+    /// The value bytes of `key` at `expected`, or the `Conflict` to return when the record is
+    /// not at that version.
+    async fn bytes_at(&self, key: &LeaseKey, expected: Version) -> Result<Vec<u8>> {
+        if let Some((v, bytes)) = self.cache().get(key.as_str()) {
+            if *v == expected {
+                return Ok(bytes.clone());
+            }
+        }
+        match self.read(key).await? {
+            Some(((_, v), bytes)) if v == expected => Ok(bytes),
+            Some((current, _)) => {
+                Err(Error::Conflict { key: key.clone(), current: Some(Box::new(current)) })
+            }
+            None => Err(Error::Conflict { key: key.clone(), current: None }),
+        }
+    }
+
+    /// A compare-and-set on the value of lease `key`: `op` if it still holds `expected`
+    /// bytes; otherwise the `Conflict` carrying the record as the same transaction read it.
+    async fn cas(&self, key: &LeaseKey, expected: Vec<u8>, op: TxnOp, what: &str) -> Result<()> {
+        let k = self.keys.lease(key.as_str());
+        let txn = Txn::new()
+            .when([Compare::value(k.clone(), CompareOp::Equal, expected)])
+            .and_then([op])
+            .or_else([TxnOp::get(k, None)]);
+        let resp =
+            self.client.kv_client().txn(txn).await.map_err(|e| backend(&self.redactor, what, e))?;
+        if resp.succeeded() {
+            return Ok(());
+        }
+        let current = match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
+                Some(kv) => Some(Box::new(self.decode_lease(key.as_str(), kv.value())?)),
+                None => {
+                    self.forget(key.as_str());
+                    None
+                }
+            },
+            _ => return Err(unexpected(what)),
+        };
+        Err(Error::Conflict { key: key.clone(), current })
+    }
+}
+
+#[async_trait]
+impl LeaseStore for EtcdStore {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        let version = Version::random();
+        let bytes = codec::encode_lease(lease, version);
+        let k = self.keys.lease(lease.key.as_str());
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(k, bytes.clone(), None)]);
+        let resp = self
+            .client
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| backend(&self.redactor, "create lease", e))?;
+        if resp.succeeded() {
+            self.remember(lease.key.as_str(), version, &bytes);
+            Ok(CreateOutcome::Created(version))
+        } else {
+            Ok(CreateOutcome::AlreadyExists)
+        }
+    }
+
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        Ok(self.read(key).await?.map(|(lease, _)| lease))
+    }
+
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        let prefix = self.keys.lease_prefix();
+        let mut listing = Listing::default();
+        for kv in self.range(&prefix, "list leases").await? {
+            let key = match self.keys.classify(kv.key()) {
+                Record::Lease(k) => String::from_utf8_lossy(k).into_owned(),
+                _ => continue,
+            };
+            match self.decode_lease(&key, kv.value()) {
+                Ok(lease) => listing.items.push(lease),
+                Err(Error::Corrupt { key, reason }) => {
+                    listing.corrupt.push(CorruptRecord { key, reason })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(listing)
+    }
+
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        let old = self.bytes_at(&lease.key, expected).await?;
+        let version = Version::random_other_than(expected);
+        let bytes = codec::encode_lease(lease, version);
+        let put = TxnOp::put(self.keys.lease(lease.key.as_str()), bytes.clone(), None);
+        self.cas(&lease.key, old, put, "update lease").await?;
+        self.remember(lease.key.as_str(), version, &bytes);
+        Ok(version)
+    }
+
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        let old = self.bytes_at(key, expected).await?;
+        let delete = TxnOp::delete(self.keys.lease(key.as_str()), None);
+        self.cas(key, old, delete, "delete lease").await?;
+        self.forget(key.as_str());
+        Ok(())
+    }
+
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        self.client
+            .kv_client()
+            .put(self.keys.worker(record.id.as_str()), codec::encode_worker(record), None)
+            .await
+            .map_err(|e| backend(&self.redactor, "heartbeat", e))?;
+        Ok(())
+    }
+
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        let prefix = self.keys.worker_prefix();
+        let mut listing = Listing::default();
+        for kv in self.range(&prefix, "list workers").await? {
+            let id = match self.keys.classify(kv.key()) {
+                Record::Worker(id) => String::from_utf8_lossy(id).into_owned(),
+                _ => continue,
+            };
+            match codec::decode_worker(&id, kv.value()) {
+                Ok(record) => listing.items.push(record),
+                Err(reason) => listing.corrupt.push(CorruptRecord { key: id, reason }),
+            }
+        }
+        Ok(listing)
+    }
+
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        self.client
+            .kv_client()
+            .delete(self.keys.worker(id.as_str()), None)
+            .await
+            .map_err(|e| backend(&self.redactor, "remove worker", e))?;
+        Ok(())
+    }
+
+    /// Reads the record, and deletes it in a `Txn` comparing its `mod_revision` with the one just
+    /// read, so a heartbeat landing in between is never deleted (the read is then repeated).
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        let k = self.keys.worker(id.as_str());
+        let mut kv = self.client.kv_client();
+        for _ in 0..3 {
+            let resp = kv
+                .get(k.clone(), None)
+                .await
+                .map_err(|e| backend(&self.redactor, "get worker", e))?;
+            let Some(found) = resp.kvs().first() else { return Ok(false) };
+            match codec::decode_worker(id.as_str(), found.value()) {
+                Ok(record) if record.beat == beat => {}
+                _ => return Ok(false),
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(k.clone(), CompareOp::Equal, found.mod_revision())])
+                .and_then([TxnOp::delete(k.clone(), None)]);
+            let resp =
+                kv.txn(txn).await.map_err(|e| backend(&self.redactor, "remove worker", e))?;
+            if resp.succeeded() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn namespace(&self) -> Option<Namespace> {
+        Some(self.namespace.clone())
+    }
+
+    /// An etcd watch on the namespace's keys (unless turned off with `watch=false`): every lease
+    /// write, and worker records appearing or vanishing (not heartbeats). See `watch`.
+    async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
+        if !self.watch {
+            return Ok(None);
+        }
+        crate::watch::subscribe(&self.client, &self.keys, &self.redactor).await.map(Some)
+    }
+}

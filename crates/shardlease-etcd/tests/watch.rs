@@ -1,0 +1,100 @@
+//! Change notification on etcd: a peer acts on a graceful leave at once, not at its next
+//! heartbeat.
+//!
+//! The taker runs with a 30 s heartbeat (and the default ratios: a 75 s balance interval, a
+//! 150 s failover timeout) and no jitter. Without notification it can only learn that the
+//! leaver's record vanished from its own heartbeat loop's listing of the worker records, and a
+//! listing comes no sooner than a quarter heartbeat (7.5 s) after the previous beat, even when it
+//! beats early to publish a change. The leave starts right after one of its beats is observed, so
+//! a takeover within 6 s can only come from the watch; it normally takes a fraction of a second.
+//! Runs on the server named by `SHARDLEASE_TEST_ETCD_URL`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shardlease_core::{Config, MemorySource, Position, ShardSource, Worker, WorkerHandle};
+use shardlease_testkit::cluster::wait_until;
+use shardlease_testkit::recorder::Recorder;
+use shardlease_testkit::suite::with_scope;
+
+const SHARDS: usize = 8;
+
+fn start(
+    cfg: Config,
+    store: Arc<dyn shardlease_core::LeaseStore>,
+    source: &MemorySource,
+    rec: &Recorder,
+) -> WorkerHandle {
+    let src: Arc<dyn ShardSource> = Arc::new(source.clone());
+    Worker::builder(cfg, store, src, rec.factory()).build().unwrap().start()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_graceful_leave_is_taken_over_before_the_takers_next_heartbeat() {
+    let Some(factory) = common::factory().await else { return };
+    with_scope(&factory, "watch_leave", |scope| async move {
+        let (ns, store) = scope.fresh_store().await;
+        let source = MemorySource::new(SHARDS);
+        for i in 0..200 {
+            source.put(&format!("k{i}"), format!("v{i}"));
+        }
+        let rec = Recorder::new();
+        let every = Duration::from_millis(20);
+
+        let fast_cfg = Config::new(ns.as_str())
+            .with_heartbeat(Duration::from_millis(200))
+            .with_worker_id("fast")
+            .with_initial_position(Position::TrimHorizon);
+        let fast = start(fast_cfg, store.clone(), &source, &rec);
+        wait_until("the fast worker holds every lease", Duration::from_secs(30), every, || async {
+            fast.held_leases().len() == SHARDS
+        })
+        .await
+        .unwrap();
+
+        let hb = Duration::from_secs(30);
+        let mut slow_cfg = Config::new(ns.as_str())
+            .with_heartbeat(hb)
+            .with_worker_id("slow")
+            .with_initial_position(Position::TrimHorizon);
+        slow_cfg.jitter = 0.0;
+        let slow = start(slow_cfg, store.clone(), &source, &rec);
+        // Its first pass comes one heartbeat after its first beat; it claims half, and the fast
+        // worker hands them over.
+        wait_until("the slow worker holds half", Duration::from_secs(90), every, || async {
+            slow.held_leases().len() == SHARDS / 2 && fast.held_leases().len() == SHARDS / 2
+        })
+        .await
+        .unwrap();
+
+        // Leave right after one of the slow worker's beats: its next listing of worker records
+        // without notification is at least a quarter heartbeat away.
+        let beats = slow.stats().heartbeats;
+        wait_until("a beat of the slow worker", hb * 2, Duration::from_millis(5), || async {
+            slow.stats().heartbeats > beats
+        })
+        .await
+        .unwrap();
+        let left = Instant::now();
+        fast.shutdown().await.unwrap();
+        let window = Duration::from_secs(6);
+        wait_until("the slow worker holds every lease", window, every, || async {
+            slow.held_leases().len() == SHARDS
+        })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "no takeover within {window:?} of a graceful leave (quarter heartbeat 7.5 s): {e}"
+            )
+        });
+        println!("graceful leave taken over in {:?} (shutdown call included)", left.elapsed());
+        assert!(slow.is_running() && !slow.is_fenced());
+        assert_eq!(rec.duplicates(), 0, "a graceful handoff and release deliver nothing twice");
+        slow.shutdown().await.unwrap();
+    })
+    .await;
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the system packages the workspace's build needs, when they are missing (idempotent):
+# `protoc` and Google's well-known .proto files for the etcd store's gRPC client (etcd-client runs
+# protoc in its build script; without libprotobuf-dev it fails on google/protobuf/descriptor.proto).
+set -euo pipefail
+
+log() { echo "build-deps: $*" >&2; }
+
+missing=()
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+log "installing ${missing[*]}"
+DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
