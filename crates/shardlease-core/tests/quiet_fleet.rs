@@ -331,3 +331,24 @@ async fn a_claim_left_on_a_finished_lease_keeps_nobody_listing() {
     assert!(still.is_finished() && still.live_claim().is_some(), "the case under test stood");
     f.cluster.shutdown_all().await;
 }
+
+/// `balance_now` asks the balance loop (the only one that runs passes) for a listing pass and
+/// waits for it; once the worker stopped it returns at once instead of waiting forever.
+#[tokio::test(start_paused = true)]
+async fn balance_now_is_answered_by_the_loop_and_never_hangs() {
+    let mut f = fleet(8, 5);
+    f.cluster.sync_shards().await.unwrap();
+    let ids = f.cluster.start_workers(2).unwrap();
+    f.settle().await;
+    let before = f.listings();
+    tokio::time::timeout(HB * 10, f.cluster.handle(&ids[0]).unwrap().balance_now())
+        .await
+        .expect("answered within a few heartbeats");
+    let after = f.listings();
+    assert!(after[&ids[0]] > before[&ids[0]], "the pass listed: {before:?} then {after:?}");
+    assert_eq!(after[&ids[1]], before[&ids[1]], "only the asked worker listed");
+    let h = f.cluster.handle(&ids[1]).unwrap();
+    h.shutdown().await.unwrap();
+    tokio::time::timeout(HB, h.balance_now()).await.expect("a stopped worker answers at once");
+    f.cluster.shutdown_all().await;
+}

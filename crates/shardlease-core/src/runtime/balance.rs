@@ -29,6 +29,14 @@ use crate::lease::{Claim, Lease, LeaseKey, Version, VersionedLease, WorkerId};
 use crate::store::CreateOutcome;
 
 pub(crate) async fn balance_loop(shared: Arc<Shared>) {
+    // However the loop ends, callers waiting for a pass are let go, and later ones return at once.
+    struct Closing<'a>(&'a Shared);
+    impl Drop for Closing<'_> {
+        fn drop(&mut self) {
+            lock(&self.0.pass_requests).take();
+        }
+    }
+    let _closing = Closing(&shared);
     // Step 6 of the design: the first pass waits for a listing of worker records started at least
     // one heartbeat interval after this worker's first heartbeat, so workers that start together
     // see each other (each has heartbeated by then) and split the shards without churn.
@@ -55,6 +63,9 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
         if shared.stop_taking.is_cancelled() {
             return;
         }
+        // Taken before the pass: a request arriving during it waits for the next one.
+        let answering: Vec<_> =
+            lock(&shared.pass_requests).as_mut().map(std::mem::take).unwrap_or_default();
         if !shared.fenced.load(Ordering::SeqCst) {
             // Read before listing: a reason to list that arrives during the pass is kept for the
             // next one.
@@ -75,6 +86,9 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
                     None => settled = false,
                 }
             }
+        }
+        for reply in answering {
+            let _ = reply.send(());
         }
         let d = shared.jittered(shared.cfg.balance_interval);
         tokio::select! {

@@ -233,9 +233,20 @@ impl WorkerHandle {
         }
     }
 
-    /// Runs one balance pass now (normally the balance loop does this on its own).
+    /// Asks the balance loop for a pass that lists the leases, now, and waits for it (normally
+    /// the loop runs passes on its own). The loop is the only one to run passes, so this never
+    /// races one of them; it returns at once when the worker is stopping, and without a pass
+    /// while the worker is fenced.
     pub async fn balance_now(&self) {
-        balance::pass(&self.shared).await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut requests = lock(&self.shared.pass_requests);
+            let Some(waiting) = requests.as_mut() else { return };
+            waiting.push(tx);
+        }
+        self.shared.want_listing();
+        // An error means the loop ended without answering: nothing more to wait for.
+        let _ = rx.await;
     }
 
     /// Runs one shard sync now (normally the sync loop does this on its own).

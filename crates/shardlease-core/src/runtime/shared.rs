@@ -132,7 +132,11 @@ pub(crate) struct Shared {
     pub granted: Mutex<BTreeMap<LeaseKey, u64>>,
     /// Corrupt records already reported (reported once, then counted quietly).
     pub reported_corrupt: Mutex<std::collections::BTreeSet<String>>,
+    /// Wakes the balance loop for a pass now (it is the only one that runs passes).
     pub balance_now: Notify,
+    /// Callers of `WorkerHandle::balance_now` waiting for the loop's next listing pass; `None`
+    /// once the loop has ended (a request then returns at once).
+    pub pass_requests: Mutex<Option<Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// Ownership changes this process made (see `WorkerRecord::changes`): published by every
     /// heartbeat, so peers know when to list the leases again.
     pub changes: AtomicU64,
@@ -214,6 +218,7 @@ impl Shared {
             granted: Mutex::new(BTreeMap::new()),
             reported_corrupt: Mutex::new(Default::default()),
             balance_now: Notify::new(),
+            pass_requests: Mutex::new(Some(Vec::new())),
             changes: AtomicU64::new(0),
             listing_wanted: AtomicU64::new(0),
             publish_now: Notify::new(),
