@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// The namespace used when none is given (a store URL without `?namespace=`): the one
+/// definition every store and the facade share.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*

@@ -19,8 +19,8 @@ use crate::redact::{redact_url, Redactor, MASK};
 use crate::store::DynamoDbStore;
 use crate::table::{Billing, TableSetup};
 
-/// The namespace used when neither the builder nor the URL names one.
-pub const DEFAULT_NAMESPACE: &str = "default";
+/// The namespace used when the URL or builder names none (defined once, in core).
+pub use shardlease_core::DEFAULT_NAMESPACE;
 
 /// How many attempts the SDK makes per call (the first plus retries), unless configured.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 4;

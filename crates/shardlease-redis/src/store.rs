@@ -29,8 +29,8 @@ use crate::scripts::Scripts;
 /// The key prefix used unless another is configured.
 pub const DEFAULT_KEY_PREFIX: &str = "shardlease";
 
-/// The namespace used when neither the builder nor the URL names one.
-pub const DEFAULT_NAMESPACE: &str = "default";
+/// The namespace used when the URL or builder names none (defined once, in core).
+pub use shardlease_core::DEFAULT_NAMESPACE;
 
 /// How many index entries one listing page reads, unless configured.
 pub const DEFAULT_PAGE_SIZE: usize = 500;

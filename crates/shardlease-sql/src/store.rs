@@ -29,8 +29,8 @@ use crate::url::{self as store_url, StoreUrl};
 /// The table prefix used unless another is configured.
 pub const DEFAULT_TABLE_PREFIX: &str = "shardlease_";
 
-/// The namespace used unless another is configured.
-pub const DEFAULT_NAMESPACE: &str = "default";
+/// The namespace used when the URL or builder names none (defined once, in core).
+pub use shardlease_core::DEFAULT_NAMESPACE;
 
 /// A sqlx result.
 type SqlxResult<T> = std::result::Result<T, sqlx::Error>;

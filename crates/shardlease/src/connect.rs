@@ -7,8 +7,8 @@ use std::sync::Arc;
 use shardlease_core::{Error, LeaseStore, MemoryBackend, Namespace, Result};
 use url::Url;
 
-/// The namespace used when the URL names none.
-pub const DEFAULT_NAMESPACE: &str = "default";
+/// The namespace used when the URL or builder names none (defined once, in core).
+pub use shardlease_core::DEFAULT_NAMESPACE;
 
 /// Schemes known to shardlease, with the feature that enables each.
 const KNOWN: &[(&str, &str)] = &[

@@ -35,6 +35,10 @@
 
 pub use shardlease_core::*;
 
+/// The attribute that lets a trait like [`RecordProcessor`] or [`LeaseStore`] have async methods:
+/// re-exported so writing a processor or a store needs no dependency of its own.
+pub use async_trait::async_trait;
+
 mod connect;
 
 pub use connect::{connect, connect_namespace, redact_url, DEFAULT_NAMESPACE};

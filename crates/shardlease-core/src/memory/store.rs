@@ -25,7 +25,7 @@ use crate::store::{CreateOutcome, LeaseStore, Listing};
 use crate::worker_record::WorkerRecord;
 
 /// The namespace [`MemoryStore::new`] uses.
-const DEFAULT_NAMESPACE: &str = "default";
+use crate::ids::DEFAULT_NAMESPACE;
 
 /// The records of one namespace.
 #[derive(Clone, Default)]

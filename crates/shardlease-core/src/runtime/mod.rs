@@ -35,6 +35,15 @@ pub struct Worker {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("id", &self.shared.id())
+            .field("namespace", &self.shared.cfg.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Builds a [`Worker`]; see [`Worker::builder`].
 pub struct WorkerBuilder {
     config: Config,
@@ -43,6 +52,15 @@ pub struct WorkerBuilder {
     factory: Arc<dyn ProcessorFactory>,
     checkpointer: Option<Arc<dyn Checkpointer>>,
     balancer: Arc<dyn Balancer>,
+}
+
+impl std::fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("config", &self.config)
+            .field("custom_checkpointer", &self.checkpointer.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl WorkerBuilder {
