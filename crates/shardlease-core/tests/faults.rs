@@ -431,3 +431,94 @@ async fn a_rolled_back_store_is_repaired_and_epochs_never_go_backwards() {
     assert!(w.audit.violations().is_empty(), "{:?}", w.audit.violations());
     w.cluster.shutdown_all().await;
 }
+
+/// A processor error that retrying cannot fix (here a checkpoint behind the stored one, wrapped
+/// by the user's own error type) is logged once at ERROR with what to do, counted as a stuck
+/// lease, and retried with a backoff that grows to a minute instead of being spun on; the lease
+/// recovers as soon as the processor does.
+#[tokio::test(start_paused = true)]
+async fn an_error_retrying_cannot_fix_marks_the_lease_stuck_and_backs_off() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    #[derive(Debug)]
+    struct Wrapped(Error);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("writing the batch's summary")
+        }
+    }
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+    struct Stubborn {
+        failing: Arc<AtomicBool>,
+        attempts: Arc<AtomicU64>,
+    }
+    #[async_trait::async_trait]
+    impl shardlease_core::RecordProcessor for Stubborn {
+        async fn process_records(
+            &mut self,
+            batch: &shardlease_core::Batch,
+            cp: &shardlease_core::CheckpointHandle,
+        ) -> std::result::Result<(), shardlease_core::BoxError> {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            if self.failing.load(Ordering::SeqCst) {
+                let e = Error::InvalidInput("checkpoint would move backwards".into());
+                return Err(Box::new(Wrapped(e)));
+            }
+            cp.checkpoint_batch(batch).await?;
+            Ok(())
+        }
+    }
+
+    let (logs, _g) = capture();
+    let failing = Arc::new(AtomicBool::new(true));
+    let attempts = Arc::new(AtomicU64::new(0));
+    let factory = {
+        let (failing, attempts) = (failing.clone(), attempts.clone());
+        move |_: &shardlease_core::LeaseContext| -> Box<dyn shardlease_core::RecordProcessor> {
+            Box::new(Stubborn { failing: failing.clone(), attempts: attempts.clone() })
+        }
+    };
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("stuck"));
+    let source = MemorySource::new(1);
+    source.put("k", "a record");
+    let cfg = Config::new("stuck")
+        .with_heartbeat(Duration::from_secs(1))
+        .with_initial_position(Position::TrimHorizon);
+    let src: Arc<dyn ShardSource> = Arc::new(source.clone());
+    let mut cluster = Cluster::new(store, src, Arc::new(factory), cfg);
+    cluster.sync_shards().await.unwrap();
+    let id = cluster.start_worker().unwrap();
+    let stats = || cluster.handle(&id).unwrap().stats();
+    wait_until(
+        "the lease marked stuck",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { stats().stuck == 1 },
+    )
+    .await
+    .unwrap();
+    // Ten minutes stuck: the delay grows to a minute, so a few dozen attempts, not thousands
+    // (the usual retry delay here is one heartbeat at most: 600 or more).
+    let before = attempts.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let during = attempts.load(Ordering::SeqCst) - before;
+    assert!((5..=30).contains(&during), "{during} attempts in ten minutes");
+    assert_eq!(stats().stuck, 1);
+    let text = logs.text();
+    assert_eq!(text.matches("the lease is stuck").count(), 1, "{text}");
+    assert!(text.contains("checkpoint would move backwards"), "the cause is logged: {text}");
+    failing.store(false, Ordering::SeqCst);
+    wait_until(
+        "the lease recovered",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || async { stats().stuck == 0 && stats().records == 1 },
+    )
+    .await
+    .unwrap();
+    cluster.shutdown_all().await;
+}

@@ -198,6 +198,56 @@ fn is_lease_lost(e: &BoxError) -> bool {
     matches!(e.downcast_ref::<Error>(), Some(Error::LeaseLost { .. }))
 }
 
+/// The longest wait between retries of a processor stuck on an error retrying cannot fix.
+const STUCK_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether a processor error, or any error in its source chain (a user wrapping it), is one
+/// retrying cannot fix: invalid input (a checkpoint behind the stored one, say) or configuration.
+fn is_permanent(e: &BoxError) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**e);
+    while let Some(err) = next {
+        if matches!(err.downcast_ref::<Error>(), Some(Error::InvalidInput(_) | Error::Config(_))) {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// An error with its sources, for logs (`outer: inner: root`).
+struct ErrorChain<'a>(&'a (dyn std::error::Error + Send + Sync + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            write!(f, ": {e}")?;
+            next = e.source();
+        }
+        Ok(())
+    }
+}
+
+/// One stuck lease counted in `WorkerStats::stuck` and the `shardlease_leases_stuck` gauge, for
+/// as long as this lives.
+struct Stuck(Arc<Shared>);
+
+impl Stuck {
+    fn new(shared: &Arc<Shared>) -> Stuck {
+        let n = shared.stats.stuck.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        metrics::gauge!("shardlease_leases_stuck").set(n as f64);
+        Stuck(shared.clone())
+    }
+}
+
+impl Drop for Stuck {
+    fn drop(&mut self) {
+        let n = self.0.stats.stuck.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) - 1;
+        metrics::gauge!("shardlease_leases_stuck").set(n as f64);
+    }
+}
+
 impl Task {
     fn key(&self) -> &LeaseKey {
         &self.token.key
@@ -448,6 +498,9 @@ impl Task {
     /// Calls a processor hook until it succeeds, the lease is lost, a stop arrives or it panics.
     async fn call(&mut self, hook: Hook<'_>) -> Step<()> {
         let mut backoff = self.shared.backoff();
+        // Set while the processor fails with an error retrying cannot fix; counted in
+        // `WorkerStats::stuck` until the call returns, however it returns.
+        let mut stuck: Option<Stuck> = None;
         loop {
             let Some(p) = self.processor.as_mut() else { return Step::Done(()) };
             let cp = &self.cp;
@@ -471,9 +524,23 @@ impl Task {
                 Ok(Ok(())) => return Step::Done(()),
                 // A processor fencing its own sink may report the loss itself.
                 Ok(Err(e)) if is_lease_lost(&e) => return Step::Exit(Exit::Lost),
+                Ok(Err(e)) if is_permanent(&e) => {
+                    metrics::counter!("shardlease_processor_errors_total").increment(1);
+                    if stuck.is_none() {
+                        error!(
+                            hook = hook.name(),
+                            error = %ErrorChain(&*e),
+                            "record processor keeps failing with an error retrying cannot fix;                              the lease is stuck (WorkerStats::stuck) and retried with backoff up                              to a minute. A checkpoint behind the stored one usually means the                              stream was re-created under the same name with an old lease table:                              reset the lease's checkpoint or delete the lease"
+                        );
+                        stuck = Some(Stuck::new(&self.shared));
+                        backoff = self.shared.backoff().with_max(STUCK_RETRY_MAX);
+                    } else {
+                        debug!(hook = hook.name(), error = %ErrorChain(&*e), "still stuck");
+                    }
+                }
                 Ok(Err(e)) => {
                     metrics::counter!("shardlease_processor_errors_total").increment(1);
-                    warn!(hook = hook.name(), error = %e, "record processor failed; retrying the same input");
+                    warn!(hook = hook.name(), error = %ErrorChain(&*e), "record processor failed; retrying the same input");
                 }
                 Err(p) => return Step::Exit(Exit::Panicked(panic_message(p))),
             }

@@ -195,6 +195,10 @@ pub struct WorkerStats {
     pub records: u64,
     /// Successful heartbeats.
     pub heartbeats: u64,
+    /// Leases stuck right now: their processor keeps failing with an error that retrying cannot
+    /// fix (a checkpoint behind the stored one, invalid input). Each is logged once at ERROR
+    /// with what to do, and retried with backoff up to a minute; the count drops when it recovers.
+    pub stuck: u64,
 }
 
 /// Controls a running worker.
@@ -248,6 +252,7 @@ impl WorkerHandle {
             fenced: get(&s.fenced),
             records: get(&s.records),
             heartbeats: get(&s.heartbeats),
+            stuck: get(&s.stuck),
         }
     }
 

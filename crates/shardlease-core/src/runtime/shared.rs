@@ -94,6 +94,8 @@ pub(crate) struct Stats {
     pub fenced: AtomicU64,
     pub records: AtomicU64,
     pub heartbeats: AtomicU64,
+    /// Leases whose processor is failing with an error retrying cannot fix (a gauge).
+    pub stuck: AtomicU64,
 }
 
 /// Everything a worker's tasks share.
@@ -366,6 +368,11 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
+    /// The same, with a longer cap on the delay.
+    pub(crate) fn with_max(self, max: Duration) -> Backoff {
+        Backoff { max: self.max.max(max), ..self }
+    }
+
     /// The next delay (jittered by the worker's RNG).
     pub(crate) fn next(&mut self, shared: &Shared) -> Duration {
         let d = self.next;
