@@ -8,8 +8,11 @@
 //!   --store sqlite://fleet.db                       --store sqlite://fleet.db
 //! ```
 //!
-//! Each process reads its own in-memory stream with the same shard ids, so the demo needs no
-//! server at all: what is shared is the lease table in the SQLite file.
+//! Each process keeps its own in-memory copy of the stream, so the demo needs no server at all:
+//! what is shared is the lease table in the SQLite file. The copies agree record for record:
+//! every 100 ms of wall clock each process writes one record per shard, numbered from that moment,
+//! so a lease that moves between processes resumes in the new owner's copy exactly where the
+//! old owner's checkpoint says.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +29,9 @@ usage: fleet [--store URL] [--shards N] [--workers W] [--heartbeat-ms MS]
   --heartbeat-ms MS  heartbeat interval; other timings scale with it      (default 500)
 
 Run it in two terminals against the same --store; stop one with Ctrl-C.";
+
+/// How often each process writes one record to every shard.
+const TICK: Duration = Duration::from_millis(100);
 
 struct Args {
     store: String,
@@ -99,10 +105,29 @@ async fn run(args: Args) -> shardlease::Result<()> {
     let source = Arc::new(MemorySource::new(args.shards));
     let producer = {
         let source = source.clone();
+        let shards: Vec<_> = source.shards().into_iter().map(|s| s.id).collect();
         tokio::spawn(async move {
-            for i in 0u64.. {
-                source.put(&format!("k{i}"), format!("record {i}"));
-                tokio::time::sleep(Duration::from_millis(5)).await;
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut last_slot = 0;
+            loop {
+                tick.tick().await;
+                // The same tick gives every process the same sequence numbers.
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                let slot = now.as_millis() / TICK.as_millis();
+                if slot <= last_slot {
+                    continue;
+                }
+                last_slot = slot;
+                let first = shardlease::FIRST_SEQUENCE + slot * shards.len() as u128;
+                for (i, shard) in shards.iter().enumerate() {
+                    source.advance_sequence_to(first + i as u128);
+                    if source.put_to_shard(shard, format!("{shard} at slot {slot}")).is_err() {
+                        return;
+                    }
+                }
             }
         })
     };

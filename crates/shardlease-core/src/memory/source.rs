@@ -244,6 +244,15 @@ impl MemorySource {
         Ok(state.append(index, "", data.into()))
     }
 
+    /// Makes the next record's sequence number at least `next` (it never moves back). Processes
+    /// that each keep their own in-memory copy of a stream can then give the same record the same
+    /// number, by deriving it from something they share (the wall clock, say), so a checkpoint
+    /// written by one means the same position in another's copy (the `fleet` example does this).
+    pub fn advance_sequence_to(&self, next: u128) {
+        let mut state = self.lock();
+        state.next_seq = state.next_seq.max(next);
+    }
+
     /// Splits an open shard: closes it and creates two children (the next ids) holding the lower
     /// and upper halves of its hash range, each with `parents = [shard]`. Fails with
     /// [`Error::InvalidInput`] when the shard is unknown, trimmed, closed, or covers one hash key.
@@ -461,6 +470,25 @@ mod tests {
 
     fn key(s: &str) -> LeaseKey {
         LeaseKey::from(s)
+    }
+
+    #[test]
+    fn two_copies_number_the_same_records_alike_and_never_go_back() {
+        let (a, b) = (MemorySource::new(2), MemorySource::new(2));
+        let s = key("shardId-000000000001");
+        // b was started later: it skipped what a wrote before.
+        a.advance_sequence_to(FIRST_SEQUENCE + 100);
+        let early = a.put_to_shard(&s, "early").unwrap_or_else(|e| panic!("{e}"));
+        for src in [&a, &b] {
+            src.advance_sequence_to(FIRST_SEQUENCE + 200);
+        }
+        let x = a.put_to_shard(&s, "x").unwrap_or_else(|e| panic!("{e}"));
+        let y = b.put_to_shard(&s, "x").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(x, y);
+        assert!(early < x);
+        a.advance_sequence_to(FIRST_SEQUENCE);
+        let after = a.put_to_shard(&s, "later").unwrap_or_else(|e| panic!("{e}"));
+        assert!(after > x, "never back: {after} after {x}");
     }
 
     async fn read_all(reader: &mut Box<dyn ShardReader>) -> (Vec<Record>, Option<Vec<ShardInfo>>) {
