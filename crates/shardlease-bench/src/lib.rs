@@ -1,6 +1,6 @@
 //! # shardlease-bench
 //!
-//! Measures the figures of DESIGN.md ("Figures we measure") on any store: start-up passes and
+//! Measures the figures docs/algorithm.md reports ("Measured figures") on any store: start-up passes and
 //! time, lease moves, join / leave / crash recovery and duplicate deliveries, steady-state store
 //! cost per worker, and records per second. Workers run as tasks of one process on an in-memory
 //! stream; the coordination store is the one named by `--store`, opened in a fresh namespace per

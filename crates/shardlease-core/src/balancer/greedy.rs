@@ -1,4 +1,4 @@
-//! The greedy balancer: the default distribution policy (DESIGN.md, "The balancer").
+//! The greedy balancer: the default distribution policy (docs/algorithm.md, "The balancer").
 //!
 //! It exists to fix the one-lease-per-pass bug of the Go KCL port without swinging to "the first
 //! worker takes everything": a worker takes its whole missing share of available leases in one pass
