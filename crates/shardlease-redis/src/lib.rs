@@ -70,9 +70,11 @@
 //! `appendonly yes` (AOF, ideally `appendfsync everysec` or `always`) a restart keeps the leases;
 //! with RDB snapshots only, a crash loses the writes since the last snapshot; with no persistence
 //! at all (`save ""`, `appendonly no`, like the test server of this project) a restart loses
-//! every lease and checkpoint of every namespace. Workers then see their leases vanish, stop
-//! processing them, and the shard sync recreates the leases from the stream at the configured
-//! initial position: records are processed again (`TrimHorizon`) or skipped (`Latest`).
+//! every lease and checkpoint of every namespace. The running workers then restore the leases
+//! from what they last listed (checkpoints written since are lost, so those records are processed
+//! again; epochs never go backwards), and a lease no running worker remembers is created again
+//! from the shard's first record, never at `LATEST` (docs/algorithm.md, "When the store loses
+//! writes"). A fleet whose every process restarted with the server knows nothing to restore.
 //! Use AOF in production.
 //!
 //! ## Connections
