@@ -90,10 +90,15 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
         for reply in answering {
             let _ = reply.send(());
         }
-        let d = shared.jittered(shared.cfg.balance_interval);
+        // Wake at a claim's deadline too: the task must stop before the claimant may take it.
+        let now = Instant::now();
+        let mut wake = now + shared.jittered(shared.cfg.balance_interval);
+        if let Some(deadline) = next_unanswered_deadline(&shared, now) {
+            wake = wake.min(deadline);
+        }
         tokio::select! {
             biased;
-            _ = tokio::time::sleep(d) => {}
+            _ = tokio::time::sleep_until(wake) => {}
             _ = shared.balance_now.notified() => {}
             _ = shared.stop_taking.cancelled() => return,
         }
@@ -137,6 +142,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
         Ok(l) => l,
         Err(e) => {
             warn!(error = %e, "listing leases failed; skipping this balance pass");
+            stop_unanswered_past_deadline(shared, Instant::now());
             return None;
         }
     };
@@ -514,23 +520,55 @@ fn yield_unanswered_claims(
         .filter(|(l, _)| !answered.contains(&l.key))
         .map(|(l, v)| (&l.key, *v))
         .collect();
-    let limit = shared.cfg.claim_timeout.saturating_sub(shared.cfg.heartbeat_interval);
-    let mut watched = lock(&shared.claims_on_mine);
-    watched.retain(|k, _| claimed.contains_key(k));
+    {
+        let mut watched = lock(&shared.claims_on_mine);
+        watched.retain(|k, _| claimed.contains_key(k));
+        for (key, version) in claimed {
+            let (seen, since) = watched.entry(key.clone()).or_insert((version, previous));
+            if *seen != version {
+                *seen = version;
+                *since = previous;
+            }
+        }
+    }
+    stop_unanswered_past_deadline(shared, now);
+}
+
+/// How long a claim on one of this worker's leases may stand unanswered, from the send time of
+/// the listing before the one that showed the record's current version, before its task stops.
+fn unanswered_claim_limit(shared: &Shared) -> Duration {
+    shared.cfg.claim_timeout.saturating_sub(shared.cfg.heartbeat_interval)
+}
+
+/// The earliest moment after `now` a watched claim on this worker's leases reaches its limit:
+/// the balance loop wakes then, whatever its interval, so the task stops before the claimant may
+/// take it. (Deadlines already past were acted on when they passed.)
+pub(crate) fn next_unanswered_deadline(shared: &Shared, now: Instant) -> Option<Instant> {
+    let limit = unanswered_claim_limit(shared);
+    lock(&shared.claims_on_mine)
+        .values()
+        .map(|(_, since)| *since + limit)
+        .filter(|d| *d > now)
+        .min()
+}
+
+/// Stops the tasks of leases whose claim has stood unanswered past the limit. Also called when a
+/// pass cannot list: not knowing whether the claim was answered, the task stops all the same
+/// (the claimant's clock does not wait for this worker's store errors).
+pub(crate) fn stop_unanswered_past_deadline(shared: &Shared, now: Instant) {
+    let limit = unanswered_claim_limit(shared);
+    let watched = lock(&shared.claims_on_mine);
     let tasks = lock(&shared.tasks);
-    for (key, version) in claimed {
-        let (seen, since) = watched.entry(key.clone()).or_insert((version, previous));
-        if *seen != version {
-            *seen = version;
-            *since = previous;
-        } else if now.saturating_duration_since(*since) >= limit {
-            if let Some(t) = tasks.get(key) {
-                if t.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
-                    warn!(key = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
-                    shared.bump(&shared.stats.lost, 1);
-                    metrics::counter!("shardlease_leases_lost_total").increment(1);
-                    t.stop.send_replace(Some(StopReason::LeaseLost));
-                }
+    for (key, (_, since)) in watched.iter() {
+        if now.saturating_duration_since(*since) < limit {
+            continue;
+        }
+        if let Some(t) = tasks.get(key) {
+            if t.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
+                warn!(key = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
+                shared.bump(&shared.stats.lost, 1);
+                metrics::counter!("shardlease_leases_lost_total").increment(1);
+                t.stop.send_replace(Some(StopReason::LeaseLost));
             }
         }
     }
