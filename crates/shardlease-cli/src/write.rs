@@ -87,6 +87,48 @@ fn owner_refusal(what: &str, key: &LeaseKey, owner: &WorkerId, window: Duration)
     ))
 }
 
+/// How often a write is retried when only the owner's checkpoints got in the way.
+const ATTEMPTS: usize = 5;
+
+/// Reads lease `key`, lets `decide` compute the record to write from what it read (`None`:
+/// nothing to write), and writes it by compare-and-set against the version read. A conflict
+/// caused by the owner's own checkpoints (the re-read shows the same owner and epoch) is decided
+/// again from the fresh record, a few times; a change of owner or epoch is reported as a conflict,
+/// since the decision was made about that owner. Returns the record read and the one written.
+async fn read_decide_write(
+    target: &Target,
+    key: &LeaseKey,
+    what: &str,
+    decide: impl Fn(&Lease) -> Result<Option<Lease>, CliError>,
+) -> Result<(Lease, Option<Lease>), CliError> {
+    let mut first: Option<(Option<WorkerId>, u64)> = None;
+    let mut last_conflict = None;
+    for _ in 0..ATTEMPTS {
+        let (lease, version) = current(target, key).await?;
+        let ownership = (lease.owner.clone(), lease.epoch);
+        match &first {
+            None => first = Some(ownership),
+            Some(seen) if *seen != ownership => {
+                return Err(CliError::Conflict(format!(
+                    "lease {key} changed owner or epoch while {what} was writing it; nothing \
+                     was written: look again and re-run"
+                )))
+            }
+            Some(_) => {}
+        }
+        let Some(next) = decide(&lease)? else { return Ok((lease, None)) };
+        match target.store.update_lease(&next, version).await {
+            Ok(_) => return Ok((lease, Some(next))),
+            Err(e @ shardlease::Error::Conflict { .. }) => last_conflict = Some(e),
+            Err(e) => return Err(CliError::Store(e)),
+        }
+    }
+    Err(match last_conflict {
+        Some(e) => CliError::from_write(e, what),
+        None => CliError::Conflict(format!("lease {key}: {what} did not get through")),
+    })
+}
+
 /// `release KEY [--force]`.
 pub async fn release(
     target: &Target,
@@ -97,44 +139,36 @@ pub async fn release(
 ) -> Result<ExitCode, CliError> {
     let key = LeaseKey::from(key);
     let obs = Observation::take(&*target.store, observe).await?;
-    let (lease, version) = current(target, &key).await?;
-    let (next, action, message) = match &lease.owner {
-        None if lease.claim.is_some() => {
-            let next = Lease { claim: None, ..lease.clone() };
-            (next, "cleared_claim", format!("lease {key} is unowned; cleared its pending claim"))
+    let (old, new) = read_decide_write(target, &key, "release", |lease| match &lease.owner {
+        None if lease.claim.is_some() => Ok(Some(Lease { claim: None, ..lease.clone() })),
+        None => Ok(None),
+        Some(owner) if obs.is_alive(owner) && !force => {
+            Err(owner_refusal("release", &key, owner, obs.window))
         }
-        None => {
-            let o = Outcome {
-                key: key.to_string(),
-                action: "nothing",
-                message: format!("lease {key} is not owned: nothing to release"),
-                old_checkpoint: None,
-                new_checkpoint: None,
-                epoch: Some(lease.epoch),
+        Some(_) => Ok(Some(lease.transferred_to(None))),
+    })
+    .await?;
+    let (action, message, epoch) = match (&old.owner, &new) {
+        (_, None) => {
+            ("nothing", format!("lease {key} is not owned: nothing to release"), old.epoch)
+        }
+        (None, Some(n)) => {
+            ("cleared_claim", format!("lease {key} is unowned; cleared its pending claim"), n.epoch)
+        }
+        (Some(owner), Some(n)) => {
+            let why = if obs.is_alive(owner) {
+                "forced: the owner is alive and is fenced"
+            } else {
+                "the owner is not alive"
             };
-            return report(json, &o);
-        }
-        Some(owner) => {
-            let alive = obs.is_alive(owner);
-            if alive && !force {
-                return Err(owner_refusal("release", &key, owner, obs.window));
-            }
-            let next = lease.transferred_to(None);
-            let why =
-                if alive { "forced; the owner is alive and is fenced" } else { "owner not alive" };
             let msg = format!(
                 "released lease {key} (was owned by {owner} at epoch {}; now unowned at epoch {}, \
                  checkpoint {} kept; {why})",
-                lease.epoch, next.epoch, next.checkpoint
+                old.epoch, n.epoch, n.checkpoint
             );
-            (next, "released", msg)
+            ("released", msg, n.epoch)
         }
     };
-    target
-        .store
-        .update_lease(&next, version)
-        .await
-        .map_err(|e| CliError::from_write(e, "release"))?;
     report(
         json,
         &Outcome {
@@ -143,7 +177,7 @@ pub async fn release(
             message,
             old_checkpoint: None,
             new_checkpoint: None,
-            epoch: Some(next.epoch),
+            epoch: Some(epoch),
         },
     )
 }
@@ -169,27 +203,23 @@ pub async fn reset_checkpoint(
     let key = LeaseKey::from(key);
     let position = parse_position(position)?;
     let obs = Observation::take(&*target.store, observe).await?;
-    // Read after the observation: the compare-and-set is against this version.
-    let (lease, version) = current(target, &key).await?;
-    let mut next = match &lease.owner {
-        Some(owner) => {
-            if obs.is_alive(owner) && !force {
+    let (old, new) = read_decide_write(target, &key, "reset-checkpoint", |lease| {
+        let mut next = match &lease.owner {
+            Some(owner) if obs.is_alive(owner) && !force => {
                 return Err(owner_refusal("reset the checkpoint of", &key, owner, obs.window));
             }
             // Released at the new checkpoint: the owner's own checkpoints are fenced by the new
             // epoch, so they cannot overwrite the reset.
-            lease.transferred_to(None)
-        }
-        None => lease.clone(),
-    };
-    next.checkpoint = position;
-    target
-        .store
-        .update_lease(&next, version)
-        .await
-        .map_err(|e| CliError::from_write(e, "reset-checkpoint"))?;
-    let released = match &lease.owner {
-        Some(o) => format!("; released from {o} (epoch {} -> {})", lease.epoch, next.epoch),
+            Some(_) => lease.transferred_to(None),
+            None => lease.clone(),
+        };
+        next.checkpoint = position.clone();
+        Ok(Some(next))
+    })
+    .await?;
+    let next = new.unwrap_or_else(|| old.clone());
+    let released = match &old.owner {
+        Some(o) => format!("; released from {o} (epoch {} -> {})", old.epoch, next.epoch),
         None => String::new(),
     };
     report(
@@ -199,9 +229,9 @@ pub async fn reset_checkpoint(
             action: "reset_checkpoint",
             message: format!(
                 "lease {key}: checkpoint {} -> {}{released}",
-                lease.checkpoint, next.checkpoint
+                old.checkpoint, next.checkpoint
             ),
-            old_checkpoint: Some(lease.checkpoint.to_string()),
+            old_checkpoint: Some(old.checkpoint.to_string()),
             new_checkpoint: Some(next.checkpoint.to_string()),
             epoch: Some(next.epoch),
         },
