@@ -12,6 +12,7 @@ use std::time::Duration;
 use shardlease::{processor_fn, Config, MemorySource, Position, Worker};
 
 use crate::error::CliError;
+use crate::output::emit;
 use crate::store_url::Target;
 
 /// Runs the demo fleet.
@@ -46,13 +47,13 @@ pub async fn run(
         handles.push(worker.start());
     }
     let ids: Vec<String> = handles.iter().map(|h| h.id().to_string()).collect();
-    println!(
+    emit(&format!(
         "demo on {} namespace {}: {} workers ({}), {shards} shards, {seconds} s",
         target.redacted_url,
         target.namespace,
         ids.len(),
         ids.join(", ")
-    );
+    ));
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
     let mut interrupted = false;
@@ -71,13 +72,13 @@ pub async fn run(
             *owners.entry(o).or_default() += 1;
         }
         let all: Vec<String> = owners.iter().map(|(o, n)| format!("{o}:{n}")).collect();
-        println!("{} leases  {}", listing.items.len(), all.join("  "));
+        emit(&format!("{} leases  {}", listing.items.len(), all.join("  ")));
     }
-    println!("leaving gracefully (checkpointing and releasing leases) ...");
+    emit("leaving gracefully (checkpointing and releasing leases) ...");
     producer.abort();
     for h in &handles {
         h.shutdown().await.map_err(CliError::Store)?;
     }
-    println!("done");
+    emit("done");
     Ok(ExitCode::SUCCESS)
 }

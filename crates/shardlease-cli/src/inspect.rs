@@ -10,7 +10,7 @@ use shardlease::worker_record::now_millis;
 
 use crate::error::{code, CliError};
 use crate::observe::Observation;
-use crate::output::{print_json, table};
+use crate::output::{emit, emit_raw, print_json, table};
 use crate::state::{classify, LeaseState};
 use crate::store_url::Target;
 
@@ -82,8 +82,13 @@ fn print_leases(target: &Target, obs: &Observation, json: bool) -> Result<(), Cl
             if r.parents.is_empty() { "-".into() } else { r.parents.join(",") },
         ]);
     }
-    println!("{} namespace {} ({} leases)", target.redacted_url, target.namespace, rows.len());
-    println!("{t}");
+    emit(&format!(
+        "{} namespace {} ({} leases)",
+        target.redacted_url,
+        target.namespace,
+        rows.len()
+    ));
+    emit(&t.to_string());
     Ok(())
 }
 
@@ -103,7 +108,7 @@ pub async fn leases(
         let obs = Observation::take(&*target.store, observe).await?;
         if !json {
             // Clear the screen and go home, so the table refreshes in place.
-            print!("\x1b[2J\x1b[H");
+            emit_raw("\x1b[2J\x1b[H");
         }
         print_leases(target, &obs, json)?;
         tokio::select! {
@@ -174,14 +179,14 @@ pub async fn workers(target: &Target, observe: Duration, json: bool) -> Result<E
     for c in &obs.corrupt_workers {
         t.add_row(vec![c.key.clone(), format!("corrupt: {}", c.reason)]);
     }
-    println!(
+    emit(&format!(
         "{} namespace {}: {} workers (alive = beat moved within {} ms)",
         target.redacted_url,
         target.namespace,
         rows.len(),
         obs.window.as_millis()
-    );
-    println!("{t}");
+    ));
+    emit(&t.to_string());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -288,10 +293,10 @@ pub async fn status(target: &Target, failover: Duration, json: bool) -> Result<E
         for (k, v) in rows {
             t.add_row(vec![k.to_owned(), v]);
         }
-        println!("{} namespace {}", target.redacted_url, target.namespace);
-        println!("{t}");
+        emit(&format!("{} namespace {}", target.redacted_url, target.namespace));
+        emit(&t.to_string());
         for p in &s.problems {
-            println!("problem: {p}");
+            emit(&format!("problem: {p}"));
         }
     }
     Ok(ExitCode::from(if s.healthy { code::OK } else { code::UNHEALTHY }))

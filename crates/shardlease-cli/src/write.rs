@@ -15,7 +15,7 @@ use shardlease::{Lease, LeaseKey, Position, SequenceNumber, WorkerId};
 
 use crate::error::CliError;
 use crate::observe::Observation;
-use crate::output::print_json;
+use crate::output::{emit, print_json};
 use crate::store_url::Target;
 
 /// Parses a checkpoint as the CLI takes it; the inverse of `Position`'s `Display`.
@@ -71,7 +71,7 @@ fn report(json: bool, outcome: &Outcome) -> Result<ExitCode, CliError> {
     if json {
         print_json(outcome)?;
     } else {
-        println!("{}", outcome.message);
+        emit(&outcome.message);
     }
     Ok(ExitCode::SUCCESS)
 }
