@@ -1,0 +1,79 @@
+//! The CLI's failures and the exit code each one maps to, so scripts can tell "you typed it
+//! wrong" from "the store is down" from "refused for safety" from "someone wrote first".
+
+use std::process::ExitCode;
+
+/// Exit codes (documented in `--help` and docs/operations.md).
+pub mod code {
+    /// Success; for `status`, a healthy fleet.
+    pub const OK: u8 = 0;
+    /// `status` found a problem (a stuck lease or a corrupt record).
+    pub const UNHEALTHY: u8 = 1;
+    /// Bad command line or input (also what clap uses for parse errors).
+    pub const USAGE: u8 = 2;
+    /// The store could not be reached or failed.
+    pub const STORE: u8 = 3;
+    /// Refused for safety (the owner or worker looks alive); `--force` overrides.
+    pub const REFUSED: u8 = 4;
+    /// A compare-and-set lost: the record changed between read and write. Nothing was written.
+    pub const CONFLICT: u8 = 5;
+    /// The lease or worker does not exist.
+    pub const NOT_FOUND: u8 = 6;
+}
+
+/// A failed command.
+#[derive(Debug)]
+pub enum CliError {
+    /// Bad input.
+    Usage(String),
+    /// A store error (its message is redacted by the store).
+    Store(shardlease::Error),
+    /// Refused for safety.
+    Refused(String),
+    /// A compare-and-set conflict.
+    Conflict(String),
+    /// Nothing by that name.
+    NotFound(String),
+}
+
+impl CliError {
+    /// The process exit code for this failure.
+    pub fn exit_code(&self) -> ExitCode {
+        ExitCode::from(match self {
+            CliError::Usage(_) | CliError::Store(shardlease::Error::Config(_)) => code::USAGE,
+            CliError::Store(_) => code::STORE,
+            CliError::Refused(_) => code::REFUSED,
+            CliError::Conflict(_) => code::CONFLICT,
+            CliError::NotFound(_) => code::NOT_FOUND,
+        })
+    }
+
+    /// A store error from a compare-and-set: conflicts get their own message and exit code.
+    pub fn from_write(e: shardlease::Error, what: &str) -> CliError {
+        match e {
+            shardlease::Error::Conflict { key, .. } => CliError::Conflict(format!(
+                "lease {key} changed between reading and writing it (a worker wrote it \
+                 meanwhile); nothing was written by {what}: look again and re-run"
+            )),
+            other => CliError::Store(other),
+        }
+    }
+}
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CliError::Usage(m) | CliError::Refused(m) | CliError::Conflict(m) => f.write_str(m),
+            CliError::NotFound(m) => f.write_str(m),
+            CliError::Store(e) => {
+                write!(f, "store error: {e}")?;
+                let mut source = std::error::Error::source(e);
+                while let Some(s) = source {
+                    write!(f, ": {s}")?;
+                    source = s.source();
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! `shardlease`: the command line for the person on call. It reads and repairs a fleet's leases
+//! and worker records on any store `shardlease::connect` accepts, and every write it makes goes
+//! through the store's compare-and-set, the same contract the workers use, so a running fleet
+//! notices it (see docs/operations.md).
+
+mod demo;
+mod error;
+mod inspect;
+mod observe;
+mod output;
+mod state;
+mod store_url;
+mod write;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::error::CliError;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success (for `status`: healthy)
+  1  `status` found a problem: a stuck lease or a corrupt record
+  2  bad command line or input (also an unknown store scheme)
+  3  the store failed or could not be reached
+  4  refused for safety (the owner or worker is alive); --force overrides
+  5  a compare-and-set lost (the record changed meanwhile); nothing was written
+  6  no such lease or worker
+
+Liveness: a worker is \"alive\" when its heartbeat beat moved between two listings of the
+worker records taken --observe-ms apart on this machine's clock (a worker that appeared in
+between counts as alive). No wall clocks are compared. Pick a window longer than the fleet's
+heartbeat interval (2 s by default), or live workers will look dead.";
+
+/// Inspect and repair the leases of a shardlease fleet.
+#[derive(Parser, Debug)]
+#[command(name = "shardlease", version, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every command takes.
+#[derive(Args, Debug)]
+struct Global {
+    /// The store URL, as `shardlease::connect` takes it (sqlite://leases.db, postgres://…,
+    /// redis://…, memory://). Passwords in it are never printed.
+    #[arg(long, env = "SHARDLEASE_STORE", global = true, hide_env_values = true)]
+    store: Option<String>,
+    /// The namespace (application). It is the URL's `?namespace=`: this flag adds it to the URL,
+    /// and differing values in both are an error. Default: the URL's, else "default".
+    #[arg(long, global = true)]
+    namespace: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// How long to watch heartbeats to tell live workers from dead ones, in milliseconds.
+    #[arg(long, global = true, default_value_t = 3000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    observe_ms: u64,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Every lease: key, owner, epoch, checkpoint, state, claim, parents.
+    Leases {
+        /// Refresh in place every SECONDS seconds until interrupted.
+        #[arg(long, value_name = "SECONDS",
+              value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        watch: Option<u64>,
+    },
+    /// Every worker record: alive or dead as seen now, leases held, beats, last beat age.
+    Workers,
+    /// One summary, and an exit status for scripts (see "Exit codes").
+    ///
+    /// Observes the fleet for --failover-ms (instead of --observe-ms) and exits 1 when an active
+    /// lease stayed unowned, or owned by a worker whose heartbeat did not move, with its record
+    /// unchanged for that whole window, or when any record is corrupt.
+    Status {
+        /// The fleet's failover timeout in milliseconds: how long the observation lasts.
+        #[arg(long, default_value_t = 10_000,
+              value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+        failover_ms: u64,
+    },
+    /// Free a lease so a worker takes it.
+    ///
+    /// An unowned lease: clears a pending claim, else nothing to do. A lease whose owner is not
+    /// alive: cleared by compare-and-set (owner none, epoch + 1) so the fleet takes it at its
+    /// checkpoint without waiting for the failover timeout. A lease whose owner is alive is
+    /// refused unless --force: a live owner hands over only to a claiming worker, and a forced
+    /// release fences it (its next checkpoint fails, it stops; records it processed after its
+    /// last checkpoint are processed again).
+    Release {
+        /// The lease key.
+        key: String,
+        /// Release even though the owner is alive.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Set a lease's checkpoint (prints old and new).
+    ///
+    /// POSITION: TRIM_HORIZON, LATEST, AT_TIMESTAMP(MILLIS), SHARD_END, or a sequence number
+    /// (SEQ or SEQ.SUB). Refused while the owner is alive unless --force. An owned lease is
+    /// released at the new checkpoint (owner none, epoch + 1), so its owner is fenced and whoever
+    /// takes it next starts there.
+    ResetCheckpoint {
+        /// The lease key.
+        key: String,
+        /// The new checkpoint.
+        position: String,
+        /// Reset even though the owner is alive.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove a dead worker's record (conditional on the beat seen, so a worker that beats
+    /// meanwhile keeps it).
+    DeleteWorker {
+        /// The worker id.
+        id: String,
+        /// Remove it even though it looks alive (it writes it again on its next heartbeat).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Run a small fleet on the store: workers reading an in-memory stream, printing who holds
+    /// how many leases every second.
+    Demo {
+        /// Workers in this process.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=64))]
+        workers: u64,
+        /// Shards of the in-memory stream.
+        #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        shards: u64,
+        /// How long to run, in seconds (the workers then leave gracefully).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        seconds: u64,
+        /// Heartbeat interval in milliseconds; the other timings scale with it.
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+        heartbeat_ms: u64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("shardlease: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let g = cli.global;
+    let Some(url) = g.store.as_deref() else {
+        return Err(CliError::Usage(
+            "no store given: pass --store URL or set SHARDLEASE_STORE".into(),
+        ));
+    };
+    let target = store_url::open(url, g.namespace.as_deref()).await?;
+    let observe = Duration::from_millis(g.observe_ms);
+    match cli.command {
+        Command::Leases { watch } => inspect::leases(&target, observe, g.json, watch).await,
+        Command::Workers => inspect::workers(&target, observe, g.json).await,
+        Command::Status { failover_ms } => {
+            inspect::status(&target, Duration::from_millis(failover_ms), g.json).await
+        }
+        Command::Release { key, force } => {
+            write::release(&target, observe, g.json, &key, force).await
+        }
+        Command::ResetCheckpoint { key, position, force } => {
+            write::reset_checkpoint(&target, observe, g.json, &key, &position, force).await
+        }
+        Command::DeleteWorker { id, force } => {
+            write::delete_worker(&target, observe, g.json, &id, force).await
+        }
+        Command::Demo { workers, shards, seconds, heartbeat_ms } => {
+            demo::run(&target, workers, shards, seconds, heartbeat_ms).await
+        }
+    }
+}
