@@ -65,15 +65,7 @@ impl std::fmt::Display for CliError {
         match self {
             CliError::Usage(m) | CliError::Refused(m) | CliError::Conflict(m) => f.write_str(m),
             CliError::NotFound(m) => f.write_str(m),
-            CliError::Store(e) => {
-                write!(f, "store error: {e}")?;
-                let mut source = std::error::Error::source(e);
-                while let Some(s) = source {
-                    write!(f, ": {s}")?;
-                    source = s.source();
-                }
-                Ok(())
-            }
+            CliError::Store(e) => write!(f, "store error: {}", shardlease::ErrorChain(e)),
         }
     }
 }

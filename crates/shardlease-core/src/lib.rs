@@ -36,7 +36,7 @@ pub mod worker_record;
 pub use balancer::{Balancer, GreedyBalancer, OnePerPassBalancer, Plan, Snapshot};
 pub use checkpointer::{Checkpointer, StoreCheckpointer};
 pub use config::Config;
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, ErrorChain, Result};
 pub use ids::{LeaseKey, Namespace, WorkerId, DEFAULT_NAMESPACE};
 pub use lease::{Claim, Lease, LeaseToken, Version, VersionedLease};
 pub use memory::{MemoryBackend, MemorySnapshot, MemorySource, MemoryStore, FIRST_SEQUENCE};

@@ -19,9 +19,6 @@ use tokio::time::Instant;
 use crate::ids::WorkerId;
 use crate::worker_record::WorkerRecord;
 
-/// A worker first listed with fewer beats than this started about when this observer listed it.
-const FRESH_PROCESS_BEATS: u64 = 3;
-
 #[derive(Clone, Debug)]
 struct Seen {
     beat: u64,
@@ -116,7 +113,7 @@ impl Liveness {
                 }
                 None => {
                     let process_since =
-                        (r.beats_written() < FRESH_PROCESS_BEATS).then_some(first_seen);
+                        (r.beats_written() < WorkerRecord::ESTABLISHED_BEATS).then_some(first_seen);
                     self.workers.insert(
                         r.id.clone(),
                         Seen { beat: r.beat, since: first_seen, process_since },

@@ -42,6 +42,10 @@ impl WorkerRecord {
         (u64::from(rand::random::<u32>()) | 1) << BEAT_COUNT_BITS
     }
 
+    /// Beats after which a process counts as running for a while (part of an established fleet)
+    /// rather than one that started about now.
+    pub(crate) const ESTABLISHED_BEATS: u64 = 3;
+
     /// How many heartbeats this worker's process has written (exact for the first 2^24).
     pub fn beats_written(&self) -> u64 {
         self.beat & ((1 << BEAT_COUNT_BITS) - 1)

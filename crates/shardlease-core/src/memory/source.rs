@@ -10,6 +10,7 @@
 //! Readers never block: they return what is there, an empty batch when they are caught up, and,
 //! once a closed shard is fully read, its children.
 
+use crate::clock::now_millis_i64 as now_millis;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -141,10 +142,6 @@ impl StreamState {
 /// The id of the `n`th shard: `shardId-000000000000`, `shardId-000000000001`, ...
 fn shard_id(n: usize) -> LeaseKey {
     LeaseKey::new(format!("shardId-{n:012}"))
-}
-
-fn now_millis() -> i64 {
-    crate::clock::now_millis_i64()
 }
 
 /// The `i`th of `n` hash ranges that evenly partition `0..=u128::MAX` (start = ⌊i·2^128/n⌋).

@@ -661,14 +661,12 @@ async fn execute(
                 // made again at a later pass. Re-deciding on the current record would also claim
                 // again right after the owner cleared the claim, and the owner, settled, would not
                 // look again (a fleet then listed on every pass, found by the simulation).
-                let (listed_owner, epoch) = (lease.owner.clone(), lease.epoch);
                 let outcome =
                     cas::write(shared, &lease.key, listed, cas::Policy::ONCE, "claim", |l| {
-                        (l.owner == listed_owner && l.epoch == epoch && l.live_claim().is_none())
-                            .then(|| Lease {
-                                claim: Some(Claim { by: me.clone(), at: l.epoch }),
-                                ..l.clone()
-                            })
+                        Some(Lease {
+                            claim: Some(Claim { by: me.clone(), at: l.epoch }),
+                            ..l.clone()
+                        })
                     })
                     .await;
                 match outcome {

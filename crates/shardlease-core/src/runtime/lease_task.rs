@@ -183,10 +183,6 @@ const IDLE_BACKOFF_MAX_FACTOR: u32 = 4;
 /// landed: a generous allowance for the clock skew between this machine and the stream's.
 const UNRESOLVED_LATEST_MARGIN_MILLIS: i64 = 60_000;
 
-fn now_millis() -> i64 {
-    crate::clock::now_millis_i64()
-}
-
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
@@ -212,21 +208,6 @@ fn is_permanent(e: &BoxError) -> bool {
         next = err.source();
     }
     false
-}
-
-/// An error with its sources, for logs (`outer: inner: root`).
-struct ErrorChain<'a>(&'a (dyn std::error::Error + Send + Sync + 'static));
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut next = self.0.source();
-        while let Some(e) = next {
-            write!(f, ": {e}")?;
-            next = e.source();
-        }
-        Ok(())
-    }
 }
 
 /// One stuck lease counted in `WorkerStats::stuck` and the `shardlease_leases_stuck` gauge, for
@@ -461,7 +442,8 @@ impl Task {
         let pinned = match (reader.resolved_start(), &start) {
             (Some(p), _) => p,
             (None, Position::Latest) => Position::AtTimestamp {
-                millis: now_millis().saturating_sub(UNRESOLVED_LATEST_MARGIN_MILLIS),
+                millis: crate::clock::now_millis_i64()
+                    .saturating_sub(UNRESOLVED_LATEST_MARGIN_MILLIS),
             },
             (None, _) => return Step::Done((start, reader)),
         };
@@ -529,18 +511,18 @@ impl Task {
                     if stuck.is_none() {
                         error!(
                             hook = hook.name(),
-                            error = %ErrorChain(&*e),
+                            error = %crate::error::ErrorChain(&*e),
                             "record processor keeps failing with an error retrying cannot fix;                              the lease is stuck (WorkerStats::stuck) and retried with backoff up                              to a minute. A checkpoint behind the stored one usually means the                              stream was re-created under the same name with an old lease table:                              reset the lease's checkpoint or delete the lease"
                         );
                         stuck = Some(Stuck::new(&self.shared));
                         backoff = self.shared.backoff().with_max(STUCK_RETRY_MAX);
                     } else {
-                        debug!(hook = hook.name(), error = %ErrorChain(&*e), "still stuck");
+                        debug!(hook = hook.name(), error = %crate::error::ErrorChain(&*e), "still stuck");
                     }
                 }
                 Ok(Err(e)) => {
                     metrics::counter!("shardlease_processor_errors_total").increment(1);
-                    warn!(hook = hook.name(), error = %ErrorChain(&*e), "record processor failed; retrying the same input");
+                    warn!(hook = hook.name(), error = %crate::error::ErrorChain(&*e), "record processor failed; retrying the same input");
                 }
                 Err(p) => return Step::Exit(Exit::Panicked(panic_message(p))),
             }

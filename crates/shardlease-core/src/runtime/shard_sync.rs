@@ -20,10 +20,6 @@ use crate::lease::{Lease, LeaseKey};
 use crate::position::Position;
 use crate::source::ShardInfo;
 
-/// A peer whose heartbeat counter reached this has been running for a few heartbeats: part of an
-/// established fleet rather than a worker starting at the same moment as this one.
-const ESTABLISHED_BEATS: u64 = 3;
-
 pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
     let listing = shared.store.list_leases().await.ok();
     let empty = listing.as_ref().is_none_or(|l| l.items.is_empty() && l.corrupt.is_empty());
@@ -33,7 +29,9 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
     // (its own periodic sync still runs).
     let me = shared.id();
     let established = match shared.store.list_workers().await {
-        Ok(l) => l.items.iter().any(|r| r.id != me && r.beats_written() >= ESTABLISHED_BEATS),
+        Ok(l) => l.items.iter().any(|r| {
+            r.id != me && r.beats_written() >= crate::worker_record::WorkerRecord::ESTABLISHED_BEATS
+        }),
         Err(_) => false,
     };
     if empty && established {
