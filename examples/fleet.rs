@@ -14,6 +14,7 @@
 //! so a lease that moves between processes resumes in the new owner's copy exactly where the
 //! old owner's checkpoint says.
 
+use shardlease::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,7 +160,7 @@ async fn run(args: Args) -> shardlease::Result<()> {
         }
         let leases = store.list_leases().await?.items;
         let mut owners: BTreeMap<String, usize> = BTreeMap::new();
-        for (l, _) in &leases {
+        for VersionedLease { lease: l, .. } in &leases {
             let o = l.owner.as_ref().map_or_else(|| "(unowned)".to_owned(), |o| o.to_string());
             *owners.entry(o).or_default() += 1;
         }

@@ -81,7 +81,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         // Your processing goes here; the closure form checkpoints after each batch it accepts.
         info!(
             shard = %ctx.key(),
-            epoch = ctx.epoch(),
+            epoch = %ctx.epoch(),
             records = batch.records.len(),
             millis_behind = ?batch.millis_behind,
             "batch"

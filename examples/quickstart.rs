@@ -352,7 +352,15 @@ impl Demo {
             self.step(
                 format!("stop {} gracefully", h.id()),
                 "it checkpoints and releases its leases; peers take them at their next pass",
-                || async move { Ok(h.shutdown().await?) },
+                || async move {
+                    let report = h.shutdown().await?;
+                    if !report.is_clean() {
+                        return Err(
+                            format!("the graceful stop cut processors short: {report:?}").into()
+                        );
+                    }
+                    Ok(())
+                },
                 &all_active_seen,
             )
             .await?;

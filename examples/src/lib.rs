@@ -2,6 +2,7 @@
 //! that nothing was lost and nothing processed twice), a view of who owns what, and a polling
 //! wait with a deadline.
 
+use shardlease::Epoch;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::future::Future;
@@ -80,7 +81,7 @@ pub struct Distribution {
     /// owns (so ownership has not just been written but acted upon).
     pub processing_matches: bool,
     /// Every lease (active or not) with its owner and epoch.
-    pub leases: BTreeMap<LeaseKey, (Option<WorkerId>, u64)>,
+    pub leases: BTreeMap<LeaseKey, (Option<WorkerId>, Epoch)>,
     /// Finished leases (checkpoint at shard end).
     pub finished: BTreeSet<LeaseKey>,
 }
@@ -94,7 +95,7 @@ impl Distribution {
         let listing = store.list_leases().await?;
         let corrupt: BTreeSet<LeaseKey> =
             listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
-        let leases: Vec<Lease> = listing.items.into_iter().map(|(l, _)| l).collect();
+        let leases: Vec<Lease> = listing.items.into_iter().map(|v| v.lease).collect();
         let by_key: HashMap<&LeaseKey, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
         let running: BTreeMap<WorkerId, &WorkerHandle> =
             workers.iter().filter(|h| h.is_running()).map(|h| (h.id(), h.as_ref())).collect();
@@ -176,7 +177,9 @@ impl Distribution {
     pub fn epoch_bumps(&self, later: &Distribution) -> u64 {
         self.leases
             .iter()
-            .filter_map(|(k, (_, e))| later.leases.get(k).map(|(_, e2)| e2.saturating_sub(*e)))
+            .filter_map(|(k, (_, e))| {
+                later.leases.get(k).map(|(_, e2)| e2.get().saturating_sub(e.get()))
+            })
             .sum()
     }
 }

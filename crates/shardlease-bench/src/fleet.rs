@@ -165,7 +165,8 @@ impl Fleet {
 
     /// Gracefully shuts one worker down (checkpoint, release, remove its record).
     pub async fn shutdown(&mut self, id: &WorkerId) -> Result<(), BenchError> {
-        Ok(self.cluster.shutdown(id).await?)
+        self.cluster.shutdown(id).await?;
+        Ok(())
     }
 
     /// Crashes one worker: everything stops, nothing is released, its record stays behind.

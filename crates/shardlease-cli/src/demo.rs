@@ -4,6 +4,7 @@
 //! leave gracefully. Against a shared store (a SQLite file, PostgreSQL, Redis) the other
 //! commands can watch it from another terminal.
 
+use shardlease::VersionedLease;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -67,7 +68,7 @@ pub async fn run(
         }
         let listing = target.store.list_leases().await.map_err(CliError::Store)?;
         let mut owners: BTreeMap<String, usize> = BTreeMap::new();
-        for (l, _) in &listing.items {
+        for VersionedLease { lease: l, .. } in &listing.items {
             let o = l.owner.as_ref().map_or_else(|| "(unowned)".to_owned(), |o| o.to_string());
             *owners.entry(o).or_default() += 1;
         }

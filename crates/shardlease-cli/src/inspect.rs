@@ -1,6 +1,7 @@
 //! The read-only commands: `leases`, `workers` and `status`. They list, observe heartbeats for a
 //! window and report; they never write to the store.
 
+use shardlease::VersionedLease;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -36,10 +37,10 @@ fn lease_rows(obs: &Observation) -> Vec<LeaseRow> {
         .leases
         .iter()
         .zip(states)
-        .map(|((l, _), state)| LeaseRow {
+        .map(|(VersionedLease { lease: l, .. }, state)| LeaseRow {
             key: l.key.to_string(),
             owner: l.owner.as_ref().map(|o| o.to_string()),
-            epoch: Some(l.epoch),
+            epoch: Some(l.epoch.get()),
             checkpoint: Some(l.checkpoint.to_string()),
             state,
             claim: l.live_claim().map(|c| c.by.to_string()),
@@ -137,7 +138,7 @@ pub struct WorkerRow {
 
 fn worker_rows(obs: &Observation) -> Vec<WorkerRow> {
     let mut held: BTreeMap<&str, usize> = BTreeMap::new();
-    for (l, _) in &obs.leases {
+    for VersionedLease { lease: l, .. } in &obs.leases {
         if let Some(o) = &l.owner {
             *held.entry(o.as_str()).or_default() += 1;
         }
@@ -231,7 +232,7 @@ pub async fn status(target: &Target, failover: Duration, json: bool) -> Result<E
     };
     let mut shares: BTreeMap<&str, usize> =
         obs.workers.values().filter(|w| w.alive).map(|w| (w.record.id.as_str(), 0)).collect();
-    for ((lease, version), state) in obs.leases.iter().zip(&states) {
+    for (VersionedLease { lease, version }, state) in obs.leases.iter().zip(&states) {
         if lease.owner.is_some() {
             s.owned += 1;
         }

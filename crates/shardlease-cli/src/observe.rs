@@ -58,7 +58,11 @@ impl Observation {
             })
             .collect();
         Ok(Observation {
-            leases_before: first_leases.items.into_iter().map(|(l, v)| (l.key, v)).collect(),
+            leases_before: first_leases
+                .items
+                .into_iter()
+                .map(|VersionedLease { lease: l, version: v }| (l.key, v))
+                .collect(),
             leases: leases.items,
             corrupt_leases: leases.corrupt,
             workers: views,

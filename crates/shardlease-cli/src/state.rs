@@ -3,6 +3,7 @@
 //! (a parent that is not finished, or whose record is corrupt, blocks its children exactly as the
 //! balancer sees it). Only liveness comes from the CLI's own observation.
 
+use shardlease::VersionedLease;
 use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
@@ -48,12 +49,13 @@ impl LeaseState {
 
 /// The states of every readable lease of `obs`, in listing order.
 pub fn classify(obs: &Observation) -> Vec<LeaseState> {
-    let all: HashMap<&LeaseKey, &Lease> = obs.leases.iter().map(|(l, _)| (&l.key, l)).collect();
+    let all: HashMap<&LeaseKey, &Lease> =
+        obs.leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
     let withheld: BTreeSet<LeaseKey> =
         obs.corrupt_leases.iter().map(|c| LeaseKey::from(c.key.as_str())).collect();
     obs.leases
         .iter()
-        .map(|(lease, _)| {
+        .map(|VersionedLease { lease, .. }| {
             if lease.is_finished() {
                 LeaseState::Finished
             } else if !shardlease::balancer::is_active(lease, &all, &withheld) {

@@ -7,6 +7,7 @@
 //! (`Lease::transferred_to(None)`), which fences the old owner (its next checkpoint is refused
 //! and its task stops), and the fleet takes the unowned lease at its checkpoint.
 
+use shardlease::{Epoch, VersionedLease};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -64,7 +65,7 @@ struct Outcome {
     #[serde(skip_serializing_if = "Option::is_none")]
     new_checkpoint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    epoch: Option<u64>,
+    epoch: Option<Epoch>,
 }
 
 fn report(json: bool, outcome: &Outcome) -> Result<ExitCode, CliError> {
@@ -101,10 +102,10 @@ async fn read_decide_write(
     what: &str,
     decide: impl Fn(&Lease) -> Result<Option<Lease>, CliError>,
 ) -> Result<(Lease, Option<Lease>), CliError> {
-    let mut first: Option<(Option<WorkerId>, u64)> = None;
+    let mut first: Option<(Option<WorkerId>, Epoch)> = None;
     let mut last_conflict = None;
     for _ in 0..ATTEMPTS {
-        let (lease, version) = current(target, key).await?;
+        let VersionedLease { lease, version } = current(target, key).await?;
         let ownership = (lease.owner.clone(), lease.epoch);
         match &first {
             None => first = Some(ownership),
@@ -182,10 +183,7 @@ pub async fn release(
     )
 }
 
-async fn current(
-    target: &Target,
-    key: &LeaseKey,
-) -> Result<(Lease, shardlease::Version), CliError> {
+async fn current(target: &Target, key: &LeaseKey) -> Result<VersionedLease, CliError> {
     target.store.get_lease(key).await.map_err(CliError::Store)?.ok_or_else(|| {
         CliError::NotFound(format!("no lease {key} in namespace {}", target.namespace))
     })
@@ -269,7 +267,7 @@ pub async fn delete_worker(
              deleted: look again and re-run"
         )));
     }
-    let held = obs.leases.iter().filter(|(l, _)| l.owner.as_ref() == Some(&id)).count();
+    let held = obs.leases.iter().filter(|v| v.lease.owner.as_ref() == Some(&id)).count();
     let note = if held > 0 {
         format!(
             "; {held} lease(s) still name it as owner: peers take them once the failover \

@@ -3,6 +3,8 @@
 //! its writes noticed by a running worker. Conditions are awaited by polling with generous
 //! deadlines, never by a fixed sleep (the machine running this is small and busy).
 
+use shardlease::Epoch;
+use shardlease::VersionedLease;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -65,7 +67,7 @@ async fn store(url: &str) -> Arc<dyn LeaseStore> {
 
 async fn lease(store: &dyn LeaseStore, key: &str) -> Lease {
     match store.get_lease(&LeaseKey::from(key)).await {
-        Ok(Some((l, _))) => l,
+        Ok(Some(VersionedLease { lease: l, .. })) => l,
         other => panic!("lease {key}: {other:?}"),
     }
 }
@@ -114,7 +116,7 @@ async fn leases_and_workers_as_json() {
     let s = store(&url).await;
     let mut parent = Lease::new("parent", Position::Latest);
     parent.owner = Some(WorkerId::from("ghost"));
-    parent.epoch = 7;
+    parent.epoch = Epoch(7);
     for l in [
         parent,
         Lease::new("child", Position::TrimHorizon).with_parents([LeaseKey::from("parent")]),
@@ -189,7 +191,7 @@ async fn leases_and_workers_as_json() {
     let out = cli_async(&url, &["--observe-ms", "300", "release", "parent"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let released = lease(&*s, "parent").await;
-    assert_eq!((released.owner, released.epoch), (None, 8));
+    assert_eq!((released.owner, released.epoch), (None, Epoch(8)));
     let out = cli_async(&url, &["--json", "--observe-ms", "100", "release", "free"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(json(&out)["action"], "nothing");
@@ -251,7 +253,7 @@ async fn status_exit_codes() {
         let id = id.clone();
         async move {
             s.list_leases().await.is_ok_and(|l| {
-                l.items.len() == 3 && l.items.iter().all(|(l, _)| l.owner.as_ref() == Some(&id))
+                l.items.len() == 3 && l.items.iter().all(|v| v.lease.owner.as_ref() == Some(&id))
             })
         }
     })
@@ -311,7 +313,7 @@ async fn forced_writes_are_noticed_by_a_running_worker() {
             let id = id.clone();
             async move {
                 matches!(s.get_lease(&LeaseKey::from(key)).await,
-                    Ok(Some((l, _))) if l.owner.as_ref() == Some(&id) && l.epoch > epoch)
+                    Ok(Some(VersionedLease { lease: l, .. })) if l.owner.as_ref() == Some(&id) && l.epoch.get() > epoch)
             }
         }
     };
@@ -336,7 +338,7 @@ async fn forced_writes_are_noticed_by_a_running_worker() {
     assert_eq!(reset["new_checkpoint"], "TRIM_HORIZON");
     assert!(reset["old_checkpoint"].is_string(), "{reset}");
     let reset_epoch = reset["epoch"].as_u64().unwrap_or_else(|| panic!("an epoch: {reset}"));
-    assert!(reset_epoch > before.epoch);
+    assert!(reset_epoch > before.epoch.get());
     eventually("the worker re-takes the reset lease", owned_after(reset_epoch)).await;
 
     // Release: refused, then forced, then re-taken.

@@ -86,7 +86,7 @@ impl Checkpointer for StoreCheckpointer {
     async fn checkpoint(&self, token: &LeaseToken, position: &Position) -> Result<()> {
         let lost = || Error::LeaseLost { key: token.key.clone(), epoch: token.epoch };
         for _ in 0..MAX_CONFLICT_RETRIES {
-            let Some((lease, version)) = self.current(&token.key).await? else {
+            let Some(VersionedLease { lease, version }) = self.current(&token.key).await? else {
                 return Err(lost());
             };
             if !token.matches(&lease) {
@@ -104,7 +104,7 @@ impl Checkpointer for StoreCheckpointer {
             let next = Lease { checkpoint: position.clone(), ..lease };
             match self.store.update_lease(&next, version).await {
                 Ok(v) => {
-                    self.remember(&token.key, Some((next, v)));
+                    self.remember(&token.key, Some(VersionedLease::new(next, v)));
                     return Ok(());
                 }
                 Err(Error::Conflict { current, .. }) => {
@@ -127,7 +127,7 @@ impl Checkpointer for StoreCheckpointer {
     async fn fetch(&self, key: &LeaseKey) -> Result<Option<Position>> {
         let read = self.store.get_lease(key).await?;
         self.remember(key, read.clone());
-        Ok(read.map(|(l, _)| l.checkpoint))
+        Ok(read.map(|v| v.lease.checkpoint))
     }
 
     fn stores_in_lease(&self) -> bool {
@@ -140,6 +140,6 @@ impl StoreCheckpointer {
     /// no read. (Only the runtime's own default checkpointer gets these hints; they are not part
     /// of [`Checkpointer`].)
     pub(crate) fn observe(&self, lease: &Lease, version: Version) {
-        self.remember(&lease.key, Some((lease.clone(), version)));
+        self.remember(&lease.key, Some(VersionedLease::new(lease.clone(), version)));
     }
 }

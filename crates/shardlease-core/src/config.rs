@@ -3,6 +3,11 @@
 //! Every rule here exists because breaking it silently breaks an invariant: a failover timeout
 //! shorter than three heartbeats lets a live worker be judged dead by one slow write, and a zero
 //! lease limit makes a worker that can never work. Violations are reported as `Error::Config`.
+//!
+//! Every option has a `with_*` method, and the order of the calls does not matter: the timings
+//! [`Config::with_heartbeat`] derives (failover, balance, claim, shard sync, idle poll, shutdown,
+//! retry delays) are derived only where no `with_*` call set them, and the claim timeout follows
+//! the balance interval and the shutdown timeout it must outlast unless it was set itself.
 
 use std::time::Duration;
 
@@ -65,6 +70,23 @@ pub struct Config {
     /// a heartbeat into a self-fence. On a current-thread runtime (tests on paused time) they run
     /// on that runtime either way. See docs/algorithm.md, "Self-fencing".
     pub dedicated_heartbeat_thread: bool,
+    /// The timings a `with_*` call set: never re-derived by a later call.
+    explicit: Explicit,
+}
+
+/// Which derived timings the user set (by a `with_*` method). A field assigned directly is not
+/// tracked: a later [`Config::with_heartbeat`] derives it again.
+#[derive(Clone, Copy, Debug, Default)]
+struct Explicit {
+    heartbeat: bool,
+    failover: bool,
+    balance: bool,
+    claim: bool,
+    shard_sync: bool,
+    idle_poll: bool,
+    shutdown: bool,
+    retry_min: bool,
+    retry_max: bool,
 }
 
 impl Config {
@@ -91,34 +113,161 @@ impl Config {
             jitter: 0.1,
             rng_seed: None,
             dedicated_heartbeat_thread: true,
+            explicit: Explicit::default(),
         }
     }
 
-    /// Scales every timing from one heartbeat interval, keeping the default ratios
-    /// (failover 5×, balance 2.5×, claim timeout 7.5×, shard sync 30×). Handy for tests and demos.
-    /// The arithmetic saturates: an absurd heartbeat gives absurd timings that
-    /// [`validate`](Self::validate) rejects by name, never a panic.
+    /// Sets what no `with_*` call has set from what has been: the heartbeat's multiples (once a
+    /// heartbeat was set) and the claim timeout, which must outlast a noticed claim (three
+    /// balance intervals) and a handoff (the shutdown timeout plus two heartbeats).
+    /// The arithmetic saturates: absurd inputs give timings that [`validate`](Self::validate)
+    /// rejects by name, never a panic.
+    fn derive(&mut self) {
+        let e = self.explicit;
+        if e.heartbeat {
+            let h = self.heartbeat_interval;
+            let times = |n: u32| h.saturating_mul(n);
+            if !e.failover {
+                self.failover_timeout = times(5);
+            }
+            if !e.balance {
+                self.balance_interval = times(5) / 2;
+            }
+            if !e.shard_sync {
+                self.shard_sync_interval = times(30);
+            }
+            if !e.idle_poll {
+                self.idle_poll_interval = h / 2;
+            }
+            if !e.shutdown {
+                self.shutdown_timeout = times(5);
+            }
+            if !e.retry_min {
+                self.retry_min_delay = (h / 20).max(Duration::from_millis(1));
+            }
+            if !e.retry_max {
+                self.retry_max_delay = h;
+            }
+        }
+        if !e.claim {
+            let handoff =
+                self.shutdown_timeout.saturating_add(self.heartbeat_interval.saturating_mul(2));
+            self.claim_timeout = self.balance_interval.saturating_mul(3).max(handoff);
+        }
+    }
+
+    /// Sets the heartbeat interval and scales every timing not set by another `with_*` call from
+    /// it, keeping the default ratios (failover 5×, balance 2.5×, claim timeout 7.5×, shard sync
+    /// 30×, shutdown 5×, idle poll ½×, retry delays ¹⁄₂₀× to 1×). Handy for tests and demos.
     pub fn with_heartbeat(mut self, heartbeat: Duration) -> Self {
-        let times = |n: u32| heartbeat.saturating_mul(n);
         self.heartbeat_interval = heartbeat;
-        self.failover_timeout = times(5);
-        self.balance_interval = times(5) / 2;
-        self.claim_timeout = times(15) / 2;
-        self.shard_sync_interval = times(30);
-        self.idle_poll_interval = heartbeat / 2;
-        self.shutdown_timeout = times(5);
-        self.retry_min_delay = (heartbeat / 20).max(Duration::from_millis(1));
-        self.retry_max_delay = heartbeat;
+        self.explicit.heartbeat = true;
+        self.derive();
         self
     }
 
-    /// Sets the worker id (builder style).
+    /// Sets [`failover_timeout`](Self::failover_timeout).
+    pub fn with_failover_timeout(mut self, d: Duration) -> Self {
+        self.failover_timeout = d;
+        self.explicit.failover = true;
+        self.derive();
+        self
+    }
+
+    /// Sets [`balance_interval`](Self::balance_interval) (the claim timeout follows, unless set).
+    pub fn with_balance_interval(mut self, d: Duration) -> Self {
+        self.balance_interval = d;
+        self.explicit.balance = true;
+        self.derive();
+        self
+    }
+
+    /// Sets [`claim_timeout`](Self::claim_timeout).
+    pub fn with_claim_timeout(mut self, d: Duration) -> Self {
+        self.claim_timeout = d;
+        self.explicit.claim = true;
+        self.derive();
+        self
+    }
+
+    /// Sets [`shard_sync_interval`](Self::shard_sync_interval).
+    pub fn with_shard_sync_interval(mut self, d: Duration) -> Self {
+        self.shard_sync_interval = d;
+        self.explicit.shard_sync = true;
+        self.derive();
+        self
+    }
+
+    /// Sets [`idle_poll_interval`](Self::idle_poll_interval).
+    pub fn with_idle_poll_interval(mut self, d: Duration) -> Self {
+        self.idle_poll_interval = d;
+        self.explicit.idle_poll = true;
+        self.derive();
+        self
+    }
+
+    /// Sets [`shutdown_timeout`](Self::shutdown_timeout) (the claim timeout follows, unless set).
+    pub fn with_shutdown_timeout(mut self, d: Duration) -> Self {
+        self.shutdown_timeout = d;
+        self.explicit.shutdown = true;
+        self.derive();
+        self
+    }
+
+    /// Sets [`retry_min_delay`](Self::retry_min_delay) and
+    /// [`retry_max_delay`](Self::retry_max_delay).
+    pub fn with_retry_delays(mut self, min: Duration, max: Duration) -> Self {
+        self.retry_min_delay = min;
+        self.retry_max_delay = max;
+        self.explicit.retry_min = true;
+        self.explicit.retry_max = true;
+        self.derive();
+        self
+    }
+
+    /// Sets [`max_leases_per_worker`](Self::max_leases_per_worker).
+    pub fn with_max_leases_per_worker(mut self, n: usize) -> Self {
+        self.max_leases_per_worker = Some(n);
+        self
+    }
+
+    /// Sets [`max_claims_per_pass`](Self::max_claims_per_pass).
+    pub fn with_max_claims_per_pass(mut self, n: usize) -> Self {
+        self.max_claims_per_pass = Some(n);
+        self
+    }
+
+    /// Sets [`take_concurrency`](Self::take_concurrency).
+    pub fn with_take_concurrency(mut self, n: usize) -> Self {
+        self.take_concurrency = n;
+        self
+    }
+
+    /// Sets [`jitter`](Self::jitter).
+    pub fn with_jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction;
+        self
+    }
+
+    /// Sets [`rng_seed`](Self::rng_seed), for replayable runs.
+    pub fn with_rng_seed(mut self, seed: u64) -> Self {
+        self.rng_seed = Some(seed);
+        self
+    }
+
+    /// Sets [`dedicated_heartbeat_thread`](Self::dedicated_heartbeat_thread).
+    pub fn with_dedicated_heartbeat_thread(mut self, on: bool) -> Self {
+        self.dedicated_heartbeat_thread = on;
+        self
+    }
+
+    /// Sets the worker id.
     pub fn with_worker_id(mut self, id: impl Into<WorkerId>) -> Self {
         self.worker_id = id.into();
         self
     }
 
-    /// Sets the initial position (builder style).
+    /// Sets the initial position.
     pub fn with_initial_position(mut self, p: Position) -> Self {
         self.initial_position = p;
         self
@@ -269,6 +418,52 @@ mod tests {
             set(&mut c);
             assert!(err(c).contains("at most 30 days"));
         }
+    }
+
+    /// The order of `with_*` calls does not matter, and `with_heartbeat` keeps what was set.
+    #[test]
+    fn builder_calls_commute_and_keep_what_was_set() {
+        let hb = Duration::from_millis(100);
+        let failover = Duration::from_secs(5);
+        let shutdown = Duration::from_secs(3);
+        let a = Config::new("app")
+            .with_worker_id("w")
+            .with_failover_timeout(failover)
+            .with_shutdown_timeout(shutdown)
+            .with_heartbeat(hb);
+        let b = Config::new("app")
+            .with_worker_id("w")
+            .with_heartbeat(hb)
+            .with_shutdown_timeout(shutdown)
+            .with_failover_timeout(failover);
+        for c in [&a, &b] {
+            assert_eq!(c.heartbeat_interval, hb);
+            assert_eq!(c.failover_timeout, failover);
+            assert_eq!(c.shutdown_timeout, shutdown);
+            // Derived from the heartbeat: nobody set them.
+            assert_eq!(c.balance_interval, Duration::from_millis(250));
+            assert_eq!(c.shard_sync_interval, Duration::from_secs(3));
+            // The claim timeout outlasts the longer handoff the shutdown timeout allows.
+            assert_eq!(c.claim_timeout, shutdown + hb * 2);
+            assert!(c.validate().is_ok(), "{c:?}");
+        }
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        // An explicit claim timeout stays put whatever follows.
+        let c = Config::new("app").with_claim_timeout(Duration::from_secs(60)).with_heartbeat(hb);
+        assert_eq!(c.claim_timeout, Duration::from_secs(60));
+    }
+
+    /// `Config::new` and `with_heartbeat` keep the ratios they always had.
+    #[test]
+    fn derived_defaults_are_unchanged() {
+        let c = Config::new("app");
+        assert_eq!(c.claim_timeout, Duration::from_secs(15));
+        assert_eq!(c.retry_max_delay, Duration::from_secs(5));
+        let c = Config::new("app").with_heartbeat(Duration::from_secs(2));
+        assert_eq!(c.claim_timeout, Duration::from_secs(15));
+        assert_eq!(c.failover_timeout, Duration::from_secs(10));
+        assert_eq!(c.balance_interval, Duration::from_secs(5));
+        assert_eq!(c.retry_max_delay, Duration::from_secs(2));
     }
 
     #[test]

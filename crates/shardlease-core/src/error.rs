@@ -5,7 +5,7 @@
 //! again) and `LeaseLost` (the caller no longer owns the lease: stop) are deliberately different
 //! variants, because confusing them is how lease libraries end up with two owners.
 
-use crate::lease::{LeaseKey, VersionedLease};
+use crate::lease::{Epoch, LeaseKey, VersionedLease};
 
 /// A boxed error from a backend, a source or a record processor.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -32,7 +32,7 @@ pub enum Error {
         /// The lease that was lost.
         key: LeaseKey,
         /// The epoch the caller held.
-        epoch: u64,
+        epoch: Epoch,
     },
     /// A stored record could not be decoded. Reported for that record only.
     #[error("record {key} is corrupt: {reason}")]

@@ -47,6 +47,46 @@ impl Version {
     }
 }
 
+/// A lease's fencing token: it grows on every change of owner, including a release, so a write
+/// made under an older epoch can be refused by the store and by any sink that remembers the
+/// largest epoch it saw.
+///
+/// Unlike a [`Version`] it is ordered: a larger epoch is a later ownership. The runtime moves it to
+/// at least the wall clock in milliseconds when it takes a lease, so it never goes backwards even
+/// after a store rolled back (docs/algorithm.md, "Epochs").
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Epoch(pub u64);
+
+impl Epoch {
+    /// The epoch of a lease nobody has owned yet.
+    pub const ZERO: Epoch = Epoch(0);
+
+    /// The next epoch (saturating: `u64::MAX` stays put rather than wrapping to zero).
+    pub fn next(self) -> Epoch {
+        Epoch(self.0.saturating_add(1))
+    }
+
+    /// The number, for a sink's column or a log line.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<u64> for Epoch {
+    fn from(n: u64) -> Self {
+        Epoch(n)
+    }
+}
+
 /// A handoff request: `by` asks the owner to hand the lease over. Valid only while the lease's
 /// epoch is still `at` (any change of owner makes it stale).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,7 +94,7 @@ pub struct Claim {
     /// The worker that wants the lease.
     pub by: WorkerId,
     /// The lease epoch the claim was made against.
-    pub at: u64,
+    pub at: Epoch,
 }
 
 /// One lease: the unit of work a worker holds.
@@ -66,7 +106,7 @@ pub struct Lease {
     pub owner: Option<WorkerId>,
     /// Fencing token: grows on every change of owner, including a release (the runtime moves it to
     /// at least the wall clock in milliseconds, so it never repeats after a store rolled back).
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// How far processing has got. `ShardEnd` means the lease is finished.
     pub checkpoint: Position,
     /// Parent shards that must be finished (or gone) before this one may be processed.
@@ -86,7 +126,7 @@ impl Lease {
         Lease {
             key: key.into(),
             owner: None,
-            epoch: 0,
+            epoch: Epoch::ZERO,
             checkpoint,
             parents: Vec::new(),
             claim: None,
@@ -117,7 +157,7 @@ impl Lease {
 
     /// This lease with a new owner (or none): epoch + 1, claim cleared, checkpoint kept.
     pub fn transferred_to(&self, owner: Option<WorkerId>) -> Lease {
-        Lease { owner, epoch: self.epoch + 1, claim: None, ..self.clone() }
+        Lease { owner, epoch: self.epoch.next(), claim: None, ..self.clone() }
     }
 
     /// The token proving ownership at the current epoch, if owned.
@@ -130,8 +170,22 @@ impl Lease {
     }
 }
 
-/// A lease together with the version it was read at.
-pub type VersionedLease = (Lease, Version);
+/// A lease together with the version it was read at: what a listing returns and what a
+/// compare-and-set compares against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VersionedLease {
+    /// The record.
+    pub lease: Lease,
+    /// The version it was read at; a conditional write succeeds only while it is still current.
+    pub version: Version,
+}
+
+impl VersionedLease {
+    /// Pairs a lease with the version it was read at.
+    pub fn new(lease: Lease, version: Version) -> Self {
+        VersionedLease { lease, version }
+    }
+}
 
 /// Proof of ownership handed to processors and checkpointers: fenced writes compare all three.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -141,7 +195,7 @@ pub struct LeaseToken {
     /// The owner.
     pub owner: WorkerId,
     /// The epoch of ownership. Downstream sinks can fence their own writes with it.
-    pub epoch: u64,
+    pub epoch: Epoch,
 }
 
 impl LeaseToken {

@@ -38,14 +38,16 @@ pub use checkpointer::{Checkpointer, StoreCheckpointer};
 pub use config::Config;
 pub use error::{BoxError, Error, ErrorChain, Result};
 pub use ids::{LeaseKey, Namespace, WorkerId, DEFAULT_NAMESPACE};
-pub use lease::{Claim, Lease, LeaseToken, Version, VersionedLease};
+pub use lease::{Claim, Epoch, Lease, LeaseToken, Version, VersionedLease};
 pub use memory::{MemoryBackend, MemorySnapshot, MemorySource, MemoryStore, FIRST_SEQUENCE};
 pub use notify::{ChangeStream, StoreChange};
 pub use position::{Position, SequenceNumber};
 pub use processor::{
     processor_fn, CheckpointHandle, LeaseContext, ProcessorFactory, RecordProcessor,
 };
-pub use runtime::{Worker, WorkerBuilder, WorkerHandle, WorkerStats};
+pub use runtime::{
+    ReleasedLease, ShutdownReport, Worker, WorkerBuilder, WorkerHandle, WorkerStats,
+};
 pub use source::{Batch, HashRange, Record, ShardInfo, ShardReader, ShardSource};
 pub use store::{CorruptRecord, CreateOutcome, LeaseStore, Listing};
 pub use worker_record::WorkerRecord;

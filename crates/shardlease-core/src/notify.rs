@@ -74,6 +74,7 @@ impl StoreChange {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::Epoch;
     use crate::position::Position;
 
     fn lease() -> Lease {
@@ -98,10 +99,10 @@ mod tests {
     #[test]
     fn ownership_claims_shard_ends_creations_and_deletions_are() {
         let before = lease();
-        let owned = Lease { owner: Some(WorkerId::new("w1")), epoch: 1, ..before.clone() };
+        let owned = Lease { owner: Some(WorkerId::new("w1")), epoch: Epoch(1), ..before.clone() };
         assert!(change(Some(before.clone()), Some(owned.clone())).calls_for_listing());
         let claimed = Lease {
-            claim: Some(crate::lease::Claim { by: WorkerId::new("w2"), at: 1 }),
+            claim: Some(crate::lease::Claim { by: WorkerId::new("w2"), at: Epoch(1) }),
             ..owned.clone()
         };
         assert!(change(Some(owned.clone()), Some(claimed)).calls_for_listing());

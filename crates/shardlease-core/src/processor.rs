@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use crate::checkpointer::Checkpointer;
 use crate::error::{BoxError, Result};
-use crate::lease::{LeaseKey, LeaseToken};
+use crate::lease::{Epoch, LeaseKey, LeaseToken};
 use crate::position::Position;
 use crate::source::Batch;
 
@@ -33,7 +33,7 @@ impl LeaseContext {
         &self.token.key
     }
     /// The fencing epoch.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> Epoch {
         self.token.epoch
     }
 }

@@ -31,11 +31,11 @@ impl Checkpointer for MapCheckpointer {
     async fn checkpoint(&self, token: &LeaseToken, position: &Position) -> Result<()> {
         let mut map = self.0.lock().unwrap();
         match map.get(&token.key) {
-            Some((epoch, _)) if *epoch > token.epoch => {
+            Some((epoch, _)) if *epoch > token.epoch.get() => {
                 Err(Error::LeaseLost { key: token.key.clone(), epoch: token.epoch })
             }
             _ => {
-                map.insert(token.key.clone(), (token.epoch, position.clone()));
+                map.insert(token.key.clone(), (token.epoch.get(), position.clone()));
                 Ok(())
             }
         }
@@ -101,7 +101,7 @@ async fn a_shard_end_only_the_checkpointer_recorded_still_finishes_the_lease() {
     let store = c.store().clone();
     wait_until("the parent finished and both children owned", LONG, HB, || async {
         let leases = store.list_leases().await.unwrap().items;
-        let get = |k: &LeaseKey| leases.iter().find(|(l, _)| &l.key == k).map(|(l, _)| l.clone());
+        let get = |k: &LeaseKey| leases.iter().find(|v| &v.lease.key == k).map(|v| v.lease.clone());
         get(&parent).is_some_and(|l| l.is_finished())
             && [&low, &high].iter().all(|k| get(k).is_some_and(|l| l.owner.is_some()))
     })

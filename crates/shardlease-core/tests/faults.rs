@@ -6,6 +6,7 @@
 //! lines of every task land in this test's capture.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use shardlease_core::VersionedLease;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -239,12 +240,12 @@ async fn a_partitioned_worker_stops_before_its_leases_move_and_its_late_checkpoi
     // Healed, A's late checkpoint with its old token is refused and changes nothing.
     w.faults.heal(&a);
     let store = w.cluster.store().clone();
-    let before = store.get_lease(&stale.key).await.unwrap().unwrap().0.checkpoint;
+    let before = store.get_lease(&stale.key).await.unwrap().unwrap().lease.checkpoint;
     let late = StoreCheckpointer::new(store.clone())
         .checkpoint(&stale, &Position::sequence(SequenceNumber::from(u128::MAX)))
         .await;
     assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
-    assert_eq!(store.get_lease(&stale.key).await.unwrap().unwrap().0.checkpoint, before);
+    assert_eq!(store.get_lease(&stale.key).await.unwrap().unwrap().lease.checkpoint, before);
 
     // A comes back as a new incarnation and the fleet rebalances; nothing was lost.
     w.cluster.wait_balanced(LONG, HB).await.unwrap();
@@ -275,7 +276,7 @@ async fn a_vanished_namespace_is_reported_loudly_and_rebuilt_from_the_last_listi
     // The store loses everything (think: Redis restarted without persistence).
     let store = w.cluster.store().clone();
     let before = store.list_leases().await.unwrap().items;
-    for (l, v) in &before {
+    for VersionedLease { lease: l, version: v } in &before {
         store.delete_lease(&l.key, *v).await.unwrap();
     }
     let cluster = &w.cluster;
@@ -292,12 +293,12 @@ async fn a_vanished_namespace_is_reported_loudly_and_rebuilt_from_the_last_listi
     // never move backwards; an owner still running a lease keeps its epoch) and processing resumes
     // from checkpoints, not from scratch.
     let after = store.list_leases().await.unwrap().items;
-    for (old, _) in &before {
-        let new = &after.iter().find(|(l, _)| l.key == old.key).unwrap().0;
+    for VersionedLease { lease: old, .. } in &before {
+        let new = &after.iter().find(|v| v.lease.key == old.key).unwrap().lease;
         assert!(new.epoch >= old.epoch, "{old:?} → {new:?}");
     }
     assert!(
-        after.iter().any(|(l, _)| matches!(l.checkpoint, Position::Sequence { .. })),
+        after.iter().any(|v| matches!(v.lease.checkpoint, Position::Sequence { .. })),
         "resumed from checkpoints: {after:?}"
     );
     for i in 0..100 {
@@ -359,15 +360,15 @@ async fn a_wiped_namespace_is_restored_even_when_a_fresh_create_got_there_first(
     more_passes(&w.cluster, 1).await;
     let store = w.cluster.store().clone();
     let before = store.list_leases().await.unwrap().items;
-    for (l, v) in &before {
+    for VersionedLease { lease: l, version: v } in &before {
         store.delete_lease(&l.key, *v).await.unwrap();
     }
     w.cluster.sync_shards().await.unwrap(); // a fresh worker's shard sync, at TRIM_HORIZON
     more_passes(&w.cluster, 2).await;
     w.cluster.wait_balanced(LONG, HB).await.unwrap();
     let after = store.list_leases().await.unwrap().items;
-    for (old, _) in &before {
-        let new = &after.iter().find(|(l, _)| l.key == old.key).unwrap().0;
+    for VersionedLease { lease: old, .. } in &before {
+        let new = &after.iter().find(|v| v.lease.key == old.key).unwrap().lease;
         assert!(new.epoch >= old.epoch, "{old:?} → {new:?}");
         assert!(!old.checkpoint.would_regress_to(&new.checkpoint), "{old:?} → {new:?}");
     }
@@ -404,15 +405,17 @@ async fn a_rolled_back_store_is_repaired_and_epochs_never_go_backwards() {
     w.cluster.wait_balanced(LONG, HB).await.unwrap();
     more_passes(&w.cluster, 1).await;
     let newest = store.list_leases().await.unwrap().items;
-    for (old, _) in &old_copy {
-        let (_, v) = newest.iter().find(|(l, _)| l.key == old.key).unwrap();
+    for VersionedLease { lease: old, .. } in &old_copy {
+        let VersionedLease { version: v, .. } =
+            newest.iter().find(|v| v.lease.key == old.key).unwrap();
         store.update_lease(old, *v).await.unwrap();
     }
     more_passes(&w.cluster, 2).await;
     w.cluster.wait_balanced(LONG, HB).await.unwrap();
     let repaired = store.list_leases().await.unwrap().items;
-    for (l, _) in &repaired {
-        let (before, _) = newest.iter().find(|(n, _)| n.key == l.key).unwrap();
+    for VersionedLease { lease: l, .. } in &repaired {
+        let VersionedLease { lease: before, .. } =
+            newest.iter().find(|v| v.lease.key == l.key).unwrap();
         assert!(
             l.epoch >= before.epoch,
             "{} at epoch {} after {} was handed out: {}",

@@ -6,6 +6,7 @@
 //! (which also catches two processors at the same epoch).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use shardlease_core::Epoch;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,7 +74,7 @@ impl World {
         self
     }
 
-    async fn epochs(&self) -> BTreeMap<LeaseKey, u64> {
+    async fn epochs(&self) -> BTreeMap<LeaseKey, Epoch> {
         let leases = self.cluster.leases().await.unwrap();
         leases.into_iter().map(|l| (l.key, l.epoch)).collect()
     }

@@ -7,6 +7,7 @@
 //! Time is paused, so the bounds are virtual time and hold on a loaded machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use shardlease_core::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,7 +162,9 @@ async fn every_change_reaches_every_worker_within_a_heartbeat_and_a_balance_inte
     let store = f.cluster.store().clone();
     wait_until("both children owned", bound_end + bound, HB / 20, || async {
         let leases = store.list_leases().await.unwrap().items;
-        [&a, &b].iter().all(|k| leases.iter().any(|(l, _)| &l.key == *k && l.owner.is_some()))
+        [&a, &b]
+            .iter()
+            .all(|k| leases.iter().any(|v| &v.lease.key == *k && v.lease.owner.is_some()))
     })
     .await
     .unwrap();
@@ -241,9 +244,9 @@ async fn refused_checkpoint_stops_the_task(on_refusal: OnRefusal) {
     .await
     .unwrap();
     // Someone else takes the lease (an operator, or a peer that judged this worker dead).
-    let (lease, version) = store.get_lease(&key).await.unwrap().unwrap();
+    let VersionedLease { lease, version } = store.get_lease(&key).await.unwrap().unwrap();
     let other = shardlease_core::Lease {
-        epoch: lease.epoch + 1,
+        epoch: lease.epoch.next(),
         ..lease.transferred_to(Some(WorkerId::new("someone-else")))
     };
     store.update_lease(&other, version).await.unwrap();
@@ -286,7 +289,7 @@ async fn the_safety_net_catches_a_change_nobody_signalled() {
     f.settle().await;
     let store = f.cluster.store().clone();
     let before = store.list_leases().await.unwrap().items;
-    for (l, v) in &before {
+    for VersionedLease { lease: l, version: v } in &before {
         store.delete_lease(&l.key, *v).await.unwrap();
     }
     let listings = f.listings();
@@ -327,7 +330,7 @@ async fn a_claim_left_on_a_finished_lease_keeps_nobody_listing() {
     assert!(window < f.cfg.shard_sync_interval.mul_f64(1.0 - f.cfg.jitter));
     tokio::time::sleep(window).await;
     assert_eq!(f.listings(), listings, "no balance pass listed the leases");
-    let (still, _) = f.counting.get_lease(&parent).await.unwrap().unwrap();
+    let VersionedLease { lease: still, .. } = f.counting.get_lease(&parent).await.unwrap().unwrap();
     assert!(still.is_finished() && still.live_claim().is_some(), "the case under test stood");
     f.cluster.shutdown_all().await;
 }

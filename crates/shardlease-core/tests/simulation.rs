@@ -23,6 +23,7 @@
 //! `SHARDLEASE_SIM_FIRST_SEED`, default 1), or `scripts/soak.sh` for 10,000 in release.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use shardlease_core::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +31,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shardlease_core::{
-    Config, Lease, LeaseKey, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource,
-    Version,
+    Config, LeaseKey, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource,
 };
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
@@ -199,7 +199,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
             observer
                 .list_leases()
                 .await
-                .is_ok_and(|l| l.items.iter().all(|(l, _)| l.checkpoint != Position::Latest))
+                .is_ok_and(|l| l.items.iter().all(|v| v.lease.checkpoint != Position::Latest))
         })
         .await
         .map_err(|e| format!("{e}; {d:?}"))?;
@@ -324,7 +324,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
                     .map_err(|e| e.to_string())?
                     .items
                     .into_iter()
-                    .map(|(l, _)| l.key)
+                    .map(|v| v.lease.key)
                     .collect();
                 if let Some(k) = keys.get(rng.random_range(0..keys.len().max(1))).cloned() {
                     let (faults, d) = (faults.clone(), *d);
@@ -448,12 +448,12 @@ async fn simulate(seed: u64) -> Result<String, String> {
 
 /// Whether every unfinished lease listed before an accident is back, at least as far along (or
 /// finished and collected since: a child of it has moved on).
-async fn repaired(store: &Arc<dyn LeaseStore>, before: &[(Lease, Version)]) -> bool {
+async fn repaired(store: &Arc<dyn LeaseStore>, before: &[VersionedLease]) -> bool {
     let Ok(now) = store.list_leases().await else { return false };
-    before.iter().filter(|(l, _)| !l.is_finished()).all(|(old, _)| {
-        match now.items.iter().find(|(l, _)| l.key == old.key) {
-            Some((l, _)) => not_behind(&old.checkpoint, &l.checkpoint),
-            None => now.items.iter().any(|(l, _)| {
+    before.iter().map(|v| &v.lease).filter(|l| !l.is_finished()).all(|old| {
+        match now.items.iter().find(|VersionedLease { lease: l, .. }| l.key == old.key) {
+            Some(VersionedLease { lease: l, .. }) => not_behind(&old.checkpoint, &l.checkpoint),
+            None => now.items.iter().any(|VersionedLease { lease: l, .. }| {
                 l.parents.contains(&old.key)
                     && matches!(l.checkpoint, Position::Sequence { .. } | Position::ShardEnd)
             }),

@@ -7,6 +7,7 @@
 //! opened stays unread until the lease changes hands, which is the window these tests are about.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use shardlease_core::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -160,7 +161,7 @@ async fn a_lost_lease_nobody_remembers_is_not_recreated_at_latest() {
     w.wait_all_processed().await.unwrap();
     w.cluster.crash(&a);
     w.source.put_to_shard(&keys[1], "after the last checkpoint").unwrap();
-    let (_, version) = w.store.get_lease(&keys[1]).await.unwrap().unwrap();
+    let VersionedLease { version, .. } = w.store.get_lease(&keys[1]).await.unwrap().unwrap();
     w.store.delete_lease(&keys[1], version).await.unwrap();
     w.cluster.start_worker().unwrap();
     w.wait_all_processed().await.unwrap();

@@ -19,6 +19,7 @@
 //! (they count toward item size, but an operator reading the table in the console should not
 //! need a decoder ring).
 
+use shardlease_core::{Epoch, VersionedLease};
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -61,7 +62,7 @@ pub(crate) fn lease_item(pk: &str, lease: &Lease, version: Version) -> Result<It
     item.insert(PK.into(), s(pk));
     item.insert(SK.into(), s(lease.key.as_str()));
     item.insert(VERSION.into(), n(version.0));
-    item.insert(EPOCH.into(), n(lease.epoch));
+    item.insert(EPOCH.into(), n(lease.epoch.get()));
     item.insert(CHECKPOINT.into(), s(checkpoint));
     let parents = lease.parents.iter().map(|p| s(p.as_str())).collect();
     item.insert(PARENTS.into(), AttributeValue::L(parents));
@@ -114,10 +115,10 @@ pub(crate) fn item_key(item: &Item) -> String {
 }
 
 /// Decodes a lease item; the reason when it cannot be decoded.
-pub(crate) fn decode_lease(item: &Item) -> Result<(Lease, Version), String> {
+pub(crate) fn decode_lease(item: &Item) -> Result<VersionedLease, String> {
     let key = string(item, SK)?;
     let version = Version(number(item, VERSION)?);
-    let epoch = number(item, EPOCH)?;
+    let epoch = Epoch(number(item, EPOCH)?);
     let checkpoint_json = string(item, CHECKPOINT)?;
     let checkpoint: Position = serde_json::from_str(&checkpoint_json)
         .map_err(|e| format!("attribute `{CHECKPOINT}` is not a position: {e}"))?;
@@ -145,13 +146,15 @@ pub(crate) fn decode_lease(item: &Item) -> Result<(Lease, Version), String> {
     };
     let owner = optional_string(item, OWNER)?.map(WorkerId::from);
     let claim = match (optional_string(item, CLAIM_BY)?, item.contains_key(CLAIM_AT)) {
-        (Some(by), true) => Some(Claim { by: WorkerId::from(by), at: number(item, CLAIM_AT)? }),
+        (Some(by), true) => {
+            Some(Claim { by: WorkerId::from(by), at: Epoch(number(item, CLAIM_AT)?) })
+        }
         (None, false) => None,
         _ => return Err(format!("attributes `{CLAIM_BY}` and `{CLAIM_AT}` must come together")),
     };
     let lease =
         Lease { key: LeaseKey::from(key), owner, epoch, checkpoint, parents, claim, attributes };
-    Ok((lease, version))
+    Ok(VersionedLease::new(lease, version))
 }
 
 /// Decodes a worker item; the reason when it cannot be decoded.
@@ -220,15 +223,18 @@ mod tests {
         let mut lease = Lease::new("shardId-1", Position::sequence(u128::MAX))
             .with_parents([LeaseKey::from("p1"), LeaseKey::from("p2")]);
         lease.owner = Some("w1".into());
-        lease.epoch = 1_700_000_000_000;
+        lease.epoch = Epoch(1_700_000_000_000);
         lease.claim = Some(Claim { by: "w2".into(), at: lease.epoch });
         lease.attributes.insert("hash".into(), "0-9".into());
         let item = lease_item("ns/leases", &lease, Version(i64::MAX as u64)).unwrap();
-        assert_eq!(decode_lease(&item).unwrap(), (lease, Version(i64::MAX as u64)));
+        assert_eq!(
+            decode_lease(&item).unwrap(),
+            VersionedLease::new(lease, Version(i64::MAX as u64))
+        );
         let bare = Lease::new("k", Position::TrimHorizon);
         let item = lease_item("ns/leases", &bare, Version(1)).unwrap();
         assert!(!item.contains_key(OWNER) && !item.contains_key(CLAIM_BY));
-        assert_eq!(decode_lease(&item).unwrap(), (bare, Version(1)));
+        assert_eq!(decode_lease(&item).unwrap(), VersionedLease::new(bare, Version(1)));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 mod common;
 
+use shardlease_core::VersionedLease;
 use std::collections::{BTreeMap, HashMap};
 
 use shardlease_core::{CreateOutcome, Error, Lease, LeaseStore, Position, Version, WorkerRecord};
@@ -73,7 +74,7 @@ async fn corrupt_items_are_reported_per_key() {
     factory.put_raw(&store, stranger).await;
 
     let listing = store.list_leases().await.unwrap();
-    let items: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+    let items: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
     assert_eq!(items, ["good-1", "good-2", "good-3"]);
     let corrupt: BTreeMap<&str, &str> =
         listing.corrupt.iter().map(|c| (c.key.as_str(), c.reason.as_str())).collect();
@@ -104,16 +105,22 @@ async fn corrupt_items_are_reported_per_key() {
     // The good leases keep working.
     let good = Lease::new("good-1", Position::TrimHorizon).transferred_to(Some("w".into()));
     let v = store.update_lease(&good, versions["good-1"]).await.unwrap();
-    assert_eq!(store.get_lease(&"good-1".into()).await.unwrap(), Some((good, v)));
+    assert_eq!(
+        store.get_lease(&"good-1".into()).await.unwrap(),
+        Some(VersionedLease::new(good, v))
+    );
     store.delete_lease(&"good-2".into(), versions["good-2"]).await.unwrap();
 
     // An operator who knows the version repairs a corrupt item with a plain compare-and-set.
     let repaired = Lease::new("wrong-type", Position::Latest);
     let v = store.update_lease(&repaired, versions["wrong-type"]).await.unwrap();
-    assert_eq!(store.get_lease(&"wrong-type".into()).await.unwrap(), Some((repaired, v)));
+    assert_eq!(
+        store.get_lease(&"wrong-type".into()).await.unwrap(),
+        Some(VersionedLease::new(repaired, v))
+    );
 
     let listing = store.list_leases().await.unwrap();
-    let items: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+    let items: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
     assert_eq!(items, ["good-1", "good-3", "wrong-type"]);
     assert_eq!(listing.corrupt.len(), 3);
     common::delete_table(&endpoint, &table).await.unwrap();

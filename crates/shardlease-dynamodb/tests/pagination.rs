@@ -7,6 +7,7 @@
 
 mod common;
 
+use shardlease_core::VersionedLease;
 use std::collections::BTreeMap;
 
 use shardlease_core::{CreateOutcome, Lease, LeaseStore, Position, WorkerId, WorkerRecord};
@@ -44,8 +45,11 @@ async fn small_pages_list_every_record_exactly_once() {
     let listing = store.list_leases().await.unwrap();
     assert!(listing.corrupt.is_empty(), "{:?}", listing.corrupt);
     assert_eq!(listing.items.len(), 200, "every page was read, none twice");
-    let listed: BTreeMap<_, _> =
-        listing.items.into_iter().map(|(l, v)| (l.key.clone(), (l, v))).collect();
+    let listed: BTreeMap<_, _> = listing
+        .items
+        .into_iter()
+        .map(|VersionedLease { lease: l, version: v }| (l.key.clone(), (l, v)))
+        .collect();
     assert_eq!(listed, created, "each lease listed once, as created, at its version");
 
     let workers = store.list_workers().await.unwrap();

@@ -8,6 +8,7 @@
 
 mod common;
 
+use shardlease_core::Epoch;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -81,7 +82,7 @@ impl LeaseStore for Throttled {
     }
 }
 
-fn owners(leases: &[Lease]) -> BTreeMap<LeaseKey, (Option<WorkerId>, u64)> {
+fn owners(leases: &[Lease]) -> BTreeMap<LeaseKey, (Option<WorkerId>, Epoch)> {
     leases.iter().map(|l| (l.key.clone(), (l.owner.clone(), l.epoch))).collect()
 }
 

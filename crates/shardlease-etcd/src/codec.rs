@@ -13,6 +13,7 @@
 //! snapshot and its revisions went back (see the crate docs). A value with another `format`, or
 //! one that does not decode, is reported as `Corrupt` for that record only.
 
+use shardlease_core::{Epoch, VersionedLease};
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -75,7 +76,7 @@ pub fn encode_lease(lease: &Lease, version: Version) -> Vec<u8> {
         version: version.0,
         key: &lease.key,
         owner: &lease.owner,
-        epoch: lease.epoch,
+        epoch: lease.epoch.get(),
         checkpoint: &lease.checkpoint,
         parents: &lease.parents,
         claim: &lease.claim,
@@ -85,7 +86,7 @@ pub fn encode_lease(lease: &Lease, version: Version) -> Vec<u8> {
 }
 
 /// Decodes a lease record stored under `key`; the error says why it is corrupt.
-pub fn decode_lease(key: &str, value: &[u8]) -> Result<(Lease, Version), String> {
+pub fn decode_lease(key: &str, value: &[u8]) -> Result<VersionedLease, String> {
     let doc: LeaseIn =
         serde_json::from_slice(value).map_err(|e| format!("not a lease document: {e}"))?;
     if doc.format != FORMAT {
@@ -97,13 +98,13 @@ pub fn decode_lease(key: &str, value: &[u8]) -> Result<(Lease, Version), String>
     let lease = Lease {
         key: doc.key,
         owner: doc.owner,
-        epoch: doc.epoch,
+        epoch: Epoch(doc.epoch),
         checkpoint: doc.checkpoint,
         parents: doc.parents,
         claim: doc.claim,
         attributes: doc.attributes,
     };
-    Ok((lease, Version(doc.version)))
+    Ok(VersionedLease::new(lease, Version(doc.version)))
 }
 
 /// The value of a worker record.
@@ -132,12 +133,12 @@ mod tests {
     fn leases_and_workers_round_trip() {
         let mut lease = Lease::new("s/1", Position::TrimHorizon);
         lease.owner = Some(WorkerId::new("w1"));
-        lease.epoch = 9;
-        lease.claim = Some(Claim { by: WorkerId::new("w2"), at: 9 });
+        lease.epoch = Epoch(9);
+        lease.claim = Some(Claim { by: WorkerId::new("w2"), at: Epoch(9) });
         lease.attributes.insert("a".into(), "b".into());
         let v = Version(u64::MAX >> 1);
         let bytes = encode_lease(&lease, v);
-        assert_eq!(decode_lease("s/1", &bytes), Ok((lease, v)));
+        assert_eq!(decode_lease("s/1", &bytes), Ok(VersionedLease::new(lease, v)));
         let text = String::from_utf8(bytes).unwrap();
         assert!(text.starts_with("{\"format\":1,\"version\":"), "{text}");
 

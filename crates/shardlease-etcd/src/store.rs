@@ -183,9 +183,9 @@ impl EtcdStore {
     /// Decodes a lease value, remembering its version; `Err(Corrupt)` when it does not decode.
     fn decode_lease(&self, key: &str, value: &[u8]) -> Result<VersionedLease> {
         match codec::decode_lease(key, value) {
-            Ok((lease, version)) => {
+            Ok(VersionedLease { lease, version }) => {
                 self.remember(key, version, value);
-                Ok((lease, version))
+                Ok(VersionedLease::new(lease, version))
             }
             Err(reason) => {
                 self.forget(key);
@@ -223,7 +223,7 @@ impl EtcdStore {
             }
         }
         match self.read(key).await? {
-            Some(((_, v), bytes)) if v == expected => Ok(bytes),
+            Some((VersionedLease { version: v, .. }, bytes)) if v == expected => Ok(bytes),
             Some((current, _)) => {
                 Err(Error::Conflict { key: key.clone(), current: Some(Box::new(current)) })
             }

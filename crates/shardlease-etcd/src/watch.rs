@@ -12,6 +12,7 @@
 //! connection, a server restart); the runtime then subscribes again and lists once. Ending the
 //! stream drops the watch's request channel, which cancels it on the server.
 
+use shardlease_core::VersionedLease;
 use std::collections::{HashMap, VecDeque};
 
 use etcd_client::{Client, Event, EventType, GetOptions, WatchOptions, WatchStream};
@@ -63,7 +64,7 @@ async fn read_leases(client: &Client, keys: &Keys, redactor: &Redactor) -> Resul
     for kv in resp.kvs() {
         if let Record::Lease(k) = keys.classify(kv.key()) {
             let key = String::from_utf8_lossy(k).into_owned();
-            if let Ok((lease, _)) = codec::decode_lease(&key, kv.value()) {
+            if let Ok(VersionedLease { lease, .. }) = codec::decode_lease(&key, kv.value()) {
                 known.insert(key, Box::new(lease));
             }
         }
@@ -115,7 +116,7 @@ fn to_change(keys: &Keys, known: &mut Known, event: &Event) -> Option<StoreChang
         Record::Lease(k) => {
             let key = String::from_utf8_lossy(k).into_owned();
             let after = if put {
-                codec::decode_lease(&key, kv.value()).ok().map(|(l, _)| Box::new(l))
+                codec::decode_lease(&key, kv.value()).ok().map(|v| Box::new(v.lease))
             } else {
                 None
             };

@@ -61,7 +61,7 @@ async fn corrupt_records_are_reported_per_record() {
         corrupt_reason(store.get_lease(&"elsewhere".into()).await, "elsewhere");
         let listing = store.list_leases().await.unwrap();
         let mut good: Vec<_> =
-            listing.items.iter().map(|(l, _)| l.key.as_str().to_owned()).collect();
+            listing.items.iter().map(|v| v.lease.key.as_str().to_owned()).collect();
         good.sort();
         assert_eq!(good, ["good-1", "good-2", "good-3"]);
         let mut bad: Vec<_> = listing.corrupt.iter().map(|c| c.key.clone()).collect();

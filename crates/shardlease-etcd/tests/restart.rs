@@ -21,7 +21,7 @@ use shardlease_testkit::recorder::Recorder;
 
 async fn leases(store: &dyn LeaseStore) -> BTreeMap<String, Lease> {
     let listing = store.list_leases().await.unwrap();
-    listing.items.into_iter().map(|(l, _)| (l.key.as_str().to_owned(), l)).collect()
+    listing.items.into_iter().map(|v| (v.lease.key.as_str().to_owned(), v.lease)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

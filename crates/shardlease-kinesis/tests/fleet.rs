@@ -5,6 +5,7 @@
 
 mod common;
 
+use shardlease_core::VersionedLease;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -204,7 +205,8 @@ async fn a_restarted_worker_resumes_inside_an_aggregate() {
         .unwrap_or_else(|e| panic!("{e}"))
         .start();
     eventually("three user records checkpointed", || async {
-        let (lease, _) = store.get_lease(&LeaseKey::from("shardId-000000000000")).await.ok()??;
+        let VersionedLease { lease, .. } =
+            store.get_lease(&LeaseKey::from("shardId-000000000000")).await.ok()??;
         (lease.checkpoint == Position::Sequence { seq: agg.clone(), sub: 2 }).then_some(())
     })
     .await;

@@ -11,6 +11,7 @@
 //! Lua scripts only). Worker hash: `id`, `beat`, `updated_at_millis`, `lease_count`, `changes`
 //! (absent in records written before it existed: 0), `load` and `capacity` (absent when unset). Unknown fields are ignored, so later versions may add some.
 
+use shardlease_core::Epoch;
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
@@ -151,13 +152,13 @@ pub(crate) fn decode_lease(key: &str, fields: &Fields) -> Result<VersionedLease,
     let lease = Lease {
         key: key.into(),
         owner,
-        epoch: number(fields, EPOCH)?,
+        epoch: Epoch(number(fields, EPOCH)?),
         checkpoint,
         parents,
         claim,
         attributes,
     };
-    Ok((lease, Version(number(fields, VERSION)?)))
+    Ok(VersionedLease::new(lease, Version(number(fields, VERSION)?)))
 }
 
 /// Decodes the worker record stored under `id`.
@@ -237,8 +238,8 @@ mod tests {
         )
         .with_parents(["a".into(), "b".into()]);
         lease.owner = Some("worker-1".into());
-        lease.epoch = 42;
-        lease.claim = Some(Claim { by: "worker-2".into(), at: 42 });
+        lease.epoch = Epoch(42);
+        lease.claim = Some(Claim { by: "worker-2".into(), at: Epoch(42) });
         lease.attributes.insert("hash_range".into(), "0-99".into());
         lease
     }
@@ -247,7 +248,8 @@ mod tests {
     fn leases_round_trip() {
         for lease in [full_lease(), Lease::new("plain", Position::TrimHorizon)] {
             let fields = as_fields(lease_fields(&lease).unwrap(), 17);
-            let (back, v) = decode_lease(lease.key.as_str(), &fields).unwrap();
+            let VersionedLease { lease: back, version: v } =
+                decode_lease(lease.key.as_str(), &fields).unwrap();
             assert_eq!((back, v), (lease, Version(17)));
         }
         let plain = as_fields(lease_fields(&Lease::new("p", Position::Latest)).unwrap(), 1);

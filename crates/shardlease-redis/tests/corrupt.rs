@@ -7,6 +7,7 @@
 
 mod common;
 
+use shardlease_core::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,7 +80,7 @@ async fn corrupt_records_are_reported_per_record() {
         raw(&mut conn, &[b"ZADD", index.as_bytes(), b"0", b"ghost"]).await;
 
         let listing = store.list_leases().await.unwrap();
-        let items: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+        let items: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
         assert_eq!(items, ["good-1", "good-2", "good-3"]);
         let corrupt: BTreeMap<&str, &str> =
             listing.corrupt.iter().map(|c| (c.key.as_str(), c.reason.as_str())).collect();
@@ -121,16 +122,22 @@ async fn corrupt_records_are_reported_per_record() {
         // The good leases keep working.
         let good = Lease::new("good-1", Position::TrimHorizon).transferred_to(Some("w".into()));
         let v = store.update_lease(&good, versions["good-1"]).await.unwrap();
-        assert_eq!(store.get_lease(&"good-1".into()).await.unwrap(), Some((good, v)));
+        assert_eq!(
+            store.get_lease(&"good-1".into()).await.unwrap(),
+            Some(VersionedLease::new(good, v))
+        );
         store.delete_lease(&"good-2".into(), versions["good-2"]).await.unwrap();
 
         // An operator who knows the version repairs a garbled record with a plain CAS.
         let repaired = Lease::new("garbled", Position::Latest);
         let v = store.update_lease(&repaired, versions["garbled"]).await.unwrap();
-        assert_eq!(store.get_lease(&"garbled".into()).await.unwrap(), Some((repaired, v)));
+        assert_eq!(
+            store.get_lease(&"garbled".into()).await.unwrap(),
+            Some(VersionedLease::new(repaired, v))
+        );
 
         let listing = store.list_leases().await.unwrap();
-        let items: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+        let items: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
         assert_eq!(items, ["garbled", "good-1", "good-3"]);
         assert_eq!(listing.corrupt.len(), 3);
     })
@@ -219,10 +226,11 @@ async fn a_worker_processes_the_leases_around_a_corrupt_one() {
         assert_eq!(listing.corrupt.len(), 1);
         assert_eq!(listing.corrupt[0].key, bad.as_str());
         assert_eq!(listing.items.len(), 3);
-        assert!(listing
-            .items
-            .iter()
-            .all(|(l, _)| l.owner.as_ref().is_some_and(|o| o.as_str() == "w1")));
+        assert!(listing.items.iter().all(|v| v
+            .lease
+            .owner
+            .as_ref()
+            .is_some_and(|o| o.as_str() == "w1")));
         cluster.shutdown_all().await;
     })
     .await;

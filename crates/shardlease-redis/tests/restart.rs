@@ -14,6 +14,7 @@
 
 mod common;
 
+use shardlease_core::VersionedLease;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,12 +32,12 @@ fn init_logs() {
 
 async fn versions(store: &dyn LeaseStore) -> HashSet<Version> {
     let listing = store.list_leases().await.unwrap();
-    listing.items.iter().map(|(_, v)| *v).collect()
+    listing.items.iter().map(|VersionedLease { version: v, .. }| *v).collect()
 }
 
 async fn epochs(store: &dyn LeaseStore) -> std::collections::BTreeMap<String, u64> {
     let listing = store.list_leases().await.unwrap();
-    listing.items.iter().map(|(l, _)| (l.key.as_str().to_owned(), l.epoch)).collect()
+    listing.items.iter().map(|v| (v.lease.key.as_str().to_owned(), v.lease.epoch.get())).collect()
 }
 
 /// A quick restart: the workers keep heartbeating through it, notice that the store lost their

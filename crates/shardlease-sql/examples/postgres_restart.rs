@@ -22,6 +22,7 @@
 //! Without `SHARDLEASE_TEST_POSTGRES_URL` it says it is skipped; without the two commands it runs
 //! the same workload with no restart.
 
+use shardlease_core::VersionedLease;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -148,7 +149,7 @@ async fn run(url: &str) -> Result<Vec<String>> {
                     match listed {
                         Ok(Ok(listing)) => {
                             w.polls_ok += 1;
-                            for (lease, _) in listing.items {
+                            for VersionedLease { lease, .. } in listing.items {
                                 let prev = w.best.get(&lease.key).cloned();
                                 match prev {
                                     Some(p) if p.would_regress_to(&lease.checkpoint) => {
@@ -253,7 +254,7 @@ async fn run(url: &str) -> Result<Vec<String>> {
 
     let final_leases = observer.list_leases().await?;
     let mut advanced = 0;
-    for (lease, _) in &final_leases.items {
+    for VersionedLease { lease, .. } in &final_leases.items {
         if let Some(before) = at_stop.get(&lease.key) {
             if before.would_regress_to(&lease.checkpoint) {
                 failures.push(format!(

@@ -8,6 +8,7 @@
 //! positive `BIGINT`. A counter would repeat its numbers after the database is restored from a
 //! backup; random versions never repeat for a key (see `Version`), with no counter row to touch.
 
+use shardlease_core::Epoch;
 use std::collections::BTreeMap;
 
 use shardlease_core::{
@@ -84,14 +85,14 @@ pub(crate) fn encode_lease(lease: &Lease) -> Result<LeaseColumns<'_>> {
         .map_err(|e| Error::InvalidInput(format!("attributes cannot be encoded: {e}")))?;
     Ok(LeaseColumns {
         owner: lease.owner.as_ref().map(WorkerId::as_str),
-        epoch: to_i64("epoch", lease.epoch)?,
+        epoch: to_i64("epoch", lease.epoch.get())?,
         checkpoint_kind,
         checkpoint_seq,
         checkpoint_sub,
         checkpoint_millis,
         parents,
         claim_by: lease.claim.as_ref().map(|c| c.by.as_str()),
-        claim_at: lease.claim.as_ref().map(|c| to_i64("claim epoch", c.at)).transpose()?,
+        claim_at: lease.claim.as_ref().map(|c| to_i64("claim epoch", c.at.get())).transpose()?,
         attributes,
         updated_at_millis: now_millis(),
     })
@@ -268,7 +269,7 @@ impl RawLease {
     fn decode_inner(self) -> std::result::Result<VersionedLease, String> {
         let key = required("lease_key", self.key)?;
         let owner = optional("owner", self.owner)?.map(WorkerId::from);
-        let epoch = unsigned("epoch", required("epoch", self.epoch)?)?;
+        let epoch = Epoch(unsigned("epoch", required("epoch", self.epoch)?)?);
         let version = required("version", self.version)?;
         if version <= 0 {
             return Err(format!("column version must be positive, got {version}"));
@@ -285,7 +286,7 @@ impl RawLease {
             match (optional("claim_by", self.claim_by)?, optional("claim_at", self.claim_at)?) {
                 (None, None) => None,
                 (Some(by), Some(at)) => {
-                    Some(Claim { by: WorkerId::from(by), at: unsigned("claim_at", at)? })
+                    Some(Claim { by: WorkerId::from(by), at: Epoch(unsigned("claim_at", at)?) })
                 }
                 _ => {
                     return Err("columns claim_by and claim_at must be both NULL or both set".into())
@@ -303,7 +304,7 @@ impl RawLease {
             claim,
             attributes,
         };
-        Ok((lease, Version(version.unsigned_abs())))
+        Ok(VersionedLease::new(lease, Version(version.unsigned_abs())))
     }
 }
 
@@ -392,7 +393,7 @@ mod tests {
     fn lease_columns_are_readable() {
         let mut lease = Lease::new("k", Position::Sequence { seq: 42u64.into(), sub: 3 });
         lease.parents = vec!["p1".into(), "p2".into()];
-        lease.claim = Some(Claim { by: "w2".into(), at: 7 });
+        lease.claim = Some(Claim { by: "w2".into(), at: Epoch(7) });
         lease.attributes.insert("hash".into(), "0-9".into());
         let c = encode_lease(&lease).unwrap();
         assert_eq!(c.checkpoint_kind, "sequence");
@@ -400,7 +401,7 @@ mod tests {
         assert_eq!(c.parents, r#"["p1","p2"]"#);
         assert_eq!(c.attributes, r#"{"hash":"0-9"}"#);
         assert_eq!((c.claim_by, c.claim_at), (Some("w2"), Some(7)));
-        lease.epoch = u64::MAX;
+        lease.epoch = Epoch(u64::MAX);
         assert!(matches!(encode_lease(&lease), Err(Error::InvalidInput(_))));
     }
 
@@ -423,7 +424,7 @@ mod tests {
 
     #[test]
     fn good_rows_decode() {
-        let (lease, version) = raw().decode("k").unwrap();
+        let VersionedLease { lease, version } = raw().decode("k").unwrap();
         assert_eq!(version, Version(1 << 33 | 1 << 31));
         assert_eq!(lease.checkpoint, Position::Sequence { seq: 12u64.into(), sub: 1 });
         assert_eq!(lease.owner, Some("w1".into()));

@@ -10,6 +10,8 @@
 mod common;
 mod eonce;
 
+use shardlease_core::Epoch;
+use shardlease_core::VersionedLease;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,7 +129,7 @@ fleet_tests!(mysql, async { mysql().await.map(|p| (p, ())) });
 fleet_tests!(sqlite, async { Some(sqlite().await) });
 
 fn token(key: &str, owner: &str, epoch: u64) -> LeaseToken {
-    LeaseToken { key: key.into(), owner: WorkerId::new(owner), epoch }
+    LeaseToken { key: key.into(), owner: WorkerId::new(owner), epoch: Epoch(epoch) }
 }
 
 /// Ten records of one shard, and the batch of the first `n`.
@@ -191,7 +193,7 @@ async fn late_zombie<DB: Sink>(pool: Pool<DB>) {
     assert_eq!(write(&cp, &owner, &table, "owner", &first5).await.unwrap(), 3);
     // The zombie's next transaction comes after the new owner's: refused, no rows.
     let late = write(&cp, &zombie, &table, "zombie", &all10).await;
-    assert!(matches!(late, Err(Error::LeaseLost { epoch: 1, .. })), "{late:?}");
+    assert!(matches!(late, Err(Error::LeaseLost { epoch: Epoch(1), .. })), "{late:?}");
     assert_eq!(rows_by(&pool, &table).await, (5, 5));
     // Also by hand: a fenced transaction opened with the zombie's token is refused at begin.
     let refused: Result<FencedTx<'_, DB>, Error> = cp.begin(&zombie).await;
@@ -227,7 +229,7 @@ where
     assert!(cp.stores_in_lease());
     let lease = Lease {
         owner: Some(WorkerId::new("old")),
-        epoch: 1,
+        epoch: Epoch(1),
         ..Lease::new("shard-b", Position::TrimHorizon)
     };
     store.create_lease(&lease).await.unwrap();
@@ -235,17 +237,19 @@ where
     let (_source, first5, all10) = records(5);
     assert_eq!(write(&cp, &old, &table, "old", &first5).await.unwrap(), 5);
     // The lease moves on (a failover): new owner, new epoch, by the store's compare-and-set.
-    let (current, version) = store.get_lease(&"shard-b".into()).await.unwrap().unwrap();
+    let VersionedLease { lease: current, version } =
+        store.get_lease(&"shard-b".into()).await.unwrap().unwrap();
     assert_eq!(current.checkpoint, first5.last_position().unwrap());
-    let moved = Lease { owner: Some(WorkerId::new("new")), epoch: 2, ..current };
+    let moved = Lease { owner: Some(WorkerId::new("new")), epoch: Epoch(2), ..current };
     store.update_lease(&moved, version).await.unwrap();
     let late = write(&cp, &old, &table, "old", &all10).await;
     assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
     assert_eq!(rows_by(&pool, &table).await, (5, 5));
     let new = moved.token().unwrap();
     assert_eq!(write(&cp, &new, &table, "new", &all10).await.unwrap(), 5);
-    let (row, _) = store.get_lease(&"shard-b".into()).await.unwrap().unwrap();
-    assert_eq!((row.epoch, row.checkpoint), (2, all10.last_position().unwrap()));
+    let VersionedLease { lease: row, .. } =
+        store.get_lease(&"shard-b".into()).await.unwrap().unwrap();
+    assert_eq!((row.epoch, row.checkpoint), (Epoch(2), all10.last_position().unwrap()));
     assert_eq!(rows_by(&pool, &table).await, (10, 10));
     store.delete_namespace().await.unwrap();
     for t in ["sink", "leases", "workers", "namespaces", "schema_migrations"] {

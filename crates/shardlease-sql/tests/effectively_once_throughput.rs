@@ -12,6 +12,7 @@
 mod common;
 mod eonce;
 
+use shardlease_core::Epoch;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -57,7 +58,7 @@ async fn measure(pool: &sqlx::PgPool, source: &MemorySource, path: Path, batch: 
     for key in &shards {
         let lease = Lease {
             owner: Some(WorkerId::new("bench")),
-            epoch: 1,
+            epoch: Epoch(1),
             ..Lease::new(key.clone(), Position::TrimHorizon)
         };
         store.create_lease(&lease).await.unwrap();
@@ -67,7 +68,7 @@ async fn measure(pool: &sqlx::PgPool, source: &MemorySource, path: Path, batch: 
     for key in shards {
         let token = Lease {
             owner: Some(WorkerId::new("bench")),
-            epoch: 1,
+            epoch: Epoch(1),
             ..Lease::new(key.clone(), Position::TrimHorizon)
         }
         .token()

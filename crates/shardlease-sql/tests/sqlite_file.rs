@@ -7,6 +7,8 @@
 #[macro_use]
 mod common;
 
+use shardlease_core::Epoch;
+use shardlease_core::VersionedLease;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
@@ -49,8 +51,9 @@ async fn increment(store: Arc<dyn LeaseStore>, key: &str, tasks: usize, each: u6
                 let mut conflicts = 0;
                 for _ in 0..each {
                     loop {
-                        let (mut lease, v) = store.get_lease(&key).await.unwrap().unwrap();
-                        lease.epoch += 1;
+                        let VersionedLease { mut lease, version: v } =
+                            store.get_lease(&key).await.unwrap().unwrap();
+                        lease.epoch = lease.epoch.next();
                         match store.update_lease(&lease, v).await {
                             Ok(_) => break,
                             Err(Error::Conflict { .. }) => conflicts += 1,
@@ -80,8 +83,8 @@ async fn two_pools_share_one_file() {
         increment(Arc::new(a.clone()), "k", 4, 25),
         increment(Arc::new(b.clone()), "k", 4, 25)
     );
-    let (lease, _) = b.get_lease(&"k".into()).await.unwrap().unwrap();
-    assert_eq!(lease.epoch, 200, "{ca} + {cb} conflicts retried");
+    let VersionedLease { lease, .. } = b.get_lease(&"k".into()).await.unwrap().unwrap();
+    assert_eq!(lease.epoch, Epoch(200), "{ca} + {cb} conflicts retried");
 }
 
 /// The variable that makes [`child_process`] run: the database URL, and how many increments.
@@ -120,8 +123,8 @@ fn processes_share_one_file() {
     }
     runtime.block_on(async {
         let store = SqlStore::connect(&file.url(), "shared").await.unwrap();
-        let (lease, _) = store.get_lease(&"k".into()).await.unwrap().unwrap();
-        assert_eq!(lease.epoch, 120);
+        let VersionedLease { lease, .. } = store.get_lease(&"k".into()).await.unwrap().unwrap();
+        assert_eq!(lease.epoch, Epoch(120));
         assert_eq!(store.list_workers().await.unwrap().items.len(), 3);
     });
 }

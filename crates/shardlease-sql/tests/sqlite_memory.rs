@@ -7,6 +7,7 @@
 mod common;
 
 use common::SqlFactory;
+use shardlease_core::VersionedLease;
 use shardlease_core::{Lease, LeaseStore, Position};
 use shardlease_sql::SqlStore;
 
@@ -74,7 +75,7 @@ async fn unreadable_keys_do_not_break_listing() {
         common::vandalize(&store, key, "lease_key", value).await;
     }
     let listing = store.list_leases().await.unwrap();
-    let mut keys: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+    let mut keys: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
     assert_eq!(keys.len(), 998, "every readable lease");
     assert!(keys.contains(&"12345"));
     keys.sort_unstable();
@@ -87,6 +88,7 @@ async fn unreadable_keys_do_not_break_listing() {
         listing.corrupt
     );
     // The other leases keep working.
-    let (lease, v) = store.get_lease(&"k0003".into()).await.unwrap().unwrap();
+    let VersionedLease { lease, version: v } =
+        store.get_lease(&"k0003".into()).await.unwrap().unwrap();
     store.update_lease(&lease, v).await.unwrap();
 }

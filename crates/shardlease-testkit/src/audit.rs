@@ -107,7 +107,7 @@ impl LeaseStore for AuditStore {
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         let prev = self.inner.get_lease(&lease.key).await.ok().flatten();
         let v = self.inner.update_lease(lease, expected).await?;
-        if let Some((prev, pv)) = prev {
+        if let Some(VersionedLease { lease: prev, version: pv }) = prev {
             if pv == expected {
                 self.check(&prev, lease);
             }

@@ -1,6 +1,7 @@
 //! A fleet of workers in one process, for lease-loop tests, simulations and benchmarks: start,
 //! stop, crash and add workers, and wait for conditions on the store (never on sleeps).
 
+use shardlease_core::VersionedLease;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use shardlease_core::balancer::is_active;
 use shardlease_core::runtime::WorkerStats;
 use shardlease_core::{
     Balancer, Checkpointer, Config, Lease, LeaseKey, LeaseStore, ProcessorFactory, Result,
-    ShardSource, Worker, WorkerHandle, WorkerId,
+    ShardSource, ShutdownReport, Worker, WorkerHandle, WorkerId,
 };
 
 /// Makes the store view a worker uses (the same store for all, or one fault-injecting view each).
@@ -214,11 +215,11 @@ impl Cluster {
         self.workers.get(id)
     }
 
-    /// Shuts a worker down gracefully.
-    pub async fn shutdown(&mut self, id: &WorkerId) -> Result<()> {
+    /// Shuts a worker down gracefully; what became of its leases (empty for an unknown id).
+    pub async fn shutdown(&mut self, id: &WorkerId) -> Result<ShutdownReport> {
         match self.workers.remove(id) {
             Some(h) => h.shutdown().await,
-            None => Ok(()),
+            None => Ok(ShutdownReport::default()),
         }
     }
 
@@ -238,19 +239,19 @@ impl Cluster {
     pub async fn try_shutdown_all(&mut self) -> Result<()> {
         let all: Vec<_> = std::mem::take(&mut self.workers).into_values().collect();
         let results = futures::future::join_all(all.iter().map(|h| h.shutdown())).await;
-        results.into_iter().collect()
+        results.into_iter().try_for_each(|r| r.map(drop))
     }
 
     /// Every lease, as the store says.
     pub async fn leases(&self) -> Result<Vec<Lease>> {
-        Ok(self.observer.list_leases().await?.items.into_iter().map(|(l, _)| l).collect())
+        Ok(self.observer.list_leases().await?.items.into_iter().map(|v| v.lease).collect())
     }
 
     /// Who owns what right now.
     pub async fn coverage(&self) -> Result<Coverage> {
         let listing = self.observer.list_leases().await?;
         let corrupt = listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
-        let leases: Vec<Lease> = listing.items.into_iter().map(|(l, _)| l).collect();
+        let leases: Vec<Lease> = listing.items.into_iter().map(|v| v.lease).collect();
         let by_key: HashMap<_, _> = leases.iter().map(|l| (&l.key, l)).collect();
         // Owners are named by a worker's current id, which changes when it fences itself and
         // comes back as a new incarnation; shares are reported under the id it started with.
@@ -299,7 +300,7 @@ impl Cluster {
     /// crashed worker leaves its record behind), so runs on a shared store leave nothing.
     pub async fn teardown(&mut self) -> Result<()> {
         let stopped = self.try_shutdown_all().await;
-        for (lease, version) in self.observer.list_leases().await?.items {
+        for VersionedLease { lease, version } in self.observer.list_leases().await?.items {
             // A conflict means something still writes; the namespace is the run's own: ignore it.
             let _ = self.observer.delete_lease(&lease.key, version).await;
         }

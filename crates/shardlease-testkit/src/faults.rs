@@ -286,10 +286,10 @@ impl LeaseStore for FaultyStore {
         let corrupt = self.faults.lock().corrupt.clone();
         if !corrupt.is_empty() {
             let (bad, good): (Vec<_>, Vec<_>) =
-                listing.items.into_iter().partition(|(lease, _)| corrupt.contains(&lease.key));
+                listing.items.into_iter().partition(|v| corrupt.contains(&v.lease.key));
             listing.items = good;
-            listing.corrupt.extend(bad.into_iter().map(|(lease, _)| CorruptRecord {
-                key: lease.key.to_string(),
+            listing.corrupt.extend(bad.into_iter().map(|v| CorruptRecord {
+                key: v.lease.key.to_string(),
                 reason: INJECTED_CORRUPTION.to_owned(),
             }));
         }

@@ -224,7 +224,7 @@ impl RecordProcessor for RecordingProcessor {
                 st.errors_returned += 1;
                 return Err(format!("requested failure while processing {key}").into());
             }
-            let epoch = cp.token().epoch;
+            let epoch = cp.token().epoch.get();
             for r in &batch.records {
                 st.clock += 1;
                 let t = st.clock;

@@ -55,7 +55,7 @@ impl LeaseStore for Broken {
     }
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         let expected = match (self.bug, self.inner.get_lease(&lease.key).await?) {
-            (Bug::LastWriterWins, Some((_, current))) => current,
+            (Bug::LastWriterWins, Some(VersionedLease { version: current, .. })) => current,
             _ => expected,
         };
         match self.inner.update_lease(lease, expected).await {
@@ -170,9 +170,9 @@ struct CounterVersions {
 }
 
 impl CounterVersions {
-    fn outer((mut lease, _): VersionedLease) -> VersionedLease {
+    fn outer(VersionedLease { mut lease, .. }: VersionedLease) -> VersionedLease {
         let v = lease.attributes.remove(COUNTER).and_then(|v| v.parse().ok()).unwrap_or(0);
-        (lease, Version(v))
+        VersionedLease::new(lease, Version(v))
     }
 
     fn with_counter(lease: &Lease, v: u64) -> Lease {
@@ -204,9 +204,9 @@ impl LeaseStore for CounterVersions {
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         let current = self.inner.get_lease(&lease.key).await?;
         match current {
-            Some(c) if Self::outer(c.clone()).1 == expected => {
+            Some(c) if Self::outer(c.clone()).version == expected => {
                 let next = Self::with_counter(lease, expected.0 + 1);
-                match self.inner.update_lease(&next, c.1).await {
+                match self.inner.update_lease(&next, c.version).await {
                     Ok(_) => Ok(Version(expected.0 + 1)),
                     Err(Error::Conflict { key, current }) => {
                         Err(Self::conflict(&key, current.map(|c| *c)))
@@ -219,8 +219,8 @@ impl LeaseStore for CounterVersions {
     }
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
         match self.inner.get_lease(key).await? {
-            Some(c) if Self::outer(c.clone()).1 == expected => {
-                self.inner.delete_lease(key, c.1).await
+            Some(c) if Self::outer(c.clone()).version == expected => {
+                self.inner.delete_lease(key, c.version).await
             }
             other => Err(Self::conflict(key, other)),
         }

@@ -207,7 +207,7 @@ mod tests {
         assert!(store.subscribe_changes().await.unwrap().is_some(), "watch is on by default");
         let off = connect_namespace(&format!("{url}&watch=false"), "facade-etcd").await.unwrap();
         assert!(off.subscribe_changes().await.unwrap().is_none(), "watch=false turns it off");
-        let v = store.get_lease(&"k".into()).await.unwrap().unwrap().1;
+        let v = store.get_lease(&"k".into()).await.unwrap().unwrap().version;
         store.delete_lease(&"k".into(), v).await.unwrap();
     }
 

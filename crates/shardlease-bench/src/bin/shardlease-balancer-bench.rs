@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use shardlease::{Balancer, GreedyBalancer, Lease, LeaseKey, Position, Snapshot, WorkerId};
+use shardlease::{Balancer, Epoch, GreedyBalancer, Lease, LeaseKey, Position, Snapshot, WorkerId};
 
 /// A balanced fleet of `workers` owning `leases` leases, plus one newcomer that owns nothing.
 fn fleet(leases: usize, workers: usize) -> (Vec<Lease>, BTreeSet<WorkerId>, WorkerId) {
@@ -23,7 +23,7 @@ fn fleet(leases: usize, workers: usize) -> (Vec<Lease>, BTreeSet<WorkerId>, Work
             let mut l =
                 Lease::new(LeaseKey::new(format!("shardId-{i:012}")), Position::TrimHorizon);
             l.owner = Some(ids[i % workers].clone());
-            l.epoch = 1;
+            l.epoch = Epoch(1);
             l
         })
         .collect();

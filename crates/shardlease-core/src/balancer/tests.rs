@@ -11,7 +11,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::balancer::{Balancer, GreedyBalancer, OnePerPassBalancer, Plan, Snapshot};
-use crate::lease::{Claim, Lease, LeaseKey, WorkerId};
+use crate::lease::{Claim, Epoch, Lease, LeaseKey, WorkerId};
 use crate::position::Position;
 
 // ---------------------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ fn child(key: &str, parents: &[&str]) -> Lease {
 
 /// `lease` with a claim by `by` made against epoch `at`.
 fn claimed(lease: Lease, by: &str, at: u64) -> Lease {
-    Lease { claim: Some(Claim { by: w(by), at }), ..lease }
+    Lease { claim: Some(Claim { by: w(by), at: Epoch(at) }), ..lease }
 }
 
 /// `n` leases `{prefix}0000..`, owned by `owner` (or unowned).
@@ -753,9 +753,9 @@ fn handoff_only_when_owner_holds_two_more_than_claimant() {
     for row in rows {
         let mut leases = distributed(&[("me", row.shares.0), ("c", row.shares.1)]);
         for lease in leases.iter_mut().filter(|l| l.is_owned_by(&w("me"))).take(row.claims) {
-            lease.epoch = 3;
+            lease.epoch = Epoch(3);
             let at = if row.stale { 2 } else { 3 };
-            lease.claim = Some(Claim { by: w("c"), at });
+            lease.claim = Some(Claim { by: w("c"), at: Epoch(at) });
         }
         let live: &[&str] = if row.claimant_live { &["me", "c"] } else { &["me"] };
         let plan = greedy(&snapshot("me", leases, live));
@@ -778,7 +778,7 @@ fn expired_claims_are_taken_over_when_the_owner_is_alive_but_silent() {
         take_over: bool,
     }
     let at_epoch = |mut l: Lease, e: u64| {
-        l.epoch = e;
+        l.epoch = Epoch(e);
         l
     };
     let rows = [

@@ -81,7 +81,7 @@ mod tests {
 
     use super::*;
     use crate::error::Error;
-    use crate::lease::{Lease, Version};
+    use crate::lease::{Lease, Version, VersionedLease};
     use crate::position::Position;
     use crate::store::{CreateOutcome, LeaseStore};
     use crate::worker_record::WorkerRecord;
@@ -139,7 +139,10 @@ mod tests {
 
         // A snapshot can be restored again, and into another namespace.
         store.restore(&snap);
-        assert_eq!(store.get_lease(&"a".into()).await.unwrap(), Some((lease("a"), va)));
+        assert_eq!(
+            store.get_lease(&"a".into()).await.unwrap(),
+            Some(VersionedLease::new(lease("a"), va))
+        );
         other.restore(&snap);
         assert_eq!(other.list_leases().await.unwrap().items, before);
         let shown = format!("{snap:?}");

@@ -139,7 +139,7 @@ impl MemoryStore {
     /// record back the way it was before later writes. Test-only; never call it from a worker.
     #[doc(hidden)]
     pub fn restore_raw(&self, lease: &Lease, version: Version) {
-        self.lock().leases.insert(lease.key.clone(), (lease.clone(), version));
+        self.lock().leases.insert(lease.key.clone(), VersionedLease::new(lease.clone(), version));
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, NamespaceState> {
@@ -177,7 +177,7 @@ impl LeaseStore for MemoryStore {
             return Ok(CreateOutcome::AlreadyExists);
         }
         let version = Version::random();
-        state.leases.insert(lease.key.clone(), (lease.clone(), version));
+        state.leases.insert(lease.key.clone(), VersionedLease::new(lease.clone(), version));
         Ok(CreateOutcome::Created(version))
     }
 
@@ -192,9 +192,9 @@ impl LeaseStore for MemoryStore {
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         let mut state = self.lock();
         match state.leases.get_mut(&lease.key) {
-            Some(current) if current.1 == expected => {
+            Some(current) if current.version == expected => {
                 let version = Version::random_other_than(expected);
-                *current = (lease.clone(), version);
+                *current = VersionedLease::new(lease.clone(), version);
                 Ok(version)
             }
             current => Err(conflict(&lease.key, current.as_deref())),
@@ -204,7 +204,7 @@ impl LeaseStore for MemoryStore {
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
         let mut state = self.lock();
         match state.leases.get(key) {
-            Some(current) if current.1 == expected => {
+            Some(current) if current.version == expected => {
                 state.leases.remove(key);
                 Ok(())
             }
@@ -243,6 +243,7 @@ impl LeaseStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::Epoch;
     use crate::position::Position;
 
     fn lease(key: &str) -> Lease {
@@ -261,9 +262,10 @@ mod tests {
         let store = MemoryStore::new();
         let v = created(store.create_lease(&lease("a")).await.unwrap());
         let mut other = lease("a");
-        other.epoch = 7;
+        other.epoch = Epoch(7);
         assert_eq!(store.create_lease(&other).await.unwrap(), CreateOutcome::AlreadyExists);
-        let (got, gv) = store.get_lease(&"a".into()).await.unwrap().unwrap();
+        let VersionedLease { lease: got, version: gv } =
+            store.get_lease(&"a".into()).await.unwrap().unwrap();
         assert_eq!((got, gv), (lease("a"), v));
         assert_eq!(store.lease_count(), 1);
         assert!(store.get_lease(&"missing".into()).await.unwrap().is_none());
@@ -282,11 +284,14 @@ mod tests {
         match store.update_lease(&stale, v1).await {
             Err(Error::Conflict { key, current: Some(current) }) => {
                 assert_eq!(key, LeaseKey::from("a"));
-                assert_eq!(*current, (owned.clone(), v2));
+                assert_eq!(*current, VersionedLease::new(owned.clone(), v2));
             }
             other => panic!("expected a conflict, got {other:?}"),
         }
-        assert_eq!(store.get_lease(&"a".into()).await.unwrap(), Some((owned, v2)));
+        assert_eq!(
+            store.get_lease(&"a".into()).await.unwrap(),
+            Some(VersionedLease::new(owned, v2))
+        );
 
         // A missing record conflicts with no current record.
         match store.update_lease(&lease("nope"), v1).await {
@@ -302,7 +307,7 @@ mod tests {
         let v1 = created(store.create_lease(&lease("a")).await.unwrap());
         let v2 = store.update_lease(&lease("a"), v1).await.unwrap();
         match store.delete_lease(&"a".into(), v1).await {
-            Err(Error::Conflict { current: Some(current), .. }) => assert_eq!(current.1, v2),
+            Err(Error::Conflict { current: Some(current), .. }) => assert_eq!(current.version, v2),
             other => panic!("expected a conflict, got {other:?}"),
         }
         store.delete_lease(&"a".into(), v2).await.unwrap();
@@ -340,12 +345,17 @@ mod tests {
         let b = lease("a").transferred_to(Some("b".into()));
         let v2 = store.update_lease(&b, v1).await.unwrap();
         store.restore_raw(&lease("a"), v1);
-        assert_eq!(store.get_lease(&"a".into()).await.unwrap(), Some((lease("a"), v1)));
+        assert_eq!(
+            store.get_lease(&"a".into()).await.unwrap(),
+            Some(VersionedLease::new(lease("a"), v1))
+        );
         let c = lease("a").transferred_to(Some("c".into()));
         let v3 = store.update_lease(&c, v1).await.unwrap();
         assert_ne!(v3, v2, "a rolled-back record must not hand out a version again");
         match store.update_lease(&b, v2).await {
-            Err(Error::Conflict { current: Some(current), .. }) => assert_eq!(*current, (c, v3)),
+            Err(Error::Conflict { current: Some(current), .. }) => {
+                assert_eq!(*current, VersionedLease::new(c, v3))
+            }
             other => panic!("expected a conflict, got {other:?}"),
         }
     }
@@ -412,7 +422,7 @@ mod tests {
             store.create_lease(&lease(key)).await.unwrap();
         }
         let listing = store.list_leases().await.unwrap();
-        let keys: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+        let keys: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
         assert_eq!(keys, vec!["a", "b", "c"]);
         assert!(listing.corrupt.is_empty());
     }
@@ -426,7 +436,7 @@ mod tests {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
                 let mut l = lease("a").transferred_to(Some(format!("w{i}").as_str().into()));
-                l.epoch = i;
+                l.epoch = Epoch(i);
                 store.update_lease(&l, v).await.is_ok()
             }));
         }

@@ -25,7 +25,7 @@ use super::shared::{lock, MyClaim, Shared, StopReason};
 use super::{cas, lease_task, recovery};
 use crate::balancer::{is_active, Plan, Snapshot};
 use crate::error::Error;
-use crate::lease::{Claim, Lease, LeaseKey, Version, VersionedLease, WorkerId};
+use crate::lease::{Claim, Epoch, Lease, LeaseKey, Version, VersionedLease, WorkerId};
 use crate::store::CreateOutcome;
 
 pub(crate) async fn balance_loop(shared: Arc<Shared>) {
@@ -154,7 +154,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
         let keys: BTreeSet<&str> = listing
             .items
             .iter()
-            .map(|(l, _)| l.key.as_str())
+            .map(|v| v.lease.key.as_str())
             .chain(listing.corrupt.iter().map(|c| c.key.as_str()))
             .collect();
         let mut last = lock(&shared.last_sync);
@@ -177,7 +177,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
         lock(&shared.lost_since).clear();
     } else {
         withheld.extend(lost.iter().map(|l| l.key().clone()));
-        leases.retain(|(l, _)| !withheld.contains(&l.key));
+        leases.retain(|v| !withheld.contains(&v.lease.key));
         let vanished = leases.is_empty() && listing.corrupt.is_empty();
         restore_lost(shared, lost, vanished).await;
     }
@@ -191,19 +191,19 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
         && retake.is_empty()
         && stopped == 0
         && nothing_pending(shared, &me, &leases, &withheld);
-    for (lease, version) in resume {
+    for VersionedLease { lease, version } in resume {
         lease_task::spawn(shared, lease, version);
     }
     let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
     for v in retake.iter().filter(|_| !holding) {
         if take(shared, v).await {
-            info!(key = %v.0.key, "re-took by compare-and-set a lease this process was not granted");
+            info!(key = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
         }
     }
     let expired = expired_claims(shared, &me, &leases, now);
     let snapshot = Snapshot {
         me: me.clone(),
-        leases: leases.iter().map(|(l, _)| l.clone()).collect(),
+        leases: leases.iter().map(|v| v.lease.clone()).collect(),
         withheld,
         live_workers: live,
         max_leases_per_worker: shared.cfg.max_leases_per_worker,
@@ -230,7 +230,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
             "balance plan"
         );
         let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
-            leases.iter().map(|v| (&v.0.key, v)).collect();
+            leases.iter().map(|v| (&v.lease.key, v)).collect();
         answered = execute(shared, &plan, &by_key).await;
     }
     // After the plan, which answers claims: only a claim this pass could not answer counts.
@@ -253,8 +253,8 @@ fn nothing_pending(
 ) -> bool {
     let live = lock(&shared.liveness).live_workers();
     let all: std::collections::HashMap<&LeaseKey, &Lease> =
-        leases.iter().map(|(l, _)| (&l.key, l)).collect();
-    leases.iter().all(|(l, _)| {
+        leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
+    leases.iter().all(|VersionedLease { lease: l, .. }| {
         !is_active(l, &all, withheld)
             || (l.live_claim().is_none()
                 && l.owner.as_ref().is_some_and(|o| o == me || live.contains(o)))
@@ -347,7 +347,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                             *o != me && liveness.started_within(o, restart_window)
                         }),
                 };
-                l.restoration(&standing).map(|r| (r, l.now.as_ref().map(|(_, v)| *v)))
+                l.restoration(&standing).map(|r| (r, l.now.as_ref().map(|v| v.version)))
             })
             .collect()
     };
@@ -367,7 +367,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                 debug!(
                     key = %lease.key,
                     owner = ?lease.owner,
-                    epoch = lease.epoch,
+                    epoch = %lease.epoch,
                     checkpoint = %lease.checkpoint,
                     written = ?done.as_ref().ok(),
                     "restoring a lost lease"
@@ -432,7 +432,8 @@ fn live_set(shared: &Shared, me: &WorkerId, leases: &[VersionedLease]) -> BTreeS
     let mut liveness = lock(&shared.liveness);
     let mut live = liveness.live_workers();
     live.insert(me.clone());
-    let owners: BTreeSet<&WorkerId> = leases.iter().filter_map(|(l, _)| l.owner.as_ref()).collect();
+    let owners: BTreeSet<&WorkerId> =
+        leases.iter().filter_map(|v| v.lease.owner.as_ref()).collect();
     for owner in &owners {
         if !live.contains(*owner) && liveness.is_alive(owner) {
             live.insert((*owner).clone());
@@ -459,7 +460,8 @@ fn reconcile(
     leases: &[VersionedLease],
     withheld: &BTreeSet<LeaseKey>,
 ) -> (Vec<VersionedLease>, Vec<VersionedLease>, usize) {
-    let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
+    let by_key: BTreeMap<&LeaseKey, &Lease> =
+        leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
     let mut stopped = 0;
     {
         let tasks = lock(&shared.tasks);
@@ -484,16 +486,16 @@ fn reconcile(
     let granted = lock(&shared.granted).clone();
     let claims = lock(&shared.my_claims).clone();
     // A lease claimed by a peer is not restarted here: the plan hands it over or clears the claim.
-    let idle = leases.iter().filter(|(lease, _)| {
+    let idle = leases.iter().filter(|VersionedLease { lease, .. }| {
         lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))
             && is_active(lease, &by_ref, withheld)
             && !tasks.contains_key(&lease.key)
             && lease.live_claim().is_none_or(|c| &c.by == me)
     });
-    let (resume, retake) = idle.cloned().partition(|(l, _)| {
+    let (resume, retake) = idle.cloned().partition(|VersionedLease { lease: l, .. }| {
         l.is_owned_by(me)
             && (granted.get(&l.key) == Some(&l.epoch)
-                || claims.get(&l.key).is_some_and(|c| c.at + 1 == l.epoch))
+                || claims.get(&l.key).is_some_and(|c| c.at.next() == l.epoch))
     });
     (resume, retake, stopped)
 }
@@ -516,9 +518,9 @@ fn yield_unanswered_claims(
     let previous = lock(&shared.previous_listing).replace(list_sent).unwrap_or(list_sent);
     let claimed: BTreeMap<&LeaseKey, Version> = leases
         .iter()
-        .filter(|(l, _)| l.is_owned_by(me) && l.live_claim().is_some_and(|c| &c.by != me))
-        .filter(|(l, _)| !answered.contains(&l.key))
-        .map(|(l, v)| (&l.key, *v))
+        .filter(|v| v.lease.is_owned_by(me) && v.lease.live_claim().is_some_and(|c| &c.by != me))
+        .filter(|v| !answered.contains(&v.lease.key))
+        .map(|v| (&v.lease.key, v.version))
         .collect();
     {
         let mut watched = lock(&shared.claims_on_mine);
@@ -585,9 +587,9 @@ fn expired_claims(
     // A claim on a lease that finished since is moot: nothing is left to hand over.
     let standing: BTreeMap<&LeaseKey, Version> = leases
         .iter()
-        .filter(|(l, _)| l.live_claim().is_some_and(|c| &c.by == me) && !l.is_owned_by(me))
-        .filter(|(l, _)| !l.is_finished())
-        .map(|(l, v)| (&l.key, *v))
+        .filter(|v| v.lease.live_claim().is_some_and(|c| &c.by == me) && !v.lease.is_owned_by(me))
+        .filter(|v| !v.lease.is_finished())
+        .map(|v| (&v.lease.key, v.version))
         .collect();
     let mut mine = lock(&shared.my_claims);
     mine.retain(|k, _| standing.contains_key(k));
@@ -650,13 +652,15 @@ async fn execute(
     let claims: Vec<(Lease, Version, WorkerId)> = plan
         .claims
         .iter()
-        .filter_map(|(key, owner)| by_key.get(key).map(|v| (v.0.clone(), v.1, owner.clone())))
+        .filter_map(|(key, owner)| {
+            by_key.get(key).map(|v| (v.lease.clone(), v.version, owner.clone()))
+        })
         .collect();
     futures::stream::iter(claims)
         .map(|(lease, version, owner)| {
             let me = me.clone();
             async move {
-                let listed = Some((lease.clone(), version));
+                let listed = Some(VersionedLease::new(lease.clone(), version));
                 // One attempt: a claim dropped on a conflict (often the owner's checkpoint) is
                 // made again at a later pass. Re-deciding on the current record would also claim
                 // again right after the owner cleared the claim, and the owner, settled, would not
@@ -694,7 +698,7 @@ async fn execute(
             Some((epoch, true)) => running.push((key.clone(), to.clone(), epoch)),
             Some((_, false)) => {} // already stopping
             None => {
-                if let Some(token) = by_key.get(key).and_then(|v| v.0.token()) {
+                if let Some(token) = by_key.get(key).and_then(|v| v.lease.token()) {
                     lease_task::transfer(shared, &token, Some(to.clone())).await;
                 }
             }
@@ -738,9 +742,9 @@ async fn execute(
 /// version is often stale: on a conflict, re-decide from the current record (a claim left standing
 /// would let the claimant take the lease after the claim timeout). True when it cleared it.
 async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> bool {
-    let claim = listed.0.live_claim().cloned();
+    let claim = listed.lease.live_claim().cloned();
     let me = shared.id();
-    let key = listed.0.key.clone();
+    let key = listed.lease.key.clone();
     let outcome = cas::write(
         shared,
         &key,
@@ -767,7 +771,7 @@ async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> bool {
 /// nothing but the record's version (which restarts the claimant's claim timeout). False when the
 /// lease or the claim moved on, or the store kept failing: the handoff is then left to a later
 /// pass.
-async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: u64, to: &WorkerId) -> bool {
+async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: Epoch, to: &WorkerId) -> bool {
     let me = shared.id();
     // Read first: the listing's version is likely stale (the owner checkpoints all the time).
     let outcome = cas::write(shared, key, None, cas::Policy::PERSIST, "acknowledge a claim", |l| {
@@ -787,12 +791,13 @@ async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: u64, to: &Wor
 }
 
 /// Takes one lease by CAS (owner = me, epoch + 1) and starts its task. False on conflict/error.
-async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool {
+async fn take(shared: &Arc<Shared>, listed: &VersionedLease) -> bool {
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
         return false;
     }
     let me = shared.id();
-    let listed = Some((lease.clone(), *version));
+    let lease = &listed.lease;
+    let listed = Some(listed.clone());
     let outcome =
         cas::write(shared, &lease.key, listed, cas::Policy::ONCE, "take the lease", |l| {
             Some(Lease {

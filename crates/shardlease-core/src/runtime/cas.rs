@@ -71,7 +71,7 @@ where
     let mut conflicts = 0;
     let mut backoff = shared.backoff();
     loop {
-        let (lease, version) = match current.take() {
+        let VersionedLease { lease, version } = match current.take() {
             Some(v) => v,
             None => match shared.store.get_lease(key).await {
                 Ok(Some(v)) => v,

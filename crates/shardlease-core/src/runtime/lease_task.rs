@@ -40,7 +40,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> boo
     shared.observe(&lease, version);
     lock(&shared.granted).insert(lease.key.clone(), token.epoch);
     let (tx, rx) = watch::channel(None);
-    let span = tracing::info_span!("lease", key = %lease.key, epoch = lease.epoch);
+    let span = tracing::info_span!("lease", key = %lease.key, epoch = %lease.epoch);
     let join = tokio::spawn(run(shared.clone(), lease.clone(), rx).instrument(span));
     tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, join });
     true
@@ -54,14 +54,30 @@ enum Exit {
     Panicked(String),
 }
 
+/// What became of a lease when its task ended: what a shutdown reports for it.
+pub(crate) enum Ended {
+    /// Released or handed over, with this checkpoint stored for the next owner.
+    Released(Position),
+    /// A release was due but could not be written (the store kept failing, or the lease moved
+    /// on meanwhile).
+    NotReleased,
+    /// Nothing to release: the shard ended, the lease was lost or moved on, or the worker
+    /// stopped abruptly.
+    Nothing,
+}
+
 /// The outcome of one step that may be interrupted.
 enum Step<T> {
     Done(T),
     Exit(Exit),
 }
 
-async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<StopReason>>) {
-    let Some(token) = lease.token() else { return };
+async fn run(
+    shared: Arc<Shared>,
+    lease: Lease,
+    stop: watch::Receiver<Option<StopReason>>,
+) -> Ended {
+    let Some(token) = lease.token() else { return Ended::Nothing };
     let cp = CheckpointHandle::observed(shared.checkpointer.clone(), token.clone(), shared.clone());
     let mut task = Task { shared: shared.clone(), token: token.clone(), cp, stop, processor: None };
     debug!("lease task started");
@@ -70,9 +86,9 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
     let exit = tokio::select! {
         biased;
         e = task.drive(&lease) => e,
-        _ = shared.cancel.cancelled() => return,
+        _ = shared.cancel.cancelled() => return Ended::Nothing,
     };
-    match exit {
+    let ended = match exit {
         Exit::Finished => {
             info!("shard finished");
             // Remembered at once: should the store lose the end, this worker restores the lease
@@ -86,27 +102,31 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
             shared.remember(&finished);
             shared.changed_now(1);
             shared.balance_now.notify_one();
+            Ended::Nothing
         }
         Exit::Lost => {
             shared.bump(&shared.stats.lost, 1);
             metrics::counter!("shardlease_leases_lost_total").increment(1);
             warn!("lease lost (a fenced write was refused)");
             shared.want_listing();
+            Ended::Nothing
         }
-        Exit::Stopped(StopReason::Handoff { to, .. }) => {
-            transfer(&shared, &token, Some(to)).await;
+        Exit::Stopped(StopReason::Handoff { to, .. }) => transfer(&shared, &token, Some(to)).await,
+        Exit::Stopped(StopReason::Shutdown { .. }) => transfer(&shared, &token, None).await,
+        Exit::Stopped(StopReason::LeaseLost) => {
+            debug!("lease task stopped: the lease moved on");
+            Ended::Nothing
         }
-        Exit::Stopped(StopReason::Shutdown { .. }) => {
-            transfer(&shared, &token, None).await;
+        Exit::Stopped(reason) => {
+            debug!(?reason, "lease task stopped");
+            Ended::Nothing
         }
-        Exit::Stopped(StopReason::LeaseLost) => debug!("lease task stopped: the lease moved on"),
-        Exit::Stopped(reason) => debug!(?reason, "lease task stopped"),
         Exit::Panicked(msg) => {
             error!(panic = %msg, "record processor panicked; releasing the lease so the shard resumes from its checkpoint");
             metrics::counter!("shardlease_processor_panics_total").increment(1);
-            transfer(&shared, &token, None).await;
+            transfer(&shared, &token, None).await
         }
-    }
+    };
     // Under the task-map lock, so a reconcile sees either the task or its grant gone: a listing
     // older than this moment that still shows the lease as ours at this epoch then leads to a
     // compare-and-set against a stale version, never to a second task.
@@ -120,12 +140,13 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
     if granted.get(&token.key) == Some(&token.epoch) {
         granted.remove(&token.key);
     }
+    ended
 }
 
 /// Hands the lease to `to` (if its claim is still standing) or releases it, by compare-and-set.
 /// Only acts while `token` is still current: a lease that moved on is left alone. Gives up when
 /// the store keeps failing past the shutdown timeout (the lease then expires with this worker).
-pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>) {
+pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>) -> Ended {
     let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
     let policy = super::cas::Policy::until(deadline);
     let outcome = super::cas::write(shared, &token.key, None, policy, "hand the lease over", |l| {
@@ -144,11 +165,13 @@ pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<Wor
             Some(w) => {
                 shared.bump(&shared.stats.handoffs, 1);
                 metrics::counter!("shardlease_handoffs_total").increment(1);
-                info!(to = %w, epoch = next.epoch, "lease handed over");
+                info!(to = %w, epoch = %next.epoch, "lease handed over");
             }
-            None => info!(epoch = next.epoch, "lease released"),
+            None => info!(epoch = %next.epoch, "lease released"),
         }
+        return Ended::Released(next.checkpoint);
     }
+    Ended::NotReleased
 }
 
 enum Hook<'a> {

@@ -11,6 +11,7 @@ mod notices;
 mod recovery;
 mod shard_sync;
 mod shared;
+mod shutdown_report;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,7 @@ use crate::source::ShardSource;
 use crate::store::LeaseStore;
 pub use shared::INCARNATION_SEPARATOR;
 use shared::{lock, Shared, StopReason};
+pub use shutdown_report::{ReleasedLease, ShutdownReport};
 
 /// A configured worker, ready to [`start`](Worker::start).
 pub struct Worker {
@@ -279,13 +281,20 @@ impl WorkerHandle {
 
     /// Graceful shutdown: stop taking, stop readers, let every processor checkpoint
     /// (`shutdown_requested`), release every lease (epoch + 1, checkpoint kept) and remove the
-    /// worker record, all within `shutdown_timeout`. Idempotent.
-    pub async fn shutdown(&self) -> Result<()> {
+    /// worker record, all within `shutdown_timeout`. Idempotent: a second call returns an empty
+    /// report.
+    ///
+    /// The report says what became of each lease, and in particular which processors had to be
+    /// cut short ([`ShutdownReport::abandoned`]: their next owner processes again what followed
+    /// the last checkpoint). An error means the worker record could not be removed; the worker
+    /// has stopped all the same, and its peers treat it as dead after the failover timeout.
+    pub async fn shutdown(&self) -> Result<ShutdownReport> {
         let mut done = self.shutdown.lock().await;
         if *done || self.shared.cancel.is_cancelled() {
             *done = true;
-            return Ok(());
+            return Ok(ShutdownReport::default());
         }
+        let mut report = ShutdownReport::default();
         let shared = &self.shared;
         info!(worker = %shared.id(), "shutting down");
         shared.stop_taking.cancel();
@@ -298,15 +307,33 @@ impl WorkerHandle {
         }
         for (key, t) in tasks {
             let abort = t.join.abort_handle();
-            if tokio::time::timeout_at(deadline, t.join).await.is_err() {
-                abort.abort();
-                warn!(key = %key, "lease task did not stop in time; releasing its lease anyway");
-                let token = crate::lease::LeaseToken {
-                    key: key.clone(),
-                    owner: shared.id(),
-                    epoch: t.epoch,
-                };
-                lease_task::transfer(shared, &token, None).await;
+            let ended = match tokio::time::timeout_at(deadline, t.join).await {
+                Ok(Ok(ended)) => ended,
+                // The task panicked outside the processor (which is caught) or was aborted.
+                Ok(Err(_)) => lease_task::Ended::NotReleased,
+                Err(_) => {
+                    abort.abort();
+                    warn!(key = %key, "lease task did not stop in time; releasing its lease anyway");
+                    let token = crate::lease::LeaseToken {
+                        key: key.clone(),
+                        owner: shared.id(),
+                        epoch: t.epoch,
+                    };
+                    match lease_task::transfer(shared, &token, None).await {
+                        lease_task::Ended::Released(resumes_at) => {
+                            report.abandoned.push(ReleasedLease { key, resumes_at });
+                        }
+                        _ => report.not_released.push(key),
+                    }
+                    continue;
+                }
+            };
+            match ended {
+                lease_task::Ended::Released(resumes_at) => {
+                    report.released.push(ReleasedLease { key, resumes_at });
+                }
+                lease_task::Ended::NotReleased => report.not_released.push(key),
+                lease_task::Ended::Nothing => report.ended.push(key),
             }
         }
         withdraw_claims(shared).await;
@@ -317,7 +344,13 @@ impl WorkerHandle {
         }
         let removed = remove_record(shared).await;
         *done = true;
-        removed
+        info!(
+            released = report.released.len(),
+            abandoned = report.abandoned.len(),
+            not_released = report.not_released.len(),
+            "shut down"
+        );
+        removed.map(|()| report)
     }
 
     /// Stops everything at once without releasing leases or removing the worker record, as if the

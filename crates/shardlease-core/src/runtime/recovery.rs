@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ids::WorkerId;
-use crate::lease::{Lease, LeaseKey, VersionedLease};
+use crate::lease::{Epoch, Lease, LeaseKey, VersionedLease};
 use crate::position::Position;
 
 /// A lease the store lost: what this worker last saw of it, and what the store holds now.
@@ -45,7 +45,7 @@ pub(crate) struct Standing<'a> {
     /// This worker.
     pub me: &'a WorkerId,
     /// The epoch this worker runs the lease at, if it runs it.
-    pub running_at: Option<u64>,
+    pub running_at: Option<Epoch>,
     /// Whether the owner this worker remembers is alive (in its view).
     pub owner_alive: bool,
     /// Whether the lease has been found lost for long enough that its owner, if alive, has run
@@ -63,8 +63,8 @@ impl Lost {
     /// the lease's owner this pass.
     pub(crate) fn restoration(&self, at: &Standing<'_>) -> Option<Lease> {
         let seen = &self.seen;
-        let now = self.now.as_ref().map(|(l, _)| l);
-        let now_epoch = now.map_or(0, |l| l.epoch);
+        let now = self.now.as_ref().map(|v| &v.lease);
+        let now_epoch = now.map_or(Epoch::ZERO, |l| l.epoch);
         let checkpoint = match now {
             Some(l) if !skips_from(&seen.checkpoint, &l.checkpoint) => l.checkpoint.clone(),
             _ => seen.checkpoint.clone(),
@@ -104,8 +104,8 @@ impl Lost {
 /// The epoch a new lease starts at: the wall clock in milliseconds. Any lease created before had
 /// its epoch bumped once per change of owner, which is far slower than one per millisecond, so a
 /// lease created again after the store lost its data starts above every epoch a sink has seen.
-pub(crate) fn creation_epoch() -> u64 {
-    crate::clock::now_millis()
+pub(crate) fn creation_epoch() -> Epoch {
+    Epoch(crate::clock::now_millis())
 }
 
 /// The epoch of a lease's next owner: one more than the current, and at least the wall clock in
@@ -114,8 +114,8 @@ pub(crate) fn creation_epoch() -> u64 {
 /// epochs could not tell the two apart). Owner changes are far rarer than one per millisecond, so
 /// the clock is ahead of every epoch handed out earlier; where it is not (a skewed clock), the
 /// epoch still grows by one.
-pub(crate) fn next_epoch(current: u64) -> u64 {
-    current.saturating_add(1).max(creation_epoch())
+pub(crate) fn next_epoch(current: Epoch) -> Epoch {
+    current.next().max(creation_epoch())
 }
 
 /// Whether reading from `now` would skip records that reading from `seen` reads: the checkpoint
@@ -139,7 +139,7 @@ pub(crate) fn compare(
     corrupt: &BTreeSet<LeaseKey>,
 ) -> Vec<Lost> {
     let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
-        listed.iter().map(|v| (&v.0.key, v)).collect();
+        listed.iter().map(|v| (&v.lease.key, v)).collect();
     let mut lost = Vec::new();
     for (key, seen) in memory.iter() {
         if corrupt.contains(key) {
@@ -150,7 +150,8 @@ pub(crate) fn compare(
                 lost.push(Lost { seen: seen.clone(), now: None });
             }
             Some(now)
-                if skips_from(&seen.checkpoint, &now.0.checkpoint) || now.0.epoch < seen.epoch =>
+                if skips_from(&seen.checkpoint, &now.lease.checkpoint)
+                    || now.lease.epoch < seen.epoch =>
             {
                 lost.push(Lost { seen: seen.clone(), now: Some((*now).clone()) });
             }
@@ -160,8 +161,8 @@ pub(crate) fn compare(
     let lost_keys: BTreeSet<&LeaseKey> = lost.iter().map(Lost::key).collect();
     let mut next: BTreeMap<LeaseKey, Lease> = listed
         .iter()
-        .filter(|(l, _)| !lost_keys.contains(&l.key))
-        .map(|(l, _)| (l.key.clone(), l.clone()))
+        .filter(|v| !lost_keys.contains(&v.lease.key))
+        .map(|v| (v.lease.key.clone(), v.lease.clone()))
         .collect();
     for key in lost_keys.into_iter().chain(corrupt.iter()) {
         if let Some(seen) = memory.get(key) {
@@ -194,8 +195,8 @@ pub(crate) fn forget_collected(
 ) -> Vec<Lost> {
     let moved: BTreeSet<&LeaseKey> = listed
         .iter()
-        .filter(|(l, _)| matches!(l.checkpoint, Position::Sequence { .. } | Position::ShardEnd))
-        .map(|(l, _)| &l.key)
+        .filter(|v| matches!(v.lease.checkpoint, Position::Sequence { .. } | Position::ShardEnd))
+        .map(|v| &v.lease.key)
         .collect();
     let collected = |key: &LeaseKey| {
         let mut stack: Vec<&LeaseKey> = children.get(key).into_iter().flatten().collect();
@@ -223,10 +224,10 @@ pub(crate) fn forget_collected(
 /// that only happens once every child of it moved past its start, which children cannot do
 /// before their parent finished.
 fn moved_on_past(key: &LeaseKey, listed: &[VersionedLease]) -> bool {
-    let mut children = listed.iter().filter(|(l, _)| l.parents.contains(key)).peekable();
+    let mut children = listed.iter().filter(|v| v.lease.parents.contains(key)).peekable();
     children.peek().is_some()
         && children
-            .all(|(l, _)| matches!(l.checkpoint, Position::Sequence { .. } | Position::ShardEnd))
+            .all(|v| matches!(v.lease.checkpoint, Position::Sequence { .. } | Position::ShardEnd))
 }
 
 #[cfg(test)]
@@ -239,11 +240,20 @@ mod tests {
     }
 
     fn lease(key: &str, epoch: u64, checkpoint: Position) -> Lease {
-        Lease { epoch, owner: Some(WorkerId::new("w")), ..Lease::new(key, checkpoint) }
+        Lease {
+            epoch: Epoch(epoch),
+            owner: Some(WorkerId::new("w")),
+            ..Lease::new(key, checkpoint)
+        }
     }
 
     fn listed(leases: &[Lease]) -> Vec<VersionedLease> {
-        leases.iter().cloned().enumerate().map(|(i, l)| (l, Version(i as u64 + 1))).collect()
+        leases
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, l)| VersionedLease::new(l, Version(i as u64 + 1)))
+            .collect()
     }
 
     #[test]
@@ -258,7 +268,12 @@ mod tests {
     }
 
     fn standing(me: &WorkerId, running_at: Option<u64>, alive: bool, waited: bool) -> Standing<'_> {
-        Standing { me, running_at, owner_alive: alive, owner_had_time: waited }
+        Standing {
+            me,
+            running_at: running_at.map(Epoch),
+            owner_alive: alive,
+            owner_had_time: waited,
+        }
     }
 
     #[test]
@@ -281,7 +296,7 @@ mod tests {
         let keys: Vec<&str> = lost.iter().map(|l| l.key().as_str()).collect();
         assert_eq!(keys, ["fresh", "gone", "rolled"]);
         assert_eq!(lost[1].now, None);
-        assert_eq!(lost[0].now.as_ref().map(|v| v.1), Some(Version(1)));
+        assert_eq!(lost[0].now.as_ref().map(|v| v.version), Some(Version(1)));
         // Not restored yet: the next listing finds them lost again.
         assert_eq!(compare(&mut memory, &after, &none).len(), 3);
     }
@@ -290,24 +305,27 @@ mod tests {
     fn the_owner_keeps_its_lease_and_the_others_give_it_time() {
         let (w, x) = (WorkerId::new("w"), WorkerId::new("x"));
         let seen = lease("k", 7, seq(8));
-        let rolled = Lost { seen: seen.clone(), now: Some((lease("k", 5, seq(3)), Version(9))) };
+        let rolled = Lost {
+            seen: seen.clone(),
+            now: Some(VersionedLease::new(lease("k", 5, seq(3)), Version(9))),
+        };
         // The owner, running it at epoch 7: same epoch, its checkpoint, still its own.
         let r = rolled.restoration(&standing(&w, Some(7), true, false)).unwrap();
-        assert_eq!((r.owner.as_ref(), r.epoch, &r.checkpoint), (Some(&w), 7, &seq(8)));
+        assert_eq!((r.owner.as_ref(), r.epoch, &r.checkpoint), (Some(&w), Epoch(7), &seq(8)));
         // The store moved past the task's epoch meanwhile: the owner takes a newer one.
         let by_x = Lease { owner: Some(x.clone()), ..lease("k", 7, seq(3)) };
-        let taken = Lost { seen: seen.clone(), now: Some((by_x, Version(9))) };
-        assert!(taken.restoration(&standing(&w, Some(7), true, false)).unwrap().epoch > 7);
+        let taken = Lost { seen: seen.clone(), now: Some(VersionedLease::new(by_x, Version(9))) };
+        assert!(taken.restoration(&standing(&w, Some(7), true, false)).unwrap().epoch > Epoch(7));
         // Another worker gives the owner time for a pass, then restores it to that owner if it
         // is alive, unowned otherwise; a vanished lease gets a creation epoch.
         assert_eq!(rolled.restoration(&standing(&x, None, true, false)), None);
         assert_eq!(rolled.restoration(&standing(&x, None, false, false)), None);
         let r = rolled.restoration(&standing(&x, None, true, true)).unwrap();
         assert_eq!((r.owner.as_ref(), r.checkpoint), (Some(&w), seq(8)));
-        assert!(r.epoch > 7);
+        assert!(r.epoch > Epoch(7));
         assert_eq!(rolled.restoration(&standing(&x, None, false, true)).unwrap().owner, None);
         let gone = Lost { seen, now: None };
-        assert!(gone.restoration(&standing(&x, None, false, true)).unwrap().epoch > 8);
+        assert!(gone.restoration(&standing(&x, None, false, true)).unwrap().epoch > Epoch(8));
         // The remembered owner that no longer runs it restores it unowned at once.
         assert_eq!(rolled.restoration(&standing(&w, None, true, false)).unwrap().owner, None);
     }

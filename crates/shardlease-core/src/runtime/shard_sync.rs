@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::shared::{lock, Shared};
 use crate::error::{Error, Result};
-use crate::lease::{Lease, LeaseKey};
+use crate::lease::{Lease, LeaseKey, VersionedLease};
 use crate::position::Position;
 use crate::source::ShardInfo;
 
@@ -119,7 +119,7 @@ async fn sync_if_changed(shared: &Shared) -> Result<()> {
 async fn collect_if_moved_on(shared: &Shared, parent: &LeaseKey, kids: &[LeaseKey]) -> bool {
     for kid in kids {
         match shared.store.get_lease(kid).await {
-            Ok(Some((c, _))) if moved_on(&c) => {}
+            Ok(Some(VersionedLease { lease: c, .. })) if moved_on(&c) => {}
             Ok(_) => return false,
             Err(e) => {
                 debug!(key = %kid, error = %e, "reading a child lease failed");
@@ -128,7 +128,7 @@ async fn collect_if_moved_on(shared: &Shared, parent: &LeaseKey, kids: &[LeaseKe
         }
     }
     match shared.store.get_lease(parent).await {
-        Ok(Some((lease, version))) if lease.is_finished() => {
+        Ok(Some(VersionedLease { lease, version })) if lease.is_finished() => {
             match shared.store.delete_lease(parent, version).await {
                 Ok(()) => {
                     shared.changed_now(1);
@@ -215,7 +215,7 @@ async fn sync_shards_listed(
     let remembers_any = !lock(&shared.remembered).is_empty();
     let initial = &start_for_missing(initial, &listing, remembers_any);
     let mut existing: BTreeSet<String> =
-        listing.items.iter().map(|(l, _)| l.key.as_str().to_owned()).collect();
+        listing.items.iter().map(|v| v.lease.key.as_str().to_owned()).collect();
     existing.extend(listing.corrupt.iter().map(|c| c.key.clone()));
     // What the store holds; `existing` also counts what this worker remembers.
     let mut stored = existing.clone();
@@ -229,8 +229,8 @@ async fn sync_shards_listed(
     let mut moved: BTreeSet<String> = listing
         .items
         .iter()
-        .filter(|(l, _)| moved_on(l))
-        .map(|(l, _)| l.key.as_str().to_owned())
+        .filter(|v| moved_on(&v.lease))
+        .map(|v| v.lease.key.as_str().to_owned())
         .collect();
     // An undecodable lease may well have moved on: counted as if it had (recreating a parent
     // already processed would read it again after its children).
@@ -313,7 +313,7 @@ fn start_for_missing(
 ) -> Position {
     let has_run = remembers_any
         || !listing.corrupt.is_empty()
-        || listing.items.iter().any(|(l, _)| l.checkpoint != Position::Latest);
+        || listing.items.iter().any(|v| v.lease.checkpoint != Position::Latest);
     match initial {
         Position::Latest if has_run => Position::TrimHorizon,
         other => other.clone(),
@@ -386,19 +386,20 @@ pub(crate) fn child_start(initial: &Position) -> Position {
 #[allow(clippy::type_complexity)]
 async fn collect_finished(
     shared: &Shared,
-    leases: &[(Lease, crate::lease::Version)],
+    leases: &[VersionedLease],
     children_listed: &BTreeMap<&LeaseKey, Vec<&LeaseKey>>,
 ) -> (Vec<(LeaseKey, Vec<LeaseKey>)>, BTreeSet<LeaseKey>) {
     let mut pending = Vec::new();
     let mut collected = BTreeSet::new();
-    let by_key: BTreeMap<&LeaseKey, &Lease> = leases.iter().map(|(l, _)| (&l.key, l)).collect();
+    let by_key: BTreeMap<&LeaseKey, &Lease> =
+        leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
     let mut lease_children: BTreeMap<&LeaseKey, Vec<&LeaseKey>> = BTreeMap::new();
-    for (l, _) in leases {
+    for VersionedLease { lease: l, .. } in leases {
         for p in &l.parents {
             lease_children.entry(p).or_default().push(&l.key);
         }
     }
-    for (lease, version) in leases {
+    for VersionedLease { lease, version } in leases {
         if !lease.is_finished() {
             continue;
         }

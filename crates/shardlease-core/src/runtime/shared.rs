@@ -17,7 +17,7 @@ use crate::balancer::Balancer;
 use crate::checkpointer::Checkpointer;
 use crate::config::Config;
 use crate::ids::WorkerId;
-use crate::lease::LeaseKey;
+use crate::lease::{Epoch, LeaseKey};
 use crate::liveness::Liveness;
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
@@ -71,14 +71,14 @@ pub(crate) struct MyClaim {
     /// The version of the lease record last seen under the claim.
     pub seen: crate::lease::Version,
     /// The epoch the claim was made against: a handoff answering it gives epoch `at + 1`.
-    pub at: u64,
+    pub at: Epoch,
 }
 
 /// A running lease task.
 pub(crate) struct LeaseTask {
-    pub epoch: u64,
+    pub epoch: Epoch,
     pub stop: watch::Sender<Option<StopReason>>,
-    pub join: JoinHandle<()>,
+    pub join: JoinHandle<super::lease_task::Ended>,
 }
 
 /// Counters a worker keeps about itself (also exported through the `metrics` facade).
@@ -131,7 +131,7 @@ pub(crate) struct Shared {
     /// worker owns at any other epoch was not given to this process (a crashed predecessor with
     /// the same id held it, or a listing predates a handoff): it is re-taken by compare-and-set
     /// with a new epoch, never resumed, so a peer taking it at the same moment cannot also win.
-    pub granted: Mutex<BTreeMap<LeaseKey, u64>>,
+    pub granted: Mutex<BTreeMap<LeaseKey, Epoch>>,
     /// Corrupt records already reported (reported once, then counted quietly).
     pub reported_corrupt: Mutex<std::collections::BTreeSet<String>>,
     /// Wakes the balance loop for a pass now (it is the only one that runs passes).

@@ -5,6 +5,7 @@
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
+use shardlease_core::VersionedLease;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,7 +122,7 @@ impl StoreFactory for DynamoFactory {
         version: Version,
     ) -> Result<bool> {
         match store.get_lease(&lease.key).await? {
-            Some((_, current)) => {
+            Some(VersionedLease { version: current, .. }) => {
                 store.update_lease(lease, current).await?;
             }
             None => {

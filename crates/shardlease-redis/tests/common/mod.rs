@@ -5,6 +5,7 @@
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
+use shardlease_core::VersionedLease;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -70,7 +71,7 @@ impl StoreFactory for RedisFactory {
         version: Version,
     ) -> Result<bool> {
         match store.get_lease(&lease.key).await? {
-            Some((_, current)) => {
+            Some(VersionedLease { version: current, .. }) => {
                 store.update_lease(lease, current).await?;
             }
             None => {

@@ -8,6 +8,7 @@
 //! retried after an unknown commit outcome, or read again by a new owner that started from an
 //! older position, writes nothing twice.
 
+use shardlease_core::Epoch;
 use std::fmt;
 use std::sync::Arc;
 
@@ -28,7 +29,7 @@ use crate::Dialect;
 /// What the locked row held when a transaction began.
 #[derive(Clone, Debug)]
 pub(crate) struct Stored {
-    epoch: u64,
+    epoch: Epoch,
     owner: Option<WorkerId>,
     position: Position,
     /// The lease row's version (lease rows) or the commit count (checkpoints table).
@@ -196,9 +197,9 @@ impl<DB: TxDatabase> TxCheckpointer<DB> {
         let corrupt =
             |reason: String| Error::Corrupt { key: format!("{}/{key}", self.table), reason };
         let epoch = match raw.epoch {
-            Ok(Some(e)) => {
-                u64::try_from(e).map_err(|_| corrupt(format!("epoch {e} is negative")))?
-            }
+            Ok(Some(e)) => u64::try_from(e)
+                .map(Epoch)
+                .map_err(|_| corrupt(format!("epoch {e} is negative")))?,
             Ok(None) => return Err(corrupt("column epoch is NULL".into())),
             Err(e) => return Err(corrupt(format!("column epoch: {e}"))),
         };
@@ -239,7 +240,7 @@ impl<DB: TxDatabase> TxCheckpointer<DB> {
             (Target::LeaseRows, None) => false,
         };
         if !fenced {
-            debug!(key = %token.key, epoch = token.epoch, stored = ?stored.as_ref().map(|s| s.epoch), "refused: a newer owner exists");
+            debug!(key = %token.key, epoch = %token.epoch, stored = ?stored.as_ref().map(|s| s.epoch), "refused: a newer owner exists");
             // Dropping the transaction rolls it back; say so explicitly to free the row now.
             let _ = tx.rollback().await;
             return Err(lost());
@@ -325,7 +326,7 @@ impl<'c, DB: TxDatabase> FencedTx<'c, DB> {
         };
         let cols = encode_position(&target)?;
         let now = i64::try_from(shardlease_core::worker_record::now_millis()).unwrap_or(i64::MAX);
-        let epoch = i64::try_from(token.epoch).map_err(|_| {
+        let epoch = i64::try_from(token.epoch.get()).map_err(|_| {
             Error::InvalidInput(format!("epoch {} does not fit BIGINT", token.epoch))
         })?;
         let kind = Arg::Text(cols.checkpoint_kind.to_owned());

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unused_macros)]
 
+use shardlease_core::VersionedLease;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -119,7 +120,7 @@ impl StoreFactory for SqlFactory {
         version: Version,
     ) -> Result<bool> {
         match store.get_lease(&lease.key).await? {
-            Some((_, current)) => {
+            Some(VersionedLease { version: current, .. }) => {
                 store.update_lease(lease, current).await?;
             }
             None => {
@@ -296,7 +297,7 @@ pub async fn corrupt_rows_are_reported(base: &SqlStore) {
     }
 
     let listing = store.list_leases().await.unwrap();
-    let mut items: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+    let mut items: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
     items.sort_unstable();
     assert_eq!(items, good.to_vec(), "only the good leases decode");
     let mut bad: Vec<&str> = listing.corrupt.iter().map(|c| c.key.as_str()).collect();
@@ -307,7 +308,8 @@ pub async fn corrupt_rows_are_reported(base: &SqlStore) {
 
     // The good leases keep working.
     for key in good {
-        let (lease, v) = store.get_lease(&key.into()).await.unwrap().unwrap();
+        let VersionedLease { lease, version: v } =
+            store.get_lease(&key.into()).await.unwrap().unwrap();
         let moved = lease.transferred_to(Some(WorkerId::from("w1")));
         store.update_lease(&moved, v).await.unwrap();
     }
@@ -315,7 +317,7 @@ pub async fn corrupt_rows_are_reported(base: &SqlStore) {
     let key = vandalism[0].0;
     let repaired = Lease::new(key, Position::ShardEnd);
     store.update_lease(&repaired, versions[key]).await.unwrap();
-    assert_eq!(store.get_lease(&key.into()).await.unwrap().unwrap().0, repaired);
+    assert_eq!(store.get_lease(&key.into()).await.unwrap().unwrap().lease, repaired);
 
     // A corrupt worker record is listed as corrupt; the others are listed.
     store.heartbeat(&WorkerRecord::new("w-good".into(), 1)).await.unwrap();
@@ -392,7 +394,7 @@ pub async fn hostile_identifiers(base: &SqlStore, url: &str) {
             let v = created(store.create_lease(&lease).await);
             assert_eq!(
                 store.get_lease(&lease.key).await.unwrap(),
-                Some((lease.clone(), v)),
+                Some(VersionedLease::new(lease.clone(), v)),
                 "{ns:?} / {key:?} must round-trip"
             );
         }
@@ -402,7 +404,7 @@ pub async fn hostile_identifiers(base: &SqlStore, url: &str) {
     for (store, ns) in stores.iter().zip(&namespaces) {
         let listing = store.list_leases().await.unwrap();
         assert!(listing.corrupt.is_empty(), "{:?}", listing.corrupt);
-        let mut got: Vec<&str> = listing.items.iter().map(|(l, _)| l.key.as_str()).collect();
+        let mut got: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
         got.sort_unstable();
         let mut want: Vec<&str> = keys.iter().copied().chain([max_key.as_str()]).collect();
         want.sort_unstable();
@@ -529,7 +531,8 @@ pub async fn versions_are_random_and_never_repeat(base: &SqlStore) {
         assert!(v.0 >= 1 && i64::try_from(v.0).is_ok(), "{v:?} is a positive BIGINT");
         assert!(seen.insert(v), "{v:?} handed out twice");
     }
-    let (lease, mut v) = store.get_lease(&"k0".into()).await.unwrap().unwrap();
+    let VersionedLease { lease, version: mut v } =
+        store.get_lease(&"k0".into()).await.unwrap().unwrap();
     for _ in 0..50 {
         v = store.update_lease(&lease, v).await.unwrap();
         assert!(v.0 >= 1 && i64::try_from(v.0).is_ok(), "{v:?} is a positive BIGINT");
@@ -543,7 +546,8 @@ pub async fn versions_are_random_and_never_repeat(base: &SqlStore) {
         ph(store.dialect(), 2)
     );
     exec_raw(&store, &sql, &[store.namespace(), "k1"]).await;
-    let (lease, v) = store.get_lease(&"k1".into()).await.unwrap().unwrap();
+    let VersionedLease { lease, version: v } =
+        store.get_lease(&"k1".into()).await.unwrap().unwrap();
     assert_eq!(v.0, i64::MAX as u64);
     let next = store.update_lease(&lease, v).await.unwrap();
     assert!(next != v && next.0 >= 1, "{next:?}");

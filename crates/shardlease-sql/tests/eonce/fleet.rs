@@ -5,6 +5,7 @@
 //! progress in the sink, never for a fixed time. The report counts rows per shard and sequence
 //! number against what the source produced.
 
+use shardlease_core::VersionedLease;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -176,7 +177,7 @@ where
     // one of its leases' tokens keeps trying to commit.
     let victim = ids[1].clone();
     let victim_runs_an_open_shard = || async {
-        base.list_leases().await.unwrap().items.iter().any(|(l, _)| {
+        base.list_leases().await.unwrap().items.iter().any(|VersionedLease { lease: l, .. }| {
             l.owner.as_ref() == Some(&victim)
                 && !l.is_finished()
                 && source.shard(&l.key).is_some_and(|s| !s.closed)
@@ -191,7 +192,7 @@ where
         .unwrap()
         .items
         .into_iter()
-        .map(|(l, _)| l)
+        .map(|v| v.lease)
         .filter(|l| l.owner.as_ref() == Some(&victim) && !l.is_finished())
         .find(|l| source.shard(&l.key).is_some_and(|s| !s.closed))
         .and_then(|l| l.token());

@@ -1,5 +1,6 @@
 //! Unit tests of the fault injector, run against the in-memory store.
 
+use shardlease_core::VersionedLease;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,8 +35,14 @@ async fn without_faults_calls_pass_through() {
     let CreateOutcome::Created(v) = store.create_lease(&lease).await.unwrap() else {
         panic!("expected Created");
     };
-    assert_eq!(store.get_lease(&lease.key).await.unwrap(), Some((lease.clone(), v)));
-    assert_eq!(inner.get_lease(&lease.key).await.unwrap(), Some((lease.clone(), v)));
+    assert_eq!(
+        store.get_lease(&lease.key).await.unwrap(),
+        Some(VersionedLease::new(lease.clone(), v))
+    );
+    assert_eq!(
+        inner.get_lease(&lease.key).await.unwrap(),
+        Some(VersionedLease::new(lease.clone(), v))
+    );
     store.heartbeat(&WorkerRecord::new("w1".into(), 1)).await.unwrap();
     assert_eq!(store.list_workers().await.unwrap().items.len(), 1);
     store.delete_lease(&lease.key, v).await.unwrap();
@@ -154,17 +161,21 @@ async fn corrupt_records_are_reported_and_never_written() {
     }
     let listing = store.list_leases().await.unwrap();
     assert_eq!(listing.items.len(), 1);
-    assert_eq!(listing.items[0].0.key, good.key);
+    assert_eq!(listing.items[0].lease.key, good.key);
     assert_eq!(listing.corrupt.len(), 1);
     assert_eq!(listing.corrupt[0].key, "bad");
 
     let moved = bad.transferred_to(Some("w".into()));
     assert!(matches!(store.update_lease(&moved, v).await, Err(Error::Corrupt { .. })));
     assert!(matches!(store.delete_lease(&bad.key, v).await, Err(Error::Corrupt { .. })));
-    assert_eq!(inner.get_lease(&bad.key).await.unwrap(), Some((bad.clone(), v)), "untouched");
+    assert_eq!(
+        inner.get_lease(&bad.key).await.unwrap(),
+        Some(VersionedLease::new(bad.clone(), v)),
+        "untouched"
+    );
 
     faults.uncorrupt(&bad.key);
-    assert_eq!(store.get_lease(&bad.key).await.unwrap(), Some((bad.clone(), v)));
+    assert_eq!(store.get_lease(&bad.key).await.unwrap(), Some(VersionedLease::new(bad.clone(), v)));
     assert!(store.list_leases().await.unwrap().corrupt.is_empty());
     store.update_lease(&moved, v).await.unwrap();
 }

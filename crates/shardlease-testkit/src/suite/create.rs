@@ -1,6 +1,7 @@
 //! Cases about creating and reading leases: every field survives the round trip through the
 //! store's encoding, and concurrent creators of one key agree on a single winner.
 
+use shardlease_core::{Epoch, VersionedLease};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -28,20 +29,20 @@ fn sample_leases() -> Vec<Lease> {
     let full = Lease {
         key: LeaseKey::from("shardId-000000000001"),
         owner: Some(WorkerId::from("worker-a.example.com-4242-0000beef")),
-        epoch: 7,
+        epoch: Epoch(7),
         checkpoint: Position::Sequence { seq: seq(LONG_SEQUENCE), sub: 3 },
         parents: vec![LeaseKey::from("shardId-000000000000"), LeaseKey::from("parent/two")],
-        claim: Some(Claim { by: WorkerId::from("worker-b"), at: 7 }),
+        claim: Some(Claim { by: WorkerId::from("worker-b"), at: Epoch(7) }),
         attributes,
     };
     let mut stale_claim = Lease::new("stream-a/shardId-000000000002", Position::TrimHorizon);
     stale_claim.owner = Some(WorkerId::from("worker-b"));
-    stale_claim.epoch = 3;
-    stale_claim.claim = Some(Claim { by: WorkerId::from("worker-c"), at: 2 });
+    stale_claim.epoch = Epoch(3);
+    stale_claim.claim = Some(Claim { by: WorkerId::from("worker-c"), at: Epoch(2) });
 
     let mut finished = Lease::new("shardId-000000000003", Position::ShardEnd)
         .with_parents([LeaseKey::from("shardId-000000000001")]);
-    finished.epoch = 12;
+    finished.epoch = Epoch(12);
 
     vec![
         full,
@@ -70,7 +71,7 @@ pub async fn create_and_get_round_trip(factory: &dyn StoreFactory) {
             let got = ok(store.get_lease(&lease.key).await, format!("get {}", lease.key));
             assert_eq!(
                 got,
-                Some((lease.clone(), v)),
+                Some(VersionedLease::new(lease.clone(), v)),
                 "get {} must return the lease exactly as created, at the version create returned",
                 lease.key
             );
@@ -81,7 +82,7 @@ pub async fn create_and_get_round_trip(factory: &dyn StoreFactory) {
             let got = ok(again.get_lease(&lease.key).await, format!("get {} again", lease.key));
             assert_eq!(
                 got,
-                Some((lease.clone(), *v)),
+                Some(VersionedLease::new(lease.clone(), *v)),
                 "a second store opened on the same namespace must see {}",
                 lease.key
             );
@@ -89,13 +90,13 @@ pub async fn create_and_get_round_trip(factory: &dyn StoreFactory) {
 
         let mut other = leases[2].clone();
         other.owner = Some(WorkerId::from("intruder"));
-        other.epoch = 99;
+        other.epoch = Epoch(99);
         let outcome = ok(store.create_lease(&other).await, "create an existing key");
         assert_eq!(outcome, CreateOutcome::AlreadyExists, "creating an existing key");
         let got = ok(store.get_lease(&other.key).await, "get after a refused create");
         assert_eq!(
             got,
-            Some((leases[2].clone(), versions[2])),
+            Some(VersionedLease::new(leases[2].clone(), versions[2])),
             "a create that found the key must not change the record"
         );
 
@@ -122,7 +123,7 @@ pub async fn create_race_is_idempotent(factory: &dyn StoreFactory) {
             let barrier = barrier.clone();
             let mut lease = Lease::new(key.clone(), Position::TrimHorizon);
             lease.owner = Some(WorkerId::new(format!("racer-{i}")));
-            lease.epoch = i as u64;
+            lease.epoch = Epoch(i as u64);
             lease.attributes.insert("racer".to_owned(), i.to_string());
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
@@ -134,7 +135,7 @@ pub async fn create_race_is_idempotent(factory: &dyn StoreFactory) {
         let winners: Vec<_> = results
             .iter()
             .filter_map(|(lease, outcome)| match outcome {
-                CreateOutcome::Created(v) => Some((lease.clone(), *v)),
+                CreateOutcome::Created(v) => Some(VersionedLease::new(lease.clone(), *v)),
                 CreateOutcome::AlreadyExists => None,
             })
             .collect();

@@ -47,11 +47,18 @@ impl Timings {
     }
 }
 
+/// Short heartbeats and balance passes keep the cases quick; the failover and claim timeouts are
+/// 50 heartbeats, so a machine that stalls for seconds (CI runs on a busy 2-core box) can neither
+/// get a live worker judged dead nor a slow handoff forced: the exact assertions (no record twice,
+/// one taking pass) then hold however loaded the machine is. Only the crash cases wait for the
+/// failover timeout.
 fn config(ns: &str, t: Timings) -> Config {
-    let mut c =
-        Config::new(ns).with_heartbeat(t.heartbeat).with_initial_position(Position::TrimHorizon);
-    c.idle_poll_interval = t.poll;
-    c
+    Config::new(ns)
+        .with_heartbeat(t.heartbeat)
+        .with_failover_timeout(t.heartbeat * 50)
+        .with_claim_timeout(t.heartbeat * 50)
+        .with_idle_poll_interval(t.poll)
+        .with_initial_position(Position::TrimHorizon)
 }
 
 struct World {
@@ -278,7 +285,7 @@ pub async fn a_zombie_cannot_checkpoint(factory: &dyn StoreFactory) {
         w.cluster.crash(&zombie);
         ok(w.cluster.start_worker(), "start a second worker");
         w.balanced("takeover by the second worker").await;
-        let before = ok(store.get_lease(&token.key).await, "get").map(|(l, _)| l);
+        let before = ok(store.get_lease(&token.key).await, "get").map(|v| v.lease);
         let late = StoreCheckpointer::new(store.clone())
             .checkpoint(&token, &Position::sequence(SequenceNumber::from(u128::MAX)))
             .await;
@@ -286,7 +293,7 @@ pub async fn a_zombie_cannot_checkpoint(factory: &dyn StoreFactory) {
             matches!(late, Err(shardlease_core::Error::LeaseLost { .. })),
             "late checkpoint refused: {late:?}"
         );
-        let after = ok(store.get_lease(&token.key).await, "get").map(|(l, _)| l);
+        let after = ok(store.get_lease(&token.key).await, "get").map(|v| v.lease);
         assert_eq!(
             before.map(|l| l.checkpoint),
             after.map(|l| l.checkpoint),

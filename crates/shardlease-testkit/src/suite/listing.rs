@@ -1,6 +1,8 @@
 //! Cases about listing: a list must page through everything exactly once, and a namespace must
 //! see only its own records (the classic bug: a key-prefix scan of `app` also matching `app-b`).
 
+use shardlease_core::Epoch;
+use shardlease_core::VersionedLease;
 use std::collections::HashMap;
 
 use futures::stream::{self, StreamExt};
@@ -30,7 +32,7 @@ pub async fn list_many_leases_n(factory: &dyn StoreFactory, count: usize) {
             .map(|i| async move {
                 let mut lease =
                     Lease::new(format!("shardId-{i:012}"), Position::sequence(i as u64));
-                lease.epoch = (i % 7) as u64;
+                lease.epoch = Epoch((i % 7) as u64);
                 let v = created(store.create_lease(&lease).await, format!("create lease {i}"));
                 (lease.key.clone(), (lease, v))
             })
@@ -41,7 +43,7 @@ pub async fn list_many_leases_n(factory: &dyn StoreFactory, count: usize) {
         let listing = ok(store.list_leases().await, format!("list {count} leases"));
         assert!(listing.corrupt.is_empty(), "nothing is corrupt, got {:?}", listing.corrupt);
         let listed = listing.items.len();
-        for (lease, version) in listing.items {
+        for VersionedLease { lease, version } in listing.items {
             match expected.remove(&lease.key) {
                 Some(want) => assert_eq!(
                     (lease, version),
@@ -89,20 +91,32 @@ pub async fn namespaces_are_isolated(factory: &dyn StoreFactory) {
         let got = ok(b.get_lease(&only_a.key).await, "get in the other namespace");
         assert_eq!(got, None, "a lease of {ns_a} must not be visible in {ns_b}");
         let got = ok(b.get_lease(&key).await, "get the shared key in the second namespace");
-        assert_eq!(got, Some((lease_b.clone(), vb)), "each namespace keeps its own record");
+        assert_eq!(
+            got,
+            Some(VersionedLease::new(lease_b.clone(), vb)),
+            "each namespace keeps its own record"
+        );
 
         let moved = lease_a.transferred_to(Some(WorkerId::from("worker-c")));
         let va2 = ok(a.update_lease(&moved, va).await, "update in the first namespace");
         let got = ok(b.get_lease(&key).await, "get in the second after an update in the first");
-        assert_eq!(got, Some((lease_b.clone(), vb)), "an update in {ns_a} must not touch {ns_b}");
+        assert_eq!(
+            got,
+            Some(VersionedLease::new(lease_b.clone(), vb)),
+            "an update in {ns_a} must not touch {ns_b}"
+        );
 
         ok(b.delete_lease(&key, vb).await, "delete in the second namespace");
         let got = ok(a.get_lease(&key).await, "get in the first after a delete in the second");
-        assert_eq!(got, Some((moved.clone(), va2)), "a delete in {ns_b} must not touch {ns_a}");
+        assert_eq!(
+            got,
+            Some(VersionedLease::new(moved.clone(), va2)),
+            "a delete in {ns_b} must not touch {ns_a}"
+        );
         conflict(b.delete_lease(&key, va2).await, &key, "delete in the second, first's version");
 
         let listed_a = ok(a.list_leases().await, "list the first namespace").items;
-        let mut keys_a: Vec<_> = listed_a.iter().map(|(l, _)| l.key.as_str()).collect();
+        let mut keys_a: Vec<_> = listed_a.iter().map(|v| v.lease.key.as_str()).collect();
         keys_a.sort_unstable();
         assert_eq!(keys_a, ["only-in-a", key.as_str()], "{ns_a} lists exactly its own leases");
         let listed_b = ok(b.list_leases().await, "list the second namespace").items;

@@ -8,6 +8,7 @@
 //! the factory's [`restore_raw`](super::StoreFactory::restore_raw) hook and checks that the
 //! version from the lost timeline is refused.
 
+use shardlease_core::VersionedLease;
 use shardlease_core::{Lease, Position, WorkerId};
 
 use super::check::{conflict, created, ok};
@@ -28,8 +29,9 @@ pub async fn a_rolled_back_record_never_accepts_a_stale_version(factory: &dyn St
         let start =
             Lease::new(key, Position::TrimHorizon).transferred_to(Some(WorkerId::from("owner-a")));
         created(store.create_lease(&start).await, "create");
-        let (content, v1) = ok(store.get_lease(&start.key).await, "read the lease")
-            .unwrap_or_else(|| panic!("{CASE}: the created lease is missing"));
+        let VersionedLease { lease: content, version: v1 } =
+            ok(store.get_lease(&start.key).await, "read the lease")
+                .unwrap_or_else(|| panic!("{CASE}: the created lease is missing"));
 
         let mut b = content.transferred_to(Some(WorkerId::from("owner-b")));
         b.checkpoint = Position::sequence(100u64);
@@ -46,7 +48,7 @@ pub async fn a_rolled_back_record_never_accepts_a_stale_version(factory: &dyn St
         let got = ok(store.get_lease(&content.key).await, "read the rolled-back lease");
         assert_eq!(
             got,
-            Some((content.clone(), v1)),
+            Some(VersionedLease::new(content.clone(), v1)),
             "restore_raw must put the record back exactly as (content, v1)"
         );
 
@@ -69,7 +71,7 @@ pub async fn a_rolled_back_record_never_accepts_a_stale_version(factory: &dyn St
         );
         assert_eq!(
             current,
-            Some((c.clone(), v3)),
+            Some(VersionedLease::new(c.clone(), v3)),
             "Error::Conflict of the stale update must carry owner C's record"
         );
         let current = conflict(
@@ -78,10 +80,18 @@ pub async fn a_rolled_back_record_never_accepts_a_stale_version(factory: &dyn St
             "delete at v2, a version from before the rollback",
         );
         if let Some(current) = current {
-            assert_eq!(current, (c.clone(), v3), "Error::Conflict must carry the current record");
+            assert_eq!(
+                current,
+                VersionedLease::new(c.clone(), v3),
+                "Error::Conflict must carry the current record"
+            );
         }
         let got = ok(store.get_lease(&content.key).await, "final read");
-        assert_eq!(got, Some((c, v3)), "nothing from the lost timeline may write the record");
+        assert_eq!(
+            got,
+            Some(VersionedLease::new(c, v3)),
+            "nothing from the lost timeline may write the record"
+        );
     })
     .await;
 }

@@ -2,6 +2,8 @@
 //! version must fail and say what the record is now; versions must never repeat for a key (no
 //! ABA, even across delete and re-create); and concurrent read-modify-CAS loops lose nothing.
 
+use shardlease_core::Epoch;
+use shardlease_core::VersionedLease;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -26,7 +28,11 @@ pub async fn update_is_compare_and_set(factory: &dyn StoreFactory) {
         let v1 = ok(store.update_lease(&l1, v0).await, "update at the current version");
         assert_ne!(v1, v0, "a successful update must return a new version");
         let got = ok(store.get_lease(&lease.key).await, "get after update");
-        assert_eq!(got, Some((l1.clone(), v1)), "get must return the updated lease and version");
+        assert_eq!(
+            got,
+            Some(VersionedLease::new(l1.clone(), v1)),
+            "get must return the updated lease and version"
+        );
 
         let mut stale = l1.transferred_to(Some(WorkerId::from("zombie")));
         stale.checkpoint = Position::sequence(5u64);
@@ -37,11 +43,15 @@ pub async fn update_is_compare_and_set(factory: &dyn StoreFactory) {
         );
         assert_eq!(
             current,
-            Some((l1.clone(), v1)),
+            Some(VersionedLease::new(l1.clone(), v1)),
             "Error::Conflict of a stale update must carry the current lease and version"
         );
         let got = ok(store.get_lease(&lease.key).await, "get after a stale update");
-        assert_eq!(got, Some((l1.clone(), v1)), "a stale update must not write anything");
+        assert_eq!(
+            got,
+            Some(VersionedLease::new(l1.clone(), v1)),
+            "a stale update must not write anything"
+        );
 
         let mut l2 = l1.clone();
         l2.checkpoint = Position::sequence(200u64);
@@ -52,7 +62,11 @@ pub async fn update_is_compare_and_set(factory: &dyn StoreFactory) {
             &lease.key,
             "update with the previous version",
         );
-        assert_eq!(current, Some((l2.clone(), v2)), "Error::Conflict must carry the latest");
+        assert_eq!(
+            current,
+            Some(VersionedLease::new(l2.clone(), v2)),
+            "Error::Conflict must carry the latest"
+        );
 
         let missing = Lease::new("shardId-999999999999", Position::Latest);
         for v in [v0, v1, v2] {
@@ -84,16 +98,24 @@ pub async fn delete_is_compare_and_set(factory: &dyn StoreFactory) {
 
         let current = conflict(store.delete_lease(&key, v0).await, &key, "delete, stale version");
         if let Some(current) = current {
-            assert_eq!(current, (l1.clone(), v1), "Error::Conflict must carry the current record");
+            assert_eq!(
+                current,
+                VersionedLease::new(l1.clone(), v1),
+                "Error::Conflict must carry the current record"
+            );
         }
         let got = ok(store.get_lease(&key).await, "get after a stale delete");
-        assert_eq!(got, Some((l1.clone(), v1)), "a stale delete must leave the record alone");
+        assert_eq!(
+            got,
+            Some(VersionedLease::new(l1.clone(), v1)),
+            "a stale delete must leave the record alone"
+        );
 
         ok(store.delete_lease(&key, v1).await, "delete at the current version");
         assert_eq!(ok(store.get_lease(&key).await, "get after delete"), None, "deleted");
         let listing = ok(store.list_leases().await, "list after delete");
         assert!(
-            listing.items.iter().all(|(l, _)| l.key != key),
+            listing.items.iter().all(|v| v.lease.key != key),
             "a deleted lease must not be listed"
         );
 
@@ -103,7 +125,7 @@ pub async fn delete_is_compare_and_set(factory: &dyn StoreFactory) {
         let mut earlier: HashSet<Version> = HashSet::from([v0, v1]);
         let mut reborn = Lease::new(key.clone(), Position::Latest);
         for round in 0..3 {
-            reborn.epoch = round;
+            reborn.epoch = Epoch(round);
             let v = created(store.create_lease(&reborn).await, "re-create after delete");
             assert!(
                 !earlier.contains(&v),
@@ -116,7 +138,11 @@ pub async fn delete_is_compare_and_set(factory: &dyn StoreFactory) {
                 conflict(store.delete_lease(&key, old).await, &key, "delete, old incarnation");
             }
             let got = ok(store.get_lease(&key).await, "get the re-created record");
-            assert_eq!(got, Some((reborn.clone(), v)), "old versions must not touch the record");
+            assert_eq!(
+                got,
+                Some(VersionedLease::new(reborn.clone(), v)),
+                "old versions must not touch the record"
+            );
             earlier.insert(v);
             let moved = reborn.transferred_to(Some(WorkerId::from("worker-b")));
             let v2 = ok(store.update_lease(&moved, v).await, "update the re-created record");
@@ -160,12 +186,12 @@ pub async fn concurrent_increments(factory: &dyn StoreFactory) {
                 let mut conflicts = 0u64;
                 barrier.wait().await;
                 let read = ok(store.get_lease(&key).await, format!("task {task}: get"));
-                let (mut lease, mut version) =
+                let VersionedLease { mut lease, mut version } =
                     read.unwrap_or_else(|| panic!("task {task}: the lease vanished"));
                 for i in 0..INCREMENTS_PER_TASK {
                     loop {
                         let mut next = lease.clone();
-                        next.epoch += 1;
+                        next.epoch = next.epoch.next();
                         // Let the others read the same version too, so the CAS really races.
                         tokio::task::yield_now().await;
                         match store.update_lease(&next, version).await {
@@ -175,7 +201,7 @@ pub async fn concurrent_increments(factory: &dyn StoreFactory) {
                             }
                             Err(Error::Conflict { current: Some(current), .. }) => {
                                 conflicts += 1;
-                                (lease, version) = *current;
+                                VersionedLease { lease, version } = *current;
                             }
                             Err(e) => panic!(
                                 "task {task}, increment {i}: expected success or a Conflict \
@@ -188,10 +214,10 @@ pub async fn concurrent_increments(factory: &dyn StoreFactory) {
             }));
         }
         let conflicts: u64 = join_tasks(tasks).await.into_iter().sum();
-        let (lease, _) = ok(store.get_lease(&key).await, "final get")
+        let VersionedLease { lease, .. } = ok(store.get_lease(&key).await, "final get")
             .unwrap_or_else(|| panic!("the lease vanished"));
         assert_eq!(
-            lease.epoch,
+            lease.epoch.get(),
             INCREMENT_TASKS * INCREMENTS_PER_TASK,
             "{INCREMENT_TASKS} tasks x {INCREMENTS_PER_TASK} CAS increments ({conflicts} \
              conflicts retried) must give exactly their product"
