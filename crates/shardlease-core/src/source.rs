@@ -21,8 +21,10 @@ pub struct HashRange {
     pub end: u128,
 }
 
-/// A shard as the source lists it.
+/// A shard as the source lists it. Built with [`ShardInfo::new`] and the `with_*` methods, so a
+/// field added later does not break a source written today.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShardInfo {
     /// The shard id (the lease key).
     pub id: LeaseKey,
@@ -34,8 +36,9 @@ pub struct ShardInfo {
     pub closed: bool,
 }
 
-/// One record of a shard.
+/// One record of a shard. Built with [`Record::new`] and the `with_*` methods.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Record {
     /// The record's sequence number.
     pub seq: SequenceNumber,
@@ -49,15 +52,69 @@ pub struct Record {
     pub arrival_millis: i64,
 }
 
+impl ShardInfo {
+    /// An open shard with no parents and no hash range.
+    pub fn new(id: impl Into<LeaseKey>) -> Self {
+        ShardInfo { id: id.into(), parents: Vec::new(), hash_range: None, closed: false }
+    }
+
+    /// Sets the parents (one after a split, two after a merge).
+    pub fn with_parents(mut self, parents: impl IntoIterator<Item = LeaseKey>) -> Self {
+        self.parents = parents.into_iter().collect();
+        self
+    }
+
+    /// Sets the hash range.
+    pub fn with_hash_range(mut self, range: HashRange) -> Self {
+        self.hash_range = Some(range);
+        self
+    }
+
+    /// Sets whether the shard is closed.
+    pub fn with_closed(mut self, closed: bool) -> Self {
+        self.closed = closed;
+        self
+    }
+}
+
 impl Record {
+    /// A record at `seq` (sub-sequence 0, arrival time unknown: 0).
+    pub fn new(
+        seq: SequenceNumber,
+        partition_key: impl Into<String>,
+        data: impl Into<Bytes>,
+    ) -> Self {
+        Record {
+            seq,
+            sub: 0,
+            partition_key: partition_key.into(),
+            data: data.into(),
+            arrival_millis: 0,
+        }
+    }
+
+    /// Sets the index inside a de-aggregated KPL record.
+    pub fn with_sub(mut self, sub: u64) -> Self {
+        self.sub = sub;
+        self
+    }
+
+    /// Sets when the stream accepted the record (milliseconds since the Unix epoch).
+    pub fn with_arrival_millis(mut self, millis: i64) -> Self {
+        self.arrival_millis = millis;
+        self
+    }
+
     /// The checkpoint position just after this record.
     pub fn position(&self) -> Position {
         Position::Sequence { seq: self.seq.clone(), sub: self.sub }
     }
 }
 
-/// What one read of a shard returned.
+/// What one read of a shard returned. Built with [`Batch::new`] (or `Batch::default()` for an
+/// empty read) and the `with_*` methods.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct Batch {
     /// The records, in order. May be empty.
     pub records: Vec<Record>,
@@ -68,6 +125,23 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch of `records` (possibly none), lag unknown, shard not ended.
+    pub fn new(records: Vec<Record>) -> Self {
+        Batch { records, millis_behind: None, end: None }
+    }
+
+    /// Sets how far behind the tip of the shard this read is.
+    pub fn with_millis_behind(mut self, millis: u64) -> Self {
+        self.millis_behind = Some(millis);
+        self
+    }
+
+    /// Marks the shard as closed and fully read, continued by `children`.
+    pub fn with_end(mut self, children: Vec<ShardInfo>) -> Self {
+        self.end = Some(children);
+        self
+    }
+
     /// The position after the last record of the batch, if it has records.
     pub fn last_position(&self) -> Option<Position> {
         self.records.last().map(Record::position)

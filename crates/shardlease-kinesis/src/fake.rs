@@ -32,14 +32,7 @@ impl FakeApi {
     /// `shards` open shards (no hash ranges), listed `page_size` at a time.
     pub fn new(shards: usize, page_size: usize) -> Self {
         let state = FakeState {
-            shards: (0..shards)
-                .map(|i| ShardInfo {
-                    id: LeaseKey::from(format!("s{i}").as_str()),
-                    parents: vec![],
-                    hash_range: None,
-                    closed: false,
-                })
-                .collect(),
+            shards: (0..shards).map(|i| ShardInfo::new(format!("s{i}").as_str())).collect(),
             page_size,
             ..FakeState::default()
         };
@@ -70,12 +63,7 @@ impl FakeApi {
         for info in s.shards.iter_mut().filter(|i| i.id.as_str() == shard) {
             info.closed = true;
         }
-        s.shards.push(ShardInfo {
-            id: LeaseKey::from(child),
-            parents: vec![LeaseKey::from(shard)],
-            hash_range: None,
-            closed: false,
-        });
+        s.shards.push(ShardInfo::new(child).with_parents([LeaseKey::from(shard)]));
     }
 }
 

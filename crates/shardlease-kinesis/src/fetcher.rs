@@ -210,7 +210,10 @@ impl Fetcher {
         if records.is_empty() && end.is_none() {
             return Ok(None);
         }
-        Ok(Some(Batch { records, millis_behind, end }))
+        let mut batch = Batch::new(records);
+        batch.millis_behind = millis_behind;
+        batch.end = end;
+        Ok(Some(batch))
     }
 
     /// Turns raw records into user records: de-aggregates, filters by hash range, drops what a
@@ -229,12 +232,10 @@ impl Fetcher {
             } else {
                 Deaggregated::Plain
             };
-            let base = |sub: u64, partition_key: String, data| Record {
-                seq: seq.clone(),
-                sub,
-                partition_key,
-                data,
-                arrival_millis: r.arrival_millis,
+            let base = |sub: u64, partition_key: String, data: bytes::Bytes| {
+                Record::new(seq.clone(), partition_key, data)
+                    .with_sub(sub)
+                    .with_arrival_millis(r.arrival_millis)
             };
             let mut users = Vec::new();
             match unpacked {

@@ -87,11 +87,7 @@ impl ShardReader for KinesisReader {
     /// The next batch with records, or the shard's end; waits while the shard has nothing new.
     async fn next_batch(&mut self) -> Result<Batch> {
         if let Some(children) = &self.ended {
-            return Ok(Batch {
-                records: Vec::new(),
-                millis_behind: Some(0),
-                end: Some(children.clone()),
-            });
+            return Ok(Batch::default().with_millis_behind(0).with_end(children.clone()));
         }
         if self.stopped {
             return Err(Error::retryable(format!(

@@ -139,15 +139,12 @@ impl Api for SdkApi {
                     .into_iter()
                     .flatten()
                     .map(LeaseKey::from)
-                    .collect();
-                ShardInfo {
-                    hash_range: hash_range(s.hash_key_range(), s.shard_id()),
-                    closed: s
-                        .sequence_number_range()
-                        .is_some_and(|r| r.ending_sequence_number().is_some()),
-                    id: LeaseKey::from(s.shard_id()),
-                    parents,
-                }
+                    .collect::<Vec<_>>();
+                let mut info = ShardInfo::new(s.shard_id()).with_parents(parents).with_closed(
+                    s.sequence_number_range().is_some_and(|r| r.ending_sequence_number().is_some()),
+                );
+                info.hash_range = hash_range(s.hash_key_range(), s.shard_id());
+                info
             })
             .collect();
         Ok(ShardPage { shards, next_token: out.next_token })
@@ -199,11 +196,11 @@ impl Api for SdkApi {
             .child_shards
             .unwrap_or_default()
             .into_iter()
-            .map(|c| ShardInfo {
-                hash_range: hash_range(c.hash_key_range(), c.shard_id()),
-                parents: c.parent_shards().iter().map(|p| LeaseKey::from(p.as_str())).collect(),
-                id: LeaseKey::from(c.shard_id()),
-                closed: false,
+            .map(|c| {
+                let mut info = ShardInfo::new(c.shard_id())
+                    .with_parents(c.parent_shards().iter().map(|p| LeaseKey::from(p.as_str())));
+                info.hash_range = hash_range(c.hash_key_range(), c.shard_id());
+                info
             })
             .collect();
         Ok(RecordsPage {

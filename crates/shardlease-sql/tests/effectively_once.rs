@@ -140,8 +140,8 @@ fn records(n: usize) -> (MemorySource, Batch, Batch) {
         source.put_to_shard(&shard, format!("r{i}")).unwrap();
     }
     let all = source.records(&shard);
-    let first = Batch { records: all[..n].to_vec(), ..Batch::default() };
-    let every = Batch { records: all, ..Batch::default() };
+    let first = Batch::new(all[..n].to_vec());
+    let every = Batch::new(all);
     (source, first, every)
 }
 
@@ -186,7 +186,7 @@ async fn late_zombie<DB: Sink>(pool: Pool<DB>) {
     let owner = token("shard-a", "new", 2);
 
     // The zombie committed a few records while it still owned the shard.
-    let first2 = Batch { records: first5.records[..2].to_vec(), ..Batch::default() };
+    let first2 = Batch::new(first5.records[..2].to_vec());
     assert_eq!(write(&cp, &zombie, &table, "zombie", &first2).await.unwrap(), 2);
     // The new owner, which read the position before that commit, writes records 1-5: the two
     // already committed are skipped.

@@ -79,7 +79,7 @@ async fn measure(pool: &sqlx::PgPool, source: &MemorySource, path: Path, batch: 
         tasks.push(tokio::spawn(async move {
             let k: Arc<str> = Arc::from(key.as_str());
             for chunk in records.chunks(batch) {
-                let b = Batch { records: chunk.to_vec(), ..Batch::default() };
+                let b = Batch::new(chunk.to_vec());
                 match &tx_cp {
                     Some(cp) => {
                         let as_dyn: Arc<dyn Checkpointer> = cp.clone();

@@ -44,16 +44,7 @@ fn main() {
         let (all, live, newcomer) = fleet(leases, workers);
         let owner = WorkerId::new("worker-00000");
         for (role, me) in [("joining", newcomer), ("owner", owner)] {
-            let snapshot = Snapshot {
-                me,
-                leases: all.clone(),
-                withheld: BTreeSet::new(),
-                live_workers: live.clone(),
-                max_leases_per_worker: None,
-                max_claims_per_pass: None,
-                expired_claims: BTreeSet::new(),
-                seed: 7,
-            };
+            let snapshot = Snapshot::new(me, all.clone(), live.clone()).with_seed(7);
             let mut times = Vec::with_capacity(runs);
             let mut claims = 0;
             for _ in 0..runs {

@@ -17,7 +17,9 @@ pub use greedy::GreedyBalancer;
 pub use one_per_pass::OnePerPassBalancer;
 
 /// What the balancer sees: every lease, the workers judged alive, and this worker's limits.
+/// Built with [`Snapshot::new`] and the `with_*` methods (a balancer's own tests build them).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Snapshot {
     /// The worker running the pass.
     pub me: WorkerId,
@@ -38,6 +40,53 @@ pub struct Snapshot {
     pub expired_claims: BTreeSet<LeaseKey>,
     /// Seed for the shuffle of candidates.
     pub seed: u64,
+}
+
+impl Snapshot {
+    /// A snapshot for `me` of `leases` with `live_workers` alive: nothing withheld, no limits,
+    /// no expired claims, seed 0.
+    pub fn new(me: WorkerId, leases: Vec<Lease>, live_workers: BTreeSet<WorkerId>) -> Self {
+        Snapshot {
+            me,
+            leases,
+            withheld: BTreeSet::new(),
+            live_workers,
+            max_leases_per_worker: None,
+            max_claims_per_pass: None,
+            expired_claims: BTreeSet::new(),
+            seed: 0,
+        }
+    }
+
+    /// Sets the leases that exist but cannot be used this pass.
+    pub fn with_withheld(mut self, withheld: BTreeSet<LeaseKey>) -> Self {
+        self.withheld = withheld;
+        self
+    }
+
+    /// Sets the most leases `me` may hold.
+    pub fn with_max_leases_per_worker(mut self, max: Option<usize>) -> Self {
+        self.max_leases_per_worker = max;
+        self
+    }
+
+    /// Sets the most claims `me` may make in this pass.
+    pub fn with_max_claims_per_pass(mut self, max: Option<usize>) -> Self {
+        self.max_claims_per_pass = max;
+        self
+    }
+
+    /// Sets the claims of `me` whose owners did not answer within the claim timeout.
+    pub fn with_expired_claims(mut self, expired: BTreeSet<LeaseKey>) -> Self {
+        self.expired_claims = expired;
+        self
+    }
+
+    /// Sets the seed of the candidates' shuffle.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
 }
 
 /// The actions of one pass. Each is carried out by compare-and-set; a conflict skips that action.

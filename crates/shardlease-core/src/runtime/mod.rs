@@ -258,10 +258,11 @@ impl WorkerHandle {
         }
     }
 
-    /// Asks the balance loop for a pass that lists the leases, now, and waits for it (normally
+    /// Test hook (feature `test-util`). Asks the balance loop for a pass that lists the leases, now, and waits for it (normally
     /// the loop runs passes on its own). The loop is the only one to run passes, so this never
     /// races one of them; it returns at once when the worker is stopping, and without a pass
     /// while the worker is fenced.
+    #[cfg(feature = "test-util")]
     pub async fn balance_now(&self) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         {
@@ -354,8 +355,15 @@ impl WorkerHandle {
     }
 
     /// Stops everything at once without releasing leases or removing the worker record, as if the
-    /// process had died. For tests and benchmarks.
+    /// process had died. Test hook (feature `test-util`), for tests, benchmarks and demos.
+    #[cfg(feature = "test-util")]
     pub fn crash(&self) {
+        self.stop_abruptly();
+    }
+
+    /// Stops every loop and task at once, releasing nothing (a crash, or a handle dropped
+    /// without `shutdown()`).
+    fn stop_abruptly(&self) {
         self.shared.stop_taking.cancel();
         self.shared.cancel.cancel();
         for l in lock(&self.loops).drain(..) {
@@ -421,7 +429,7 @@ impl Drop for WorkerHandle {
     fn drop(&mut self) {
         if !self.shared.cancel.is_cancelled() {
             warn!(worker = %self.shared.id(), "WorkerHandle dropped without shutdown(); stopping without releasing leases");
-            self.crash();
+            self.stop_abruptly();
         }
     }
 }

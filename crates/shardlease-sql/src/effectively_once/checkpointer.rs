@@ -289,11 +289,11 @@ impl<'c, DB: TxDatabase> FencedTx<'c, DB> {
 
     /// `batch` without the records already committed.
     pub fn unseen(&self, batch: &Batch) -> Batch {
-        Batch {
-            records: batch.records.iter().filter(|r| !self.is_done(r)).cloned().collect(),
-            millis_behind: batch.millis_behind,
-            end: batch.end.clone(),
-        }
+        let mut unseen =
+            Batch::new(batch.records.iter().filter(|r| !self.is_done(r)).cloned().collect());
+        unseen.millis_behind = batch.millis_behind;
+        unseen.end = batch.end.clone();
+        unseen
     }
 
     /// Writes `position` (or keeps the committed one if it is further along) under this

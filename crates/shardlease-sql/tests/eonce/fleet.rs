@@ -208,7 +208,7 @@ where
                 loop {
                     // New records keep arriving on the shard, so its new owner has work.
                     let _ = source.put_to_shard(&token.key, "z");
-                    let batch = Batch { records: source.records(&token.key), ..Batch::default() };
+                    let batch = Batch::new(source.records(&token.key));
                     let r = cp
                         .write_batch(&handle, &batch, |b, tx| {
                             let (t, k) = (t.clone(), key.clone());
