@@ -31,6 +31,7 @@ pub mod redact;
 pub mod runtime;
 pub mod source;
 pub mod store;
+pub mod telemetry;
 pub mod worker_record;
 
 pub use balancer::{Balancer, GreedyBalancer, OnePerPassBalancer, Plan, Snapshot};

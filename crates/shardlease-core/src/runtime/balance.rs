@@ -219,7 +219,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
         settled = false;
     }
     shared.bump(&shared.stats.passes, 1);
-    metrics::counter!("shardlease_balance_passes_total").increment(1);
+    shared.metrics.balance_pass();
     let mut answered = BTreeSet::new();
     if !plan.is_empty() {
         settled = false;
@@ -305,7 +305,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
              worker last listed them are LOST (those records will be processed again); restoring \
              the leases as this worker last saw them"
         );
-        metrics::counter!("shardlease_namespace_vanished_total").increment(1);
+        shared.metrics.namespace_vanished();
     } else {
         error!(
             leases = total,
@@ -393,7 +393,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
         .await;
     let restored = results.iter().filter(|ok| **ok).count();
     shared.changed(restored as u64);
-    metrics::counter!("shardlease_leases_restored_total").increment(restored as u64);
+    shared.metrics.restored(restored);
     error!(
         restored,
         not_restored = total - restored,
@@ -417,7 +417,7 @@ fn report_corrupt(shared: &Shared, corrupt: &[crate::store::CorruptRecord]) {
     if corrupt.is_empty() {
         return;
     }
-    metrics::counter!("shardlease_corrupt_records_total").increment(corrupt.len() as u64);
+    shared.metrics.corrupt(corrupt.len());
     let mut reported = lock(&shared.reported_corrupt);
     for c in corrupt {
         if reported.insert(c.key.clone()) {
@@ -469,7 +469,7 @@ fn reconcile(
             if !still_mine && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
                 info!(key = %key, "lease moved on; stopping its task");
                 shared.bump(&shared.stats.lost, 1);
-                metrics::counter!("shardlease_leases_lost_total").increment(1);
+                shared.metrics.lost(key);
                 task.stop.send_replace(Some(StopReason::LeaseLost));
                 stopped += 1;
             }
@@ -567,7 +567,7 @@ pub(crate) fn stop_unanswered_past_deadline(shared: &Shared, now: Instant) {
             if t.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
                 warn!(key = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
                 shared.bump(&shared.stats.lost, 1);
-                metrics::counter!("shardlease_leases_lost_total").increment(1);
+                shared.metrics.lost(key);
                 t.stop.send_replace(Some(StopReason::LeaseLost));
             }
         }
@@ -624,22 +624,26 @@ async fn execute(
         if chunk.is_empty() {
             break;
         }
-        let results =
-            join_all(chunk.into_iter().filter_map(|k| by_key.get(k)).map(|v| take(shared, v)))
-                .await;
+        let results = join_all(chunk.into_iter().filter_map(|k| by_key.get(k)).map(|v| async {
+            let ok = take(shared, v).await;
+            if ok {
+                shared.metrics.taken(&v.0.key);
+            }
+            ok
+        }))
+        .await;
         taken += results.into_iter().filter(|ok| *ok).count();
     }
     if taken > 0 {
         shared.bump(&shared.stats.taking_passes, 1);
         shared.bump(&shared.stats.taken, taken as u64);
-        metrics::counter!("shardlease_leases_taken_total").increment(taken as u64);
         info!(taken, "took leases");
     }
     for key in &plan.take_over {
         if let Some(v) = by_key.get(key) {
             if take(shared, v).await {
                 shared.bump(&shared.stats.taken, 1);
-                metrics::counter!("shardlease_leases_taken_total").increment(1);
+                shared.metrics.taken(key);
                 info!(key = %key, "owner did not hand over a claimed lease in time; took it");
             }
         }
@@ -675,7 +679,7 @@ async fn execute(
                         lock(&shared.my_claims).insert(lease.key.clone(), claim);
                         shared.changed(1);
                         shared.bump(&shared.stats.claims, 1);
-                        metrics::counter!("shardlease_claims_total").increment(1);
+                        shared.metrics.claimed(&lease.key);
                         debug!(key = %lease.key, from = %owner, "claimed");
                     }
                     cas::Outcome::Declined | cas::Outcome::GaveUp => {}

@@ -91,7 +91,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 peers = Some(now);
                 shared.workers_listed.send_replace(Some(list_started));
                 remove_long_dead(&shared).await;
-                metrics::gauge!("shardlease_live_workers").set(listing.items.len() as f64);
+                shared.metrics.live_workers(listing.items.len());
                 if change.needs_balance() || !change.went_back.is_empty() {
                     shared.want_listing();
                 } else if moved {
@@ -104,7 +104,12 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
             Ok(Err(e)) => warn!(error = %e, "listing workers failed"),
             Err(_) => warn!("listing workers timed out"),
         }
-        metrics::gauge!("shardlease_leases_held").set(lock(&shared.tasks).len() as f64);
+        {
+            let tasks = lock(&shared.tasks);
+            shared.metrics.leases_held(tasks.len());
+            let now = Instant::now();
+            tasks.values().for_each(|t| t.metrics.refresh_checkpoint_age(now));
+        }
         let next = sent + shared.jittered(hb);
         tokio::select! {
             biased;
@@ -188,7 +193,7 @@ pub(crate) async fn watchdog(shared: Arc<Shared>) {
 pub(crate) async fn fence(shared: &Shared) {
     shared.fenced.store(true, Ordering::SeqCst);
     shared.bump(&shared.stats.fenced, 1);
-    metrics::counter!("shardlease_self_fenced_total").increment(1);
+    shared.metrics.self_fenced();
     let tasks: Vec<_> = std::mem::take(&mut *lock(&shared.tasks)).into_values().collect();
     error!(
         leases = tasks.len(),

@@ -20,7 +20,8 @@ use crate::error::{BoxError, Error};
 use crate::ids::WorkerId;
 use crate::lease::{Lease, LeaseKey, LeaseToken, Version};
 use crate::position::Position;
-use crate::processor::{CheckpointHandle, LeaseContext, RecordProcessor};
+use crate::processor::{CheckpointHandle, CheckpointObserver, LeaseContext, RecordProcessor};
+use crate::telemetry::LeaseMetrics;
 use crate::source::{Batch, ShardInfo, ShardReader};
 
 /// Starts a task for `lease` (owned by this worker at `version`) unless one is running, or the
@@ -40,9 +41,10 @@ pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> boo
     shared.observe(&lease, version);
     lock(&shared.granted).insert(lease.key.clone(), token.epoch);
     let (tx, rx) = watch::channel(None);
-    let span = tracing::info_span!("lease", key = %lease.key, epoch = lease.epoch);
-    let join = tokio::spawn(run(shared.clone(), lease.clone(), rx).instrument(span));
-    tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, join });
+    let metrics = Arc::new(shared.metrics.lease(&lease.key));
+    let span = tracing::info_span!("lease", shard = %lease.key, epoch = lease.epoch);
+    let join = tokio::spawn(run(shared.clone(), lease.clone(), rx, metrics.clone()).instrument(span));
+    tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, join, metrics });
     true
 }
 
@@ -60,10 +62,50 @@ enum Step<T> {
     Exit(Exit),
 }
 
-async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<StopReason>>) {
+/// Sets the task's gauges to 0 however the task ends (an abort drops it too).
+struct EndMetrics(Arc<LeaseMetrics>);
+
+impl Drop for EndMetrics {
+    fn drop(&mut self) {
+        self.0.ended();
+    }
+}
+
+/// The runtime's view of a lease's checkpoints (see `Shared`'s observer), plus its age metric.
+struct Observed {
+    shared: Arc<Shared>,
+    metrics: Arc<LeaseMetrics>,
+}
+
+impl CheckpointObserver for Observed {
+    fn written(&self, token: &LeaseToken, position: &Position) {
+        self.metrics.checkpointed(tokio::time::Instant::now());
+        self.shared.written(token, position);
+    }
+
+    fn refused(&self, token: &LeaseToken) {
+        self.shared.refused(token);
+    }
+}
+
+async fn run(
+    shared: Arc<Shared>,
+    lease: Lease,
+    stop: watch::Receiver<Option<StopReason>>,
+    metrics: Arc<LeaseMetrics>,
+) {
     let Some(token) = lease.token() else { return };
-    let cp = CheckpointHandle::observed(shared.checkpointer.clone(), token.clone(), shared.clone());
-    let mut task = Task { shared: shared.clone(), token: token.clone(), cp, stop, processor: None };
+    let ended = EndMetrics(metrics.clone());
+    let observer = Arc::new(Observed { shared: shared.clone(), metrics: metrics.clone() });
+    let cp = CheckpointHandle::observed(shared.checkpointer.clone(), token.clone(), observer);
+    let mut task = Task {
+        shared: shared.clone(),
+        token: token.clone(),
+        cp,
+        stop,
+        processor: None,
+        metrics: metrics.clone(),
+    };
     debug!("lease task started");
     // `cancel` fires only after a shutdown has dealt with every task it knew of, or on a crash:
     // a task still running then has nothing left to write, so it simply stops.
@@ -89,7 +131,7 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
         }
         Exit::Lost => {
             shared.bump(&shared.stats.lost, 1);
-            metrics::counter!("shardlease_leases_lost_total").increment(1);
+            shared.metrics.lost(&token.key);
             warn!("lease lost (a fenced write was refused)");
             shared.want_listing();
         }
@@ -103,10 +145,12 @@ async fn run(shared: Arc<Shared>, lease: Lease, stop: watch::Receiver<Option<Sto
         Exit::Stopped(reason) => debug!(?reason, "lease task stopped"),
         Exit::Panicked(msg) => {
             error!(panic = %msg, "record processor panicked; releasing the lease so the shard resumes from its checkpoint");
-            metrics::counter!("shardlease_processor_panics_total").increment(1);
+            metrics.processor_panic();
             transfer(&shared, &token, None).await;
         }
     }
+    // Before the task leaves the map: a task started next for the same shard keeps its gauges.
+    drop(ended);
     // Under the task-map lock, so a reconcile sees either the task or its grant gone: a listing
     // older than this moment that still shows the lease as ours at this epoch then leads to a
     // compare-and-set against a stale version, never to a second task.
@@ -143,7 +187,7 @@ pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<Wor
         match &next.owner {
             Some(w) => {
                 shared.bump(&shared.stats.handoffs, 1);
-                metrics::counter!("shardlease_handoffs_total").increment(1);
+                shared.metrics.handed_over(&token.key);
                 info!(to = %w, epoch = next.epoch, "lease handed over");
             }
             None => info!(epoch = next.epoch, "lease released"),
@@ -173,6 +217,7 @@ struct Task {
     cp: CheckpointHandle,
     stop: watch::Receiver<Option<StopReason>>,
     processor: Option<Box<dyn RecordProcessor>>,
+    metrics: Arc<LeaseMetrics>,
 }
 
 /// How far an idle shard's polling backs off: after consecutive empty reads the wait doubles from
@@ -217,7 +262,7 @@ struct Stuck(Arc<Shared>);
 impl Stuck {
     fn new(shared: &Arc<Shared>) -> Stuck {
         let n = shared.stats.stuck.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-        metrics::gauge!("shardlease_leases_stuck").set(n as f64);
+        shared.metrics.leases_stuck(n);
         Stuck(shared.clone())
     }
 }
@@ -225,7 +270,7 @@ impl Stuck {
 impl Drop for Stuck {
     fn drop(&mut self) {
         let n = self.0.stats.stuck.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) - 1;
-        metrics::gauge!("shardlease_leases_stuck").set(n as f64);
+        self.0.metrics.leases_stuck(n);
     }
 }
 
@@ -368,13 +413,15 @@ impl Task {
             };
             backoff = self.shared.backoff();
             reader = Some(current);
+            self.metrics.read(&batch);
             if let Some(last) = batch.last_position() {
+                let started = tokio::time::Instant::now();
                 if let Step::Exit(e) = self.call(Hook::Process(&batch)).await {
                     return Step::Exit(e);
                 }
                 let n = batch.records.len() as u64;
                 self.shared.bump(&self.shared.stats.records, n);
-                metrics::counter!("shardlease_records_processed_total").increment(n);
+                self.metrics.processed(&batch, started.elapsed());
                 position = last;
             }
             if let Some(children) = batch.end {
@@ -507,7 +554,7 @@ impl Task {
                 // A processor fencing its own sink may report the loss itself.
                 Ok(Err(e)) if is_lease_lost(&e) => return Step::Exit(Exit::Lost),
                 Ok(Err(e)) if is_permanent(&e) => {
-                    metrics::counter!("shardlease_processor_errors_total").increment(1);
+                    self.metrics.processor_error();
                     if stuck.is_none() {
                         error!(
                             hook = hook.name(),
@@ -521,7 +568,7 @@ impl Task {
                     }
                 }
                 Ok(Err(e)) => {
-                    metrics::counter!("shardlease_processor_errors_total").increment(1);
+                    self.metrics.processor_error();
                     warn!(hook = hook.name(), error = %crate::error::ErrorChain(&*e), "record processor failed; retrying the same input");
                 }
                 Err(p) => return Step::Exit(Exit::Panicked(panic_message(p))),
