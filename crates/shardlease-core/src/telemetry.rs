@@ -299,3 +299,173 @@ impl LeaseMetrics {
         metrics::gauge!(CHECKPOINT_AGE, self.labels.clone()).set(0.0);
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use bytes::Bytes;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+    use super::*;
+    use crate::position::SequenceNumber;
+    use crate::source::Record;
+
+    /// Every series recorded: (name, sorted labels, value).
+    fn series(s: &Snapshotter) -> Vec<(String, Vec<(String, String)>, DebugValue)> {
+        s.snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(k, _, _, v)| {
+                let key = k.key();
+                let mut labels: Vec<(String, String)> =
+                    key.labels().map(|l| (l.key().to_owned(), l.value().to_owned())).collect();
+                labels.sort();
+                (key.name().to_owned(), labels, v)
+            })
+            .collect()
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut v: Vec<_> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        v.sort();
+        v
+    }
+
+    fn value(
+        all: &[(String, Vec<(String, String)>, DebugValue)],
+        name: &str,
+        with: &[(&str, &str)],
+    ) -> Option<DebugValue> {
+        let want = labels(with);
+        let (_, _, v) = all.iter().find(|(n, l, _)| n == name && *l == want)?;
+        // `DebugValue` is not `Clone`.
+        Some(match v {
+            DebugValue::Counter(c) => DebugValue::Counter(*c),
+            DebugValue::Gauge(g) => DebugValue::Gauge(*g),
+            DebugValue::Histogram(h) => DebugValue::Histogram(h.clone()),
+        })
+    }
+
+    fn gauge(v: Option<DebugValue>) -> f64 {
+        match v {
+            Some(DebugValue::Gauge(g)) => g.into_inner(),
+            other => panic!("expected a gauge, got {other:?}"),
+        }
+    }
+
+    fn batch(sizes: &[usize], millis_behind: Option<u64>) -> Batch {
+        let records = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Record {
+                seq: SequenceNumber::from(i as u64 + 1),
+                sub: 0,
+                partition_key: "p".into(),
+                data: Bytes::from(vec![0u8; *n]),
+                arrival_millis: 0,
+            })
+            .collect();
+        Batch { records, millis_behind, end: None }
+    }
+
+    #[test]
+    fn two_workers_in_one_process_keep_separate_gauges() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let a = WorkerMetrics::new("orders", "w1");
+            let b = WorkerMetrics::new("orders", "w2");
+            a.leases_held(3);
+            b.leases_held(5);
+            a.lease(&"shard-0".into()).read(&batch(&[], Some(1200)));
+            b.lease(&"shard-0".into()).read(&batch(&[], Some(7)));
+        });
+        let all = series(&snapshotter);
+        let w1 = [(NAMESPACE, "orders"), (WORKER, "w1")];
+        let w2 = [(NAMESPACE, "orders"), (WORKER, "w2")];
+        assert_eq!(gauge(value(&all, LEASES_HELD, &w1)), 3.0);
+        assert_eq!(gauge(value(&all, LEASES_HELD, &w2)), 5.0);
+        let s1 = [(NAMESPACE, "orders"), (WORKER, "w1"), (SHARD, "shard-0")];
+        let s2 = [(NAMESPACE, "orders"), (WORKER, "w2"), (SHARD, "shard-0")];
+        assert_eq!(gauge(value(&all, MILLIS_BEHIND_LATEST, &s1)), 1200.0);
+        assert_eq!(gauge(value(&all, MILLIS_BEHIND_LATEST, &s2)), 7.0);
+    }
+
+    #[test]
+    fn per_lease_figures_carry_namespace_worker_and_shard() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let t0 = Instant::now();
+        metrics::with_local_recorder(&recorder, || {
+            let w = WorkerMetrics::new("ns", "w1");
+            let shard: LeaseKey = "shard-7".into();
+            let lease = w.lease(&shard);
+            let b = batch(&[10, 20, 30], Some(42));
+            lease.read(&b);
+            lease.processed(&b, Duration::from_millis(250));
+            lease.processor_error();
+            w.taken(&shard);
+            w.handed_over(&shard);
+            w.lost(&shard);
+            w.claimed(&shard);
+            w.self_fenced();
+            lease.checkpointed(t0);
+            lease.refresh_checkpoint_age(t0 + Duration::from_secs(9));
+        });
+        let all = series(&snapshotter);
+        let shard = [(NAMESPACE, "ns"), (WORKER, "w1"), (SHARD, "shard-7")];
+        assert_eq!(value(&all, RECORDS_PROCESSED, &shard), Some(DebugValue::Counter(3)));
+        assert_eq!(value(&all, BYTES_PROCESSED, &shard), Some(DebugValue::Counter(60)));
+        match value(&all, BATCH_SECONDS, &shard) {
+            Some(DebugValue::Histogram(h)) => {
+                assert_eq!(h.iter().map(|v| v.into_inner()).collect::<Vec<_>>(), vec![0.25])
+            }
+            other => panic!("expected a histogram, got {other:?}"),
+        }
+        assert_eq!(gauge(value(&all, MILLIS_BEHIND_LATEST, &shard)), 42.0);
+        assert_eq!(gauge(value(&all, CHECKPOINT_AGE, &shard)), 9.0);
+        for name in [PROCESSOR_ERRORS, LEASES_TAKEN, HANDOFFS, LEASES_LOST, CLAIMS] {
+            assert_eq!(value(&all, name, &shard), Some(DebugValue::Counter(1)), "{name}");
+        }
+        let worker = [(NAMESPACE, "ns"), (WORKER, "w1")];
+        assert_eq!(value(&all, SELF_FENCED, &worker), Some(DebugValue::Counter(1)));
+        // Every series is labelled as METRICS says.
+        for (name, got, _) in &all {
+            let info = METRICS.iter().find(|m| m.name == name).unwrap();
+            let mut keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+            let mut want = info.labels.to_vec();
+            keys.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(keys, want, "labels of {name}");
+        }
+    }
+
+    #[test]
+    fn an_ended_lease_task_zeroes_its_gauges() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let t0 = Instant::now();
+        metrics::with_local_recorder(&recorder, || {
+            let lease = WorkerMetrics::new("ns", "w1").lease(&"s".into());
+            lease.read(&batch(&[1], Some(5000)));
+            lease.refresh_checkpoint_age(t0 + Duration::from_secs(60));
+            lease.ended();
+        });
+        let all = series(&snapshotter);
+        let shard = [(NAMESPACE, "ns"), (WORKER, "w1"), (SHARD, "s")];
+        assert_eq!(gauge(value(&all, MILLIS_BEHIND_LATEST, &shard)), 0.0);
+        assert_eq!(gauge(value(&all, CHECKPOINT_AGE, &shard)), 0.0);
+    }
+
+    #[test]
+    fn every_metric_is_unique_and_listed_in_the_operations_guide() {
+        let guide = include_str!("../../../docs/operations.md");
+        let mut names: Vec<&str> = METRICS.iter().map(|m| m.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), METRICS.len(), "a metric is listed twice");
+        for m in METRICS {
+            assert!(guide.contains(&format!("`{}`", m.name)), "docs/operations.md misses {}", m.name);
+        }
+    }
+}
