@@ -266,7 +266,8 @@ impl LeaseMetrics {
     /// A batch with records was processed successfully in `took` (retries included).
     pub(crate) fn processed(&self, batch: &Batch, took: Duration) {
         let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
-        metrics::counter!(RECORDS_PROCESSED, self.labels.clone()).increment(batch.records.len() as u64);
+        metrics::counter!(RECORDS_PROCESSED, self.labels.clone())
+            .increment(batch.records.len() as u64);
         metrics::counter!(BYTES_PROCESSED, self.labels.clone()).increment(bytes as u64);
         metrics::histogram!(BATCH_SECONDS, self.labels.clone()).record(took.as_secs_f64());
     }
@@ -465,7 +466,11 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), METRICS.len(), "a metric is listed twice");
         for m in METRICS {
-            assert!(guide.contains(&format!("`{}`", m.name)), "docs/operations.md misses {}", m.name);
+            assert!(
+                guide.contains(&format!("`{}`", m.name)),
+                "docs/operations.md misses {}",
+                m.name
+            );
         }
     }
 }

@@ -11,8 +11,8 @@ use futures::StreamExt;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use shardlease_core::{
     ChangeStream, CreateOutcome, Error, InstrumentedStore, Lease, LeaseKey, LeaseStore, Listing,
-    MemoryBackend, MemoryStore, Namespace, Position, Result, StoreChange, Version, VersionedLease, WorkerId,
-    WorkerRecord,
+    MemoryBackend, MemoryStore, Namespace, Position, Result, StoreChange, Version, VersionedLease,
+    WorkerId, WorkerRecord,
 };
 
 /// A memory store that logs which method was called, and overrides every default-bodied method

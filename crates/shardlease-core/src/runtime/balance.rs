@@ -141,7 +141,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
         Err(e) => {
-            warn!(error = %e, "listing leases failed; skipping this balance pass");
+            warn!(error = %crate::error::ErrorChain(&e), "listing leases failed; skipping this balance pass");
             stop_unanswered_past_deadline(shared, Instant::now());
             return None;
         }
@@ -197,7 +197,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
     for v in retake.iter().filter(|_| !holding) {
         if take(shared, v).await {
-            info!(key = %v.0.key, "re-took by compare-and-set a lease this process was not granted");
+            info!(shard = %v.0.key, "re-took by compare-and-set a lease this process was not granted");
         }
     }
     let expired = expired_claims(shared, &me, &leases, now);
@@ -284,7 +284,7 @@ async fn lost_leases(
             recovery::forget_collected(&mut lock(&shared.remembered), lost, &children, listed)
         }
         Err(e) => {
-            warn!(error = %e, "listing shards to tell lost leases from collected ones failed");
+            warn!(error = %crate::error::ErrorChain(&e), "listing shards to tell lost leases from collected ones failed");
             lost
         }
     }
@@ -365,7 +365,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                     Some(v) => store.update_lease(&lease, v).await.map(|_| true),
                 };
                 debug!(
-                    key = %lease.key,
+                    shard = %lease.key,
                     owner = ?lease.owner,
                     epoch = lease.epoch,
                     checkpoint = %lease.checkpoint,
@@ -382,7 +382,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                     }
                     Ok(false) | Err(Error::Conflict { .. }) => false,
                     Err(e) => {
-                        warn!(key = %lease.key, error = %e, "restoring a lost lease failed");
+                        warn!(shard = %lease.key, error = %crate::error::ErrorChain(&e), "restoring a lost lease failed");
                         false
                     }
                 }
@@ -403,7 +403,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
     );
     if vanished {
         if let Err(e) = super::shard_sync::sync_after_loss(shared).await {
-            warn!(error = %e, "shard sync after the namespace vanished failed");
+            warn!(error = %crate::error::ErrorChain(&e), "shard sync after the namespace vanished failed");
         }
     }
     if restored > 0 {
@@ -421,7 +421,7 @@ fn report_corrupt(shared: &Shared, corrupt: &[crate::store::CorruptRecord]) {
     let mut reported = lock(&shared.reported_corrupt);
     for c in corrupt {
         if reported.insert(c.key.clone()) {
-            warn!(key = %c.key, reason = %c.reason, "corrupt lease record skipped; the other leases go on");
+            warn!(shard = %c.key, reason = %c.reason, "corrupt lease record skipped; the other leases go on");
         }
     }
 }
@@ -467,7 +467,7 @@ fn reconcile(
             let still_mine =
                 by_key.get(key).is_some_and(|l| l.is_owned_by(me) && l.epoch == task.epoch);
             if !still_mine && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
-                info!(key = %key, "lease moved on; stopping its task");
+                info!(shard = %key, "lease moved on; stopping its task");
                 shared.bump(&shared.stats.lost, 1);
                 shared.metrics.lost(key);
                 task.stop.send_replace(Some(StopReason::LeaseLost));
@@ -565,7 +565,7 @@ pub(crate) fn stop_unanswered_past_deadline(shared: &Shared, now: Instant) {
         }
         if let Some(t) = tasks.get(key) {
             if t.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
-                warn!(key = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
+                warn!(shard = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
                 shared.bump(&shared.stats.lost, 1);
                 shared.metrics.lost(key);
                 t.stop.send_replace(Some(StopReason::LeaseLost));
@@ -644,7 +644,7 @@ async fn execute(
             if take(shared, v).await {
                 shared.bump(&shared.stats.taken, 1);
                 shared.metrics.taken(key);
-                info!(key = %key, "owner did not hand over a claimed lease in time; took it");
+                info!(shard = %key, "owner did not hand over a claimed lease in time; took it");
             }
         }
     }
@@ -680,7 +680,7 @@ async fn execute(
                         shared.changed(1);
                         shared.bump(&shared.stats.claims, 1);
                         shared.metrics.claimed(&lease.key);
-                        debug!(key = %lease.key, from = %owner, "claimed");
+                        debug!(shard = %lease.key, from = %owner, "claimed");
                     }
                     cas::Outcome::Declined | cas::Outcome::GaveUp => {}
                 }
@@ -783,7 +783,7 @@ async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: u64, to: &Wor
     match outcome {
         cas::Outcome::Written(lease, v) => {
             shared.observe(&lease, v);
-            debug!(key = %key, to = %to, "claim acknowledged; handing over");
+            debug!(shard = %key, to = %to, "claim acknowledged; handing over");
             true
         }
         cas::Outcome::Declined | cas::Outcome::GaveUp => false,
@@ -818,7 +818,7 @@ async fn take(shared: &Arc<Shared>, (lease, version): &(Lease, Version)) -> bool
                     }
                     return false;
                 }
-                debug!(key = %next.key, "not started now (fenced, or a task is still stopping)");
+                debug!(shard = %next.key, "not started now (fenced, or a task is still stopping)");
             }
             true
         }

@@ -36,25 +36,25 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
             Ok(Ok(())) => {
                 shared.bump(&shared.stats.heartbeats, 1);
                 if shared.fenced.swap(false, Ordering::SeqCst) {
-                    info!(id = %record.id, "heartbeat succeeded again; resuming as a new incarnation");
+                    info!(worker = %record.id, "heartbeat succeeded again; resuming as a new incarnation");
                     shared.want_listing();
                     let former: Vec<_> = lock(&shared.former_ids).iter().cloned().collect();
                     for old in former {
                         if let Err(e) = shared.store.remove_worker(&old).await {
-                            debug!(error = %e, worker = %old, "removing the record of an earlier incarnation failed");
+                            debug!(error = %crate::error::ErrorChain(&e), worker = %old, "removing the record of an earlier incarnation failed");
                         }
                     }
                 }
                 shared.heartbeat_ok.send_replace(Some(sent));
             }
-            Ok(Err(e)) => warn!(error = %e, beat, "heartbeat failed"),
+            Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), beat, "heartbeat failed"),
             Err(_) => warn!(beat, ?hb, "heartbeat timed out"),
         }
         let list_started = Instant::now();
         match timeout(hb, shared.store.list_workers()).await {
             Ok(Ok(listing)) => {
                 for c in &listing.corrupt {
-                    warn!(key = %c.key, reason = %c.reason, "corrupt worker record skipped");
+                    warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
                 }
                 let change =
                     lock(&shared.liveness).observe(&listing.items, list_started, Instant::now());
@@ -101,7 +101,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                     shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
                 }
             }
-            Ok(Err(e)) => warn!(error = %e, "listing workers failed"),
+            Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), "listing workers failed"),
             Err(_) => warn!("listing workers timed out"),
         }
         {
@@ -149,7 +149,7 @@ async fn remove_long_dead(shared: &Shared) {
             }
             Ok(Ok(false)) => {}
             Ok(Err(e)) => {
-                debug!(worker = %id, error = %e, "removing a long-dead worker's record failed")
+                debug!(worker = %id, error = %crate::error::ErrorChain(&e), "removing a long-dead worker's record failed")
             }
             Err(_) => debug!(worker = %id, "removing a long-dead worker's record timed out"),
         }

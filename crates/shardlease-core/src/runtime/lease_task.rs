@@ -21,8 +21,8 @@ use crate::ids::WorkerId;
 use crate::lease::{Lease, LeaseKey, LeaseToken, Version};
 use crate::position::Position;
 use crate::processor::{CheckpointHandle, CheckpointObserver, LeaseContext, RecordProcessor};
-use crate::telemetry::LeaseMetrics;
 use crate::source::{Batch, ShardInfo, ShardReader};
+use crate::telemetry::LeaseMetrics;
 
 /// Starts a task for `lease` (owned by this worker at `version`) unless one is running, or the
 /// worker is shutting down or fenced. Returns false when no task was started.
@@ -43,7 +43,8 @@ pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> boo
     let (tx, rx) = watch::channel(None);
     let metrics = Arc::new(shared.metrics.lease(&lease.key));
     let span = tracing::info_span!("lease", shard = %lease.key, epoch = lease.epoch);
-    let join = tokio::spawn(run(shared.clone(), lease.clone(), rx, metrics.clone()).instrument(span));
+    let join =
+        tokio::spawn(run(shared.clone(), lease.clone(), rx, metrics.clone()).instrument(span));
     tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, join, metrics });
     true
 }
@@ -386,7 +387,7 @@ impl Task {
                 None => match self.shared.source.open(self.key(), &position).await {
                     Ok(r) => r,
                     Err(e) => {
-                        warn!(error = %e, %position, "opening the shard failed; retrying");
+                        warn!(error = %crate::error::ErrorChain(&e), %position, "opening the shard failed; retrying");
                         let d = backoff.next(&self.shared);
                         if let Some(r) = self.pause(d).await {
                             return Step::Exit(Exit::Stopped(r));
@@ -403,7 +404,7 @@ impl Task {
             let batch = match read {
                 Ok(b) => b,
                 Err(e) => {
-                    warn!(error = %e, "reading the shard failed; reopening after a pause");
+                    warn!(error = %crate::error::ErrorChain(&e), "reading the shard failed; reopening after a pause");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -450,7 +451,7 @@ impl Task {
             match self.shared.checkpointer.fetch(self.key()).await {
                 Ok(p) => return Step::Done(p.unwrap_or_else(|| lease.checkpoint.clone())),
                 Err(e) => {
-                    warn!(error = %e, "fetching the checkpoint failed; retrying");
+                    warn!(error = %crate::error::ErrorChain(&e), "fetching the checkpoint failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -478,7 +479,7 @@ impl Task {
             match self.shared.source.open(self.key(), &start).await {
                 Ok(r) => break r,
                 Err(e) => {
-                    warn!(error = %e, position = %start, "opening the shard failed; retrying");
+                    warn!(error = %crate::error::ErrorChain(&e), position = %start, "opening the shard failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -514,7 +515,7 @@ impl Task {
                 }
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
                 Err(e) => {
-                    warn!(error = %e, "pinning the start position failed; retrying");
+                    warn!(error = %crate::error::ErrorChain(&e), "pinning the start position failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -601,7 +602,9 @@ impl Task {
                     "shard_ended returned without checkpointing ShardEnd; the shard cannot finish \
                      and its children stay blocked until it does"
                 ),
-                Err(e) => warn!(error = %e, "reading the checkpoint at shard end failed"),
+                Err(e) => {
+                    warn!(error = %crate::error::ErrorChain(&e), "reading the checkpoint at shard end failed")
+                }
             }
             let d = backoff.next(&self.shared);
             if let Some(r) = self.pause(d).await {
@@ -624,7 +627,7 @@ impl Task {
                 Ok(()) => return Step::Done(()),
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
                 Err(e) => {
-                    warn!(error = %e, "marking the lease finished failed; retrying");
+                    warn!(error = %crate::error::ErrorChain(&e), "marking the lease finished failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -669,7 +672,7 @@ impl Task {
                     return Step::Done(());
                 }
                 Err(e) => {
-                    warn!(child = %child.id, error = %e, "creating a child lease failed; retrying");
+                    warn!(child = %child.id, error = %crate::error::ErrorChain(&e), "creating a child lease failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -697,7 +700,9 @@ impl Task {
             let fut = AssertUnwindSafe(p.shutdown_requested(&self.cp)).catch_unwind();
             match tokio::time::timeout(limit, fut).await {
                 Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => warn!(error = %e, "shutdown_requested failed"),
+                Ok(Ok(Err(e))) => {
+                    warn!(error = %crate::error::ErrorChain(&*e), "shutdown_requested failed")
+                }
                 Ok(Err(p)) => {
                     error!(panic = %panic_message(p), "shutdown_requested panicked")
                 }
