@@ -311,8 +311,11 @@ mod tests {
     use crate::position::SequenceNumber;
     use crate::source::Record;
 
-    /// Every series recorded: (name, sorted labels, value).
-    fn series(s: &Snapshotter) -> Vec<(String, Vec<(String, String)>, DebugValue)> {
+    /// One recorded series: name, sorted labels, value.
+    type Series = (String, Vec<(String, String)>, DebugValue);
+
+    /// Every series recorded.
+    fn series(s: &Snapshotter) -> Vec<Series> {
         s.snapshot()
             .into_vec()
             .into_iter()
@@ -332,11 +335,7 @@ mod tests {
         v
     }
 
-    fn value(
-        all: &[(String, Vec<(String, String)>, DebugValue)],
-        name: &str,
-        with: &[(&str, &str)],
-    ) -> Option<DebugValue> {
+    fn value(all: &[Series], name: &str, with: &[(&str, &str)]) -> Option<DebugValue> {
         let want = labels(with);
         let (_, _, v) = all.iter().find(|(n, l, _)| n == name && *l == want)?;
         // `DebugValue` is not `Clone`.
