@@ -1,6 +1,6 @@
 //! Shared helpers of the examples: a record processor that counts deliveries (so a demo can show
 //! that nothing was lost and nothing processed twice), a view of who owns what, and a polling
-//! wait with a deadline.
+//! wait with a deadline; and the Prometheus example's fleet and exporter ([`prometheus`]).
 
 use shardlease::Epoch;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -8,6 +8,8 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+pub mod prometheus;
 
 use shardlease::balancer::is_active;
 use shardlease::{

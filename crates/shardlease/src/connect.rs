@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use shardlease_core::{Error, LeaseStore, MemoryBackend, Namespace, Result};
+use shardlease_core::{Error, InstrumentedStore, LeaseStore, MemoryBackend, Namespace, Result};
 use url::Url;
 
 /// The namespace used when the URL or builder names none (defined once, in core).
@@ -27,7 +27,24 @@ const KNOWN: &[(&str, &str)] = &[
 
 /// Opens the store named by `url`, in the namespace given by its `namespace` query parameter
 /// (default [`DEFAULT_NAMESPACE`]).
+///
+/// The store comes wrapped in an [`InstrumentedStore`]: every call runs in a `store` span and is
+/// timed in `shardlease_store_call_seconds`, errors counted in `shardlease_store_errors_total`
+/// (docs/operations.md, "Metrics"). [`connect_bare`] returns the store without it.
 pub async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>> {
+    Ok(Arc::new(InstrumentedStore::new(connect_bare(url).await?)))
+}
+
+/// Opens the store named by `url` in `namespace` (any `namespace` query parameter is ignored),
+/// wrapped in an [`InstrumentedStore`] like [`connect`]'s.
+pub async fn connect_namespace(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+    let parsed = parse(url)?;
+    Ok(Arc::new(InstrumentedStore::new(open(url, &parsed, namespace).await?)))
+}
+
+/// [`connect`] without the [`InstrumentedStore`]: the backend's store itself, for an application
+/// that instruments its stores its own way (or not at all).
+pub async fn connect_bare(url: &str) -> Result<Arc<dyn LeaseStore>> {
     let parsed = parse(url)?;
     let namespace = parsed
         .query_pairs()
@@ -35,12 +52,6 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LeaseStore>> {
         .map(|(_, v)| v.into_owned())
         .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
     open(url, &parsed, &namespace).await
-}
-
-/// Opens the store named by `url` in `namespace` (any `namespace` query parameter is ignored).
-pub async fn connect_namespace(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-    let parsed = parse(url)?;
-    open(url, &parsed, namespace).await
 }
 
 fn parse(url: &str) -> Result<Url> {
@@ -209,6 +220,18 @@ mod tests {
         assert!(off.subscribe_changes().await.unwrap().is_none(), "watch=false turns it off");
         let v = store.get_lease(&"k".into()).await.unwrap().unwrap().version;
         store.delete_lease(&"k".into(), v).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn connect_instruments_the_store_and_connect_bare_does_not() {
+        let wrapped = connect("memory://?namespace=facade-i").await.unwrap();
+        assert!(format!("{wrapped:?}").starts_with("InstrumentedStore"), "{wrapped:?}");
+        assert_eq!(wrapped.namespace().map(|n| n.as_str().to_owned()), Some("facade-i".into()));
+        let named = connect_namespace("memory://", "facade-i").await.unwrap();
+        assert!(format!("{named:?}").starts_with("InstrumentedStore"), "{named:?}");
+        let bare = connect_bare("memory://?namespace=facade-i").await.unwrap();
+        assert!(format!("{bare:?}").starts_with("MemoryStore"), "{bare:?}");
+        assert_eq!(bare.namespace().map(|n| n.as_str().to_owned()), Some("facade-i".into()));
     }
 
     #[test]

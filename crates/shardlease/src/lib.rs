@@ -24,7 +24,8 @@
 //! data stream ([`kinesis`]).
 //!
 //! Every URL may carry `?namespace=NAME` (default `default`); [`connect_namespace`] takes it as an
-//! argument instead.
+//! argument instead. The store returned is wrapped in an [`InstrumentedStore`] (a span and a
+//! latency histogram per call, errors counted by kind); [`connect_bare`] skips the wrapper.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> shardlease::Result<()> {
@@ -41,7 +42,7 @@ pub use async_trait::async_trait;
 
 mod connect;
 
-pub use connect::{connect, connect_namespace, redact_url, DEFAULT_NAMESPACE};
+pub use connect::{connect, connect_bare, connect_namespace, redact_url, DEFAULT_NAMESPACE};
 
 /// Amazon Kinesis Data Streams as the [`ShardSource`] (feature `kinesis`): see
 /// [`KinesisSource`](kinesis::KinesisSource) and `docs/kinesis.md`.

@@ -141,7 +141,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
         Err(e) => {
-            warn!(error = %e, "listing leases failed; skipping this balance pass");
+            warn!(error = %crate::error::ErrorChain(&e), "listing leases failed; skipping this balance pass");
             stop_unanswered_past_deadline(shared, Instant::now());
             return None;
         }
@@ -197,7 +197,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
     for v in retake.iter().filter(|_| !holding) {
         if take(shared, v).await {
-            info!(key = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
+            info!(shard = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
         }
     }
     let expired = expired_claims(shared, &me, &leases, now);
@@ -219,7 +219,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
         settled = false;
     }
     shared.bump(&shared.stats.passes, 1);
-    metrics::counter!("shardlease_balance_passes_total").increment(1);
+    shared.metrics.balance_pass();
     let mut answered = BTreeSet::new();
     if !plan.is_empty() {
         settled = false;
@@ -284,7 +284,7 @@ async fn lost_leases(
             recovery::forget_collected(&mut lock(&shared.remembered), lost, &children, listed)
         }
         Err(e) => {
-            warn!(error = %e, "listing shards to tell lost leases from collected ones failed");
+            warn!(error = %crate::error::ErrorChain(&e), "listing shards to tell lost leases from collected ones failed");
             lost
         }
     }
@@ -305,7 +305,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
              worker last listed them are LOST (those records will be processed again); restoring \
              the leases as this worker last saw them"
         );
-        metrics::counter!("shardlease_namespace_vanished_total").increment(1);
+        shared.metrics.namespace_vanished();
     } else {
         error!(
             leases = total,
@@ -365,7 +365,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                     Some(v) => store.update_lease(&lease, v).await.map(|_| true),
                 };
                 debug!(
-                    key = %lease.key,
+                    shard = %lease.key,
                     owner = ?lease.owner,
                     epoch = %lease.epoch,
                     checkpoint = %lease.checkpoint,
@@ -382,7 +382,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                     }
                     Ok(false) | Err(Error::Conflict { .. }) => false,
                     Err(e) => {
-                        warn!(key = %lease.key, error = %e, "restoring a lost lease failed");
+                        warn!(shard = %lease.key, error = %crate::error::ErrorChain(&e), "restoring a lost lease failed");
                         false
                     }
                 }
@@ -393,7 +393,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
         .await;
     let restored = results.iter().filter(|ok| **ok).count();
     shared.changed(restored as u64);
-    metrics::counter!("shardlease_leases_restored_total").increment(restored as u64);
+    shared.metrics.restored(restored);
     error!(
         restored,
         not_restored = total - restored,
@@ -403,7 +403,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
     );
     if vanished {
         if let Err(e) = super::shard_sync::sync_after_loss(shared).await {
-            warn!(error = %e, "shard sync after the namespace vanished failed");
+            warn!(error = %crate::error::ErrorChain(&e), "shard sync after the namespace vanished failed");
         }
     }
     if restored > 0 {
@@ -417,11 +417,11 @@ fn report_corrupt(shared: &Shared, corrupt: &[crate::store::CorruptRecord]) {
     if corrupt.is_empty() {
         return;
     }
-    metrics::counter!("shardlease_corrupt_records_total").increment(corrupt.len() as u64);
+    shared.metrics.corrupt(corrupt.len());
     let mut reported = lock(&shared.reported_corrupt);
     for c in corrupt {
         if reported.insert(c.key.clone()) {
-            warn!(key = %c.key, reason = %c.reason, "corrupt lease record skipped; the other leases go on");
+            warn!(shard = %c.key, reason = %c.reason, "corrupt lease record skipped; the other leases go on");
         }
     }
 }
@@ -469,9 +469,9 @@ fn reconcile(
             let still_mine =
                 by_key.get(key).is_some_and(|l| l.is_owned_by(me) && l.epoch == task.epoch);
             if !still_mine && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
-                info!(key = %key, "lease moved on; stopping its task");
+                info!(shard = %key, "lease moved on; stopping its task");
                 shared.bump(&shared.stats.lost, 1);
-                metrics::counter!("shardlease_leases_lost_total").increment(1);
+                shared.metrics.lost(key);
                 task.stop.send_replace(Some(StopReason::LeaseLost));
                 stopped += 1;
             }
@@ -567,9 +567,9 @@ pub(crate) fn stop_unanswered_past_deadline(shared: &Shared, now: Instant) {
         }
         if let Some(t) = tasks.get(key) {
             if t.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
-                warn!(key = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
+                warn!(shard = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
                 shared.bump(&shared.stats.lost, 1);
-                metrics::counter!("shardlease_leases_lost_total").increment(1);
+                shared.metrics.lost(key);
                 t.stop.send_replace(Some(StopReason::LeaseLost));
             }
         }
@@ -626,23 +626,27 @@ async fn execute(
         if chunk.is_empty() {
             break;
         }
-        let results =
-            join_all(chunk.into_iter().filter_map(|k| by_key.get(k)).map(|v| take(shared, v)))
-                .await;
+        let results = join_all(chunk.into_iter().filter_map(|k| by_key.get(k)).map(|v| async {
+            let ok = take(shared, v).await;
+            if ok {
+                shared.metrics.taken(&v.lease.key);
+            }
+            ok
+        }))
+        .await;
         taken += results.into_iter().filter(|ok| *ok).count();
     }
     if taken > 0 {
         shared.bump(&shared.stats.taking_passes, 1);
         shared.bump(&shared.stats.taken, taken as u64);
-        metrics::counter!("shardlease_leases_taken_total").increment(taken as u64);
         info!(taken, "took leases");
     }
     for key in &plan.take_over {
         if let Some(v) = by_key.get(key) {
             if take(shared, v).await {
                 shared.bump(&shared.stats.taken, 1);
-                metrics::counter!("shardlease_leases_taken_total").increment(1);
-                info!(key = %key, "owner did not hand over a claimed lease in time; took it");
+                shared.metrics.taken(key);
+                info!(shard = %key, "owner did not hand over a claimed lease in time; took it");
             }
         }
     }
@@ -679,8 +683,8 @@ async fn execute(
                         lock(&shared.my_claims).insert(lease.key.clone(), claim);
                         shared.changed(1);
                         shared.bump(&shared.stats.claims, 1);
-                        metrics::counter!("shardlease_claims_total").increment(1);
-                        debug!(key = %lease.key, from = %owner, "claimed");
+                        shared.metrics.claimed(&lease.key);
+                        debug!(shard = %lease.key, from = %owner, "claimed");
                     }
                     cas::Outcome::Declined | cas::Outcome::GaveUp => {}
                 }
@@ -783,7 +787,7 @@ async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: Epoch, to: &W
     match outcome {
         cas::Outcome::Written(lease, v) => {
             shared.observe(&lease, v);
-            debug!(key = %key, to = %to, "claim acknowledged; handing over");
+            debug!(shard = %key, to = %to, "claim acknowledged; handing over");
             true
         }
         cas::Outcome::Declined | cas::Outcome::GaveUp => false,
@@ -819,7 +823,7 @@ async fn take(shared: &Arc<Shared>, listed: &VersionedLease) -> bool {
                     }
                     return false;
                 }
-                debug!(key = %next.key, "not started now (fenced, or a task is still stopping)");
+                debug!(shard = %next.key, "not started now (fenced, or a task is still stopping)");
             }
             true
         }

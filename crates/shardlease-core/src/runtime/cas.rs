@@ -77,7 +77,7 @@ where
                 Ok(Some(v)) => v,
                 Ok(None) => return Outcome::Declined,
                 Err(e) => {
-                    warn!(key = %key, error = %e, "could not {what}: reading the lease failed");
+                    warn!(shard = %key, error = %crate::error::ErrorChain(&e), "could not {what}: reading the lease failed");
                     if !retry_error(shared, policy, &mut backoff).await {
                         return Outcome::GaveUp;
                     }
@@ -100,7 +100,7 @@ where
                 }
             }
             Err(e) => {
-                warn!(key = %key, error = %e, "could not {what}");
+                warn!(shard = %key, error = %crate::error::ErrorChain(&e), "could not {what}");
                 if !retry_error(shared, policy, &mut backoff).await {
                     return Outcome::GaveUp;
                 }

@@ -36,25 +36,25 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
             Ok(Ok(())) => {
                 shared.bump(&shared.stats.heartbeats, 1);
                 if shared.fenced.swap(false, Ordering::SeqCst) {
-                    info!(id = %record.id, "heartbeat succeeded again; resuming as a new incarnation");
+                    info!(worker = %record.id, "heartbeat succeeded again; resuming as a new incarnation");
                     shared.want_listing();
                     let former: Vec<_> = lock(&shared.former_ids).iter().cloned().collect();
                     for old in former {
                         if let Err(e) = shared.store.remove_worker(&old).await {
-                            debug!(error = %e, worker = %old, "removing the record of an earlier incarnation failed");
+                            debug!(error = %crate::error::ErrorChain(&e), worker = %old, "removing the record of an earlier incarnation failed");
                         }
                     }
                 }
                 shared.heartbeat_ok.send_replace(Some(sent));
             }
-            Ok(Err(e)) => warn!(error = %e, beat, "heartbeat failed"),
+            Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), beat, "heartbeat failed"),
             Err(_) => warn!(beat, ?hb, "heartbeat timed out"),
         }
         let list_started = Instant::now();
         match timeout(hb, shared.store.list_workers()).await {
             Ok(Ok(listing)) => {
                 for c in &listing.corrupt {
-                    warn!(key = %c.key, reason = %c.reason, "corrupt worker record skipped");
+                    warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
                 }
                 let change =
                     lock(&shared.liveness).observe(&listing.items, list_started, Instant::now());
@@ -91,7 +91,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 peers = Some(now);
                 shared.workers_listed.send_replace(Some(list_started));
                 remove_long_dead(&shared).await;
-                metrics::gauge!("shardlease_live_workers").set(listing.items.len() as f64);
+                shared.metrics.live_workers(listing.items.len());
                 if change.needs_balance() || !change.went_back.is_empty() {
                     shared.want_listing();
                 } else if moved {
@@ -101,10 +101,15 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                     shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
                 }
             }
-            Ok(Err(e)) => warn!(error = %e, "listing workers failed"),
+            Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), "listing workers failed"),
             Err(_) => warn!("listing workers timed out"),
         }
-        metrics::gauge!("shardlease_leases_held").set(lock(&shared.tasks).len() as f64);
+        {
+            let tasks = lock(&shared.tasks);
+            shared.metrics.leases_held(tasks.len());
+            let now = Instant::now();
+            tasks.values().for_each(|t| t.metrics.refresh_checkpoint_age(now));
+        }
         let next = sent + shared.jittered(hb);
         tokio::select! {
             biased;
@@ -144,7 +149,7 @@ async fn remove_long_dead(shared: &Shared) {
             }
             Ok(Ok(false)) => {}
             Ok(Err(e)) => {
-                debug!(worker = %id, error = %e, "removing a long-dead worker's record failed")
+                debug!(worker = %id, error = %crate::error::ErrorChain(&e), "removing a long-dead worker's record failed")
             }
             Err(_) => debug!(worker = %id, "removing a long-dead worker's record timed out"),
         }
@@ -188,7 +193,7 @@ pub(crate) async fn watchdog(shared: Arc<Shared>) {
 pub(crate) async fn fence(shared: &Shared) {
     shared.fenced.store(true, Ordering::SeqCst);
     shared.bump(&shared.stats.fenced, 1);
-    metrics::counter!("shardlease_self_fenced_total").increment(1);
+    shared.metrics.self_fenced();
     let tasks: Vec<_> = std::mem::take(&mut *lock(&shared.tasks)).into_values().collect();
     error!(
         leases = tasks.len(),

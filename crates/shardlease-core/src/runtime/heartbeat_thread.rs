@@ -30,7 +30,7 @@ fn heartbeat_runtime() -> Option<Handle> {
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
-                    warn!(error = %e, "could not build the heartbeat runtime; heartbeats share the application's");
+                    warn!(error = %crate::error::ErrorChain(&e), "could not build the heartbeat runtime; heartbeats share the application's");
                     return None;
                 }
             };
@@ -41,7 +41,7 @@ fn heartbeat_runtime() -> Option<Handle> {
             match started {
                 Ok(_) => Some(handle),
                 Err(e) => {
-                    warn!(error = %e, "could not start the heartbeat thread; heartbeats share the application's runtime");
+                    warn!(error = %crate::error::ErrorChain(&e), "could not start the heartbeat thread; heartbeats share the application's runtime");
                     None
                 }
             }

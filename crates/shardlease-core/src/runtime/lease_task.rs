@@ -20,8 +20,9 @@ use crate::error::{BoxError, Error};
 use crate::ids::WorkerId;
 use crate::lease::{Lease, LeaseKey, LeaseToken, Version};
 use crate::position::Position;
-use crate::processor::{CheckpointHandle, LeaseContext, RecordProcessor};
+use crate::processor::{CheckpointHandle, CheckpointObserver, LeaseContext, RecordProcessor};
 use crate::source::{Batch, ShardInfo, ShardReader};
+use crate::telemetry::LeaseMetrics;
 
 /// Starts a task for `lease` (owned by this worker at `version`) unless one is running, or the
 /// worker is shutting down or fenced. Returns false when no task was started.
@@ -40,9 +41,11 @@ pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> boo
     shared.observe(&lease, version);
     lock(&shared.granted).insert(lease.key.clone(), token.epoch);
     let (tx, rx) = watch::channel(None);
-    let span = tracing::info_span!("lease", key = %lease.key, epoch = %lease.epoch);
-    let join = tokio::spawn(run(shared.clone(), lease.clone(), rx).instrument(span));
-    tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, join });
+    let metrics = Arc::new(shared.metrics.lease(&lease.key));
+    let span = tracing::info_span!("lease", shard = %lease.key, epoch = %lease.epoch);
+    let join =
+        tokio::spawn(run(shared.clone(), lease.clone(), rx, metrics.clone()).instrument(span));
+    tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, join, metrics });
     true
 }
 
@@ -72,14 +75,50 @@ enum Step<T> {
     Exit(Exit),
 }
 
+/// Sets the task's gauges to 0 however the task ends (an abort drops it too).
+struct EndMetrics(Arc<LeaseMetrics>);
+
+impl Drop for EndMetrics {
+    fn drop(&mut self) {
+        self.0.ended();
+    }
+}
+
+/// The runtime's view of a lease's checkpoints (see `Shared`'s observer), plus its age metric.
+struct Observed {
+    shared: Arc<Shared>,
+    metrics: Arc<LeaseMetrics>,
+}
+
+impl CheckpointObserver for Observed {
+    fn written(&self, token: &LeaseToken, position: &Position) {
+        self.metrics.checkpointed(tokio::time::Instant::now());
+        self.shared.written(token, position);
+    }
+
+    fn refused(&self, token: &LeaseToken) {
+        self.shared.refused(token);
+    }
+}
+
 async fn run(
     shared: Arc<Shared>,
     lease: Lease,
     stop: watch::Receiver<Option<StopReason>>,
+    metrics: Arc<LeaseMetrics>,
 ) -> Ended {
     let Some(token) = lease.token() else { return Ended::Nothing };
-    let cp = CheckpointHandle::observed(shared.checkpointer.clone(), token.clone(), shared.clone());
-    let mut task = Task { shared: shared.clone(), token: token.clone(), cp, stop, processor: None };
+    let gauges = EndMetrics(metrics.clone());
+    let observer = Arc::new(Observed { shared: shared.clone(), metrics: metrics.clone() });
+    let cp = CheckpointHandle::observed(shared.checkpointer.clone(), token.clone(), observer);
+    let mut task = Task {
+        shared: shared.clone(),
+        token: token.clone(),
+        cp,
+        stop,
+        processor: None,
+        metrics: metrics.clone(),
+    };
     debug!("lease task started");
     // `cancel` fires only after a shutdown has dealt with every task it knew of, or on a crash:
     // a task still running then has nothing left to write, so it simply stops.
@@ -106,7 +145,7 @@ async fn run(
         }
         Exit::Lost => {
             shared.bump(&shared.stats.lost, 1);
-            metrics::counter!("shardlease_leases_lost_total").increment(1);
+            shared.metrics.lost(&token.key);
             warn!("lease lost (a fenced write was refused)");
             shared.want_listing();
             Ended::Nothing
@@ -123,10 +162,12 @@ async fn run(
         }
         Exit::Panicked(msg) => {
             error!(panic = %msg, "record processor panicked; releasing the lease so the shard resumes from its checkpoint");
-            metrics::counter!("shardlease_processor_panics_total").increment(1);
+            metrics.processor_panic();
             transfer(&shared, &token, None).await
         }
     };
+    // Before the task leaves the map: a task started next for the same shard keeps its gauges.
+    drop(gauges);
     // Under the task-map lock, so a reconcile sees either the task or its grant gone: a listing
     // older than this moment that still shows the lease as ours at this epoch then leads to a
     // compare-and-set against a stale version, never to a second task.
@@ -164,7 +205,7 @@ pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<Wor
         match &next.owner {
             Some(w) => {
                 shared.bump(&shared.stats.handoffs, 1);
-                metrics::counter!("shardlease_handoffs_total").increment(1);
+                shared.metrics.handed_over(&token.key);
                 info!(to = %w, epoch = %next.epoch, "lease handed over");
             }
             None => info!(epoch = %next.epoch, "lease released"),
@@ -196,6 +237,7 @@ struct Task {
     cp: CheckpointHandle,
     stop: watch::Receiver<Option<StopReason>>,
     processor: Option<Box<dyn RecordProcessor>>,
+    metrics: Arc<LeaseMetrics>,
 }
 
 /// How far an idle shard's polling backs off: after consecutive empty reads the wait doubles from
@@ -240,7 +282,7 @@ struct Stuck(Arc<Shared>);
 impl Stuck {
     fn new(shared: &Arc<Shared>) -> Stuck {
         let n = shared.stats.stuck.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-        metrics::gauge!("shardlease_leases_stuck").set(n as f64);
+        shared.metrics.leases_stuck(n);
         Stuck(shared.clone())
     }
 }
@@ -248,7 +290,7 @@ impl Stuck {
 impl Drop for Stuck {
     fn drop(&mut self) {
         let n = self.0.stats.stuck.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) - 1;
-        metrics::gauge!("shardlease_leases_stuck").set(n as f64);
+        self.0.metrics.leases_stuck(n);
     }
 }
 
@@ -364,7 +406,7 @@ impl Task {
                 None => match self.shared.source.open(self.key(), &position).await {
                     Ok(r) => r,
                     Err(e) => {
-                        warn!(error = %e, %position, "opening the shard failed; retrying");
+                        warn!(error = %crate::error::ErrorChain(&e), %position, "opening the shard failed; retrying");
                         let d = backoff.next(&self.shared);
                         if let Some(r) = self.pause(d).await {
                             return Step::Exit(Exit::Stopped(r));
@@ -381,7 +423,7 @@ impl Task {
             let batch = match read {
                 Ok(b) => b,
                 Err(e) => {
-                    warn!(error = %e, "reading the shard failed; reopening after a pause");
+                    warn!(error = %crate::error::ErrorChain(&e), "reading the shard failed; reopening after a pause");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -391,13 +433,15 @@ impl Task {
             };
             backoff = self.shared.backoff();
             reader = Some(current);
+            self.metrics.read(&batch);
             if let Some(last) = batch.last_position() {
+                let started = tokio::time::Instant::now();
                 if let Step::Exit(e) = self.call(Hook::Process(&batch)).await {
                     return Step::Exit(e);
                 }
                 let n = batch.records.len() as u64;
                 self.shared.bump(&self.shared.stats.records, n);
-                metrics::counter!("shardlease_records_processed_total").increment(n);
+                self.metrics.processed(&batch, started.elapsed());
                 position = last;
             }
             if let Some(children) = batch.end {
@@ -426,7 +470,7 @@ impl Task {
             match self.shared.checkpointer.fetch(self.key()).await {
                 Ok(p) => return Step::Done(p.unwrap_or_else(|| lease.checkpoint.clone())),
                 Err(e) => {
-                    warn!(error = %e, "fetching the checkpoint failed; retrying");
+                    warn!(error = %crate::error::ErrorChain(&e), "fetching the checkpoint failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -454,7 +498,7 @@ impl Task {
             match self.shared.source.open(self.key(), &start).await {
                 Ok(r) => break r,
                 Err(e) => {
-                    warn!(error = %e, position = %start, "opening the shard failed; retrying");
+                    warn!(error = %crate::error::ErrorChain(&e), position = %start, "opening the shard failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -490,7 +534,7 @@ impl Task {
                 }
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
                 Err(e) => {
-                    warn!(error = %e, "pinning the start position failed; retrying");
+                    warn!(error = %crate::error::ErrorChain(&e), "pinning the start position failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -530,7 +574,7 @@ impl Task {
                 // A processor fencing its own sink may report the loss itself.
                 Ok(Err(e)) if is_lease_lost(&e) => return Step::Exit(Exit::Lost),
                 Ok(Err(e)) if is_permanent(&e) => {
-                    metrics::counter!("shardlease_processor_errors_total").increment(1);
+                    self.metrics.processor_error();
                     if stuck.is_none() {
                         error!(
                             hook = hook.name(),
@@ -544,7 +588,7 @@ impl Task {
                     }
                 }
                 Ok(Err(e)) => {
-                    metrics::counter!("shardlease_processor_errors_total").increment(1);
+                    self.metrics.processor_error();
                     warn!(hook = hook.name(), error = %crate::error::ErrorChain(&*e), "record processor failed; retrying the same input");
                 }
                 Err(p) => return Step::Exit(Exit::Panicked(panic_message(p))),
@@ -577,7 +621,9 @@ impl Task {
                     "shard_ended returned without checkpointing ShardEnd; the shard cannot finish \
                      and its children stay blocked until it does"
                 ),
-                Err(e) => warn!(error = %e, "reading the checkpoint at shard end failed"),
+                Err(e) => {
+                    warn!(error = %crate::error::ErrorChain(&e), "reading the checkpoint at shard end failed")
+                }
             }
             let d = backoff.next(&self.shared);
             if let Some(r) = self.pause(d).await {
@@ -600,7 +646,7 @@ impl Task {
                 Ok(()) => return Step::Done(()),
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
                 Err(e) => {
-                    warn!(error = %e, "marking the lease finished failed; retrying");
+                    warn!(error = %crate::error::ErrorChain(&e), "marking the lease finished failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -645,7 +691,7 @@ impl Task {
                     return Step::Done(());
                 }
                 Err(e) => {
-                    warn!(child = %child.id, error = %e, "creating a child lease failed; retrying");
+                    warn!(child = %child.id, error = %crate::error::ErrorChain(&e), "creating a child lease failed; retrying");
                     let d = backoff.next(&self.shared);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
@@ -673,7 +719,9 @@ impl Task {
             let fut = AssertUnwindSafe(p.shutdown_requested(&self.cp)).catch_unwind();
             match tokio::time::timeout(limit, fut).await {
                 Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => warn!(error = %e, "shutdown_requested failed"),
+                Ok(Ok(Err(e))) => {
+                    warn!(error = %crate::error::ErrorChain(&*e), "shutdown_requested failed")
+                }
                 Ok(Err(p)) => {
                     error!(panic = %panic_message(p), "shutdown_requested panicked")
                 }

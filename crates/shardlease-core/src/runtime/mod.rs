@@ -149,7 +149,7 @@ impl Worker {
     /// Starts the worker's loops on the current tokio runtime.
     pub fn start(self) -> WorkerHandle {
         let shared = self.shared;
-        let span = tracing::info_span!("worker", id = %shared.cfg.worker_id, namespace = %shared.cfg.namespace);
+        let span = tracing::info_span!("worker", worker = %shared.cfg.worker_id, namespace = %shared.cfg.namespace);
         info!(parent: &span, "worker starting");
         let dedicated = shared.cfg.dedicated_heartbeat_thread;
         let loops = vec![
@@ -314,7 +314,7 @@ impl WorkerHandle {
                 Ok(Err(_)) => lease_task::Ended::NotReleased,
                 Err(_) => {
                     abort.abort();
-                    warn!(key = %key, "lease task did not stop in time; releasing its lease anyway");
+                    warn!(shard = %key, "lease task did not stop in time; releasing its lease anyway");
                     let token = crate::lease::LeaseToken {
                         key: key.clone(),
                         owner: shared.id(),

@@ -49,7 +49,7 @@ pub(crate) async fn notice_loop(shared: Arc<Shared>) {
             }
             Err(e) => {
                 let delay = backoff.next(&shared);
-                warn!(error = %e, ?delay, "subscribing to the store's change notices failed; retrying");
+                warn!(error = %crate::error::ErrorChain(&e), ?delay, "subscribing to the store's change notices failed; retrying");
                 tokio::select! {
                     biased;
                     _ = tokio::time::sleep(delay) => {}

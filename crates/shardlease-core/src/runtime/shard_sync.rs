@@ -47,7 +47,7 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
             Err(e) => Err(e),
         };
         if let Err(e) = synced {
-            warn!(error = %e, "initial shard sync failed; retrying at the next interval");
+            warn!(error = %crate::error::ErrorChain(&e), "initial shard sync failed; retrying at the next interval");
         }
     }
     loop {
@@ -59,7 +59,7 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
             _ = shared.stop_taking.cancelled() => return,
         }
         if let Err(e) = sync_if_changed(&shared).await {
-            warn!(error = %e, "shard sync failed");
+            warn!(error = %crate::error::ErrorChain(&e), "shard sync failed");
         }
     }
 }
@@ -122,7 +122,7 @@ async fn collect_if_moved_on(shared: &Shared, parent: &LeaseKey, kids: &[LeaseKe
             Ok(Some(VersionedLease { lease: c, .. })) if moved_on(&c) => {}
             Ok(_) => return false,
             Err(e) => {
-                debug!(key = %kid, error = %e, "reading a child lease failed");
+                debug!(shard = %kid, error = %crate::error::ErrorChain(&e), "reading a child lease failed");
                 return false;
             }
         }
@@ -132,12 +132,12 @@ async fn collect_if_moved_on(shared: &Shared, parent: &LeaseKey, kids: &[LeaseKe
             match shared.store.delete_lease(parent, version).await {
                 Ok(()) => {
                     shared.changed_now(1);
-                    debug!(key = %parent, "deleted a finished lease whose children moved on");
+                    debug!(shard = %parent, "deleted a finished lease whose children moved on");
                     true
                 }
                 Err(Error::Conflict { .. }) => false,
                 Err(e) => {
-                    warn!(key = %parent, error = %e, "deleting a finished lease failed");
+                    warn!(shard = %parent, error = %crate::error::ErrorChain(&e), "deleting a finished lease failed");
                     false
                 }
             }
@@ -423,11 +423,11 @@ async fn collect_finished(
             Ok(()) => {
                 shared.changed_now(1);
                 collected.insert(lease.key.clone());
-                debug!(key = %lease.key, "deleted a finished lease whose children moved on")
+                debug!(shard = %lease.key, "deleted a finished lease whose children moved on")
             }
             Err(Error::Conflict { .. }) => pending.push(later),
             Err(e) => {
-                warn!(key = %lease.key, error = %e, "deleting a finished lease failed");
+                warn!(shard = %lease.key, error = %crate::error::ErrorChain(&e), "deleting a finished lease failed");
                 pending.push(later);
             }
         }

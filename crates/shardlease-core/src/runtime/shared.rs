@@ -77,6 +77,8 @@ pub(crate) struct MyClaim {
 /// A running lease task.
 pub(crate) struct LeaseTask {
     pub epoch: Epoch,
+    /// The task's per-shard metrics (the heartbeat loop refreshes their checkpoint age).
+    pub metrics: Arc<crate::telemetry::LeaseMetrics>,
     pub stop: watch::Sender<Option<StopReason>>,
     pub join: JoinHandle<super::lease_task::Ended>,
 }
@@ -175,6 +177,8 @@ pub(crate) struct Shared {
     /// Wakes the shard sync loop for a full sync now (a listing missed a lease it expected).
     pub sync_now: Notify,
     pub stats: Stats,
+    /// This worker's metrics, labelled with its namespace and configured id.
+    pub metrics: crate::telemetry::WorkerMetrics,
     rng: Mutex<StdRng>,
 }
 
@@ -202,6 +206,8 @@ impl Shared {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_os_rng(),
         };
+        let metrics =
+            crate::telemetry::WorkerMetrics::new(cfg.namespace.as_str(), cfg.worker_id.as_str());
         Shared {
             id: Mutex::new(cfg.worker_id.clone()),
             former_ids: Mutex::new(Default::default()),
@@ -236,6 +242,7 @@ impl Shared {
             previous_listing: Mutex::new(None),
             claims_on_mine: Mutex::new(BTreeMap::new()),
             stats: Stats::default(),
+            metrics,
             rng: Mutex::new(rng),
         }
     }
