@@ -54,6 +54,11 @@ impl DeliveryLog {
         })
     }
 
+    /// How many times `record` was delivered (0: not yet).
+    pub fn deliveries(&self, record: &RecordId) -> u32 {
+        self.lock().get(record).copied().unwrap_or(0)
+    }
+
     /// Distinct records delivered at least once.
     pub fn distinct(&self) -> u64 {
         self.lock().len() as u64
