@@ -1,6 +1,9 @@
 //! Shared helpers of the examples: a record processor that counts deliveries (so a demo can show
 //! that nothing was lost and nothing processed twice), a view of who owns what, and a polling
-//! wait with a deadline.
+//! wait with a deadline; and [`btree_store`], a lease store written against the public API as
+//! an outside user would write one.
+
+pub mod btree_store;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
