@@ -178,7 +178,7 @@ impl Fleet {
             },
         )
         .await;
-        found.map_err(|e| format!("{e}; last seen: {}", lock(&last)))
+        found.map_err(|e| format!("{e}; last seen: {}", lock(last)))
     }
 
     /// Waits until every shard has been processed up to `marks` (the last record written to each
