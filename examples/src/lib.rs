@@ -1,6 +1,10 @@
 //! Shared helpers of the examples: a record processor that counts deliveries (so a demo can show
 //! that nothing was lost and nothing processed twice), a view of who owns what, and a polling
-//! wait with a deadline; and the Prometheus example's fleet and exporter ([`prometheus`]).
+//! wait with a deadline; the Prometheus example's fleet and exporter ([`prometheus`]); and
+//! [`btree_store`], a lease store written against the public API as an outside user would write
+//! one.
+
+pub mod btree_store;
 
 use shardlease::Epoch;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -55,6 +59,11 @@ impl DeliveryLog {
                 Ok(())
             }
         })
+    }
+
+    /// How many times `record` was delivered (0: not yet).
+    pub fn deliveries(&self, record: &RecordId) -> u32 {
+        self.lock().get(record).copied().unwrap_or(0)
     }
 
     /// Distinct records delivered at least once.

@@ -1,6 +1,10 @@
 //! The `shardlease` binary run against a real SQLite file, next to real workers running in this
 //! test process on the same file: its JSON parsed and checked, its exit codes, its refusals, and
-//! its writes noticed by a running worker. Conditions are awaited by polling with generous
+//! its writes noticed by a running worker. The same checks then run against every server store
+//! scripts/services.sh starts (PostgreSQL, MySQL/MariaDB, Redis, etcd, DynamoDB's emulator), each
+//! in a fresh namespace; a server whose `SHARDLEASE_TEST_*` variable is unset is skipped (a
+//! failure under `CI=true`). The test build has every store compiled in (the facade's features
+//! are dev-dependency features of this crate). Conditions are awaited by polling with generous
 //! deadlines, never by a fixed sleep (the machine running this is small and busy).
 
 use shardlease::Epoch;
@@ -109,11 +113,10 @@ fn start_worker(
     (worker.start(), producer)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leases_and_workers_as_json() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let url = format!("{}?namespace=inspect", sqlite_url(dir.path()));
-    let s = store(&url).await;
+/// `leases` and `workers` as JSON and as a table, `delete-worker` and `release` of a dead
+/// owner's lease, on the store `url` names (its namespace must be empty).
+async fn check_leases_and_workers(url: &str) {
+    let s = store(url).await;
     let mut parent = Lease::new("parent", Position::Latest);
     parent.owner = Some(WorkerId::from("ghost"));
     parent.epoch = Epoch(7);
@@ -130,7 +133,7 @@ async fn leases_and_workers_as_json() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
 
-    let out = cli_async(&url, &["--json", "--observe-ms", "300", "leases"]).await;
+    let out = cli_async(url, &["--json", "--observe-ms", "300", "leases"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let rows = json(&out);
     let rows = rows.as_array().unwrap_or_else(|| panic!("an array: {rows}"));
@@ -153,7 +156,7 @@ async fn leases_and_workers_as_json() {
     let free = rows.iter().find(|r| r["key"] == "free").unwrap_or_else(|| panic!("free"));
     assert_eq!(free["checkpoint"], "AT_TIMESTAMP(1700000000000)");
 
-    let out = cli_async(&url, &["--json", "--observe-ms", "300", "workers"]).await;
+    let out = cli_async(url, &["--json", "--observe-ms", "300", "workers"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     let workers = json(&out);
     assert_eq!(workers[0]["id"], "ghost");
@@ -161,9 +164,36 @@ async fn leases_and_workers_as_json() {
     assert_eq!(workers[0]["leases_held"], 1);
 
     // The table form names the state in words.
-    let out = cli_async(&url, &["--observe-ms", "300", "leases"]).await;
+    let out = cli_async(url, &["--observe-ms", "300", "leases"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stdout.contains("blocked on parent"), "{}", out.stdout);
+
+    // A dead worker's record is deleted; a missing one is "not found".
+    let out = cli_async(url, &["--observe-ms", "300", "delete-worker", "ghost"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("still name it as owner"), "{}", out.stdout);
+    let listed = s.list_workers().await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(listed.items.is_empty(), "{listed:?}");
+    let out = cli_async(url, &["--observe-ms", "100", "delete-worker", "ghost"]).await;
+    assert_eq!(out.code, 6, "{}", out.stderr);
+
+    // Releasing the dead owner's lease needs no --force; an unowned lease needs nothing.
+    let out = cli_async(url, &["--observe-ms", "300", "release", "parent"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let released = lease(&*s, "parent").await;
+    assert_eq!((released.owner, released.epoch), (None, Epoch(8)));
+    let out = cli_async(url, &["--json", "--observe-ms", "100", "release", "free"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(json(&out)["action"], "nothing");
+    let out = cli_async(url, &["--observe-ms", "100", "release", "nope"]).await;
+    assert_eq!(out.code, 6, "{}", out.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_workers_as_json() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("{}?namespace=inspect", sqlite_url(dir.path()));
+    check_leases_and_workers(&url).await;
 
     // --namespace is the URL's namespace: the same is fine, another is a usage error.
     let out = cli_async(&url, &["--namespace", "inspect", "--observe-ms", "100", "leases"]).await;
@@ -177,26 +207,6 @@ async fn leases_and_workers_as_json() {
             .await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(json(&out).as_array().map(Vec::len), Some(4));
-
-    // A dead worker's record is deleted; a missing one is "not found".
-    let out = cli_async(&url, &["--observe-ms", "300", "delete-worker", "ghost"]).await;
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    assert!(out.stdout.contains("still name it as owner"), "{}", out.stdout);
-    let listed = s.list_workers().await.unwrap_or_else(|e| panic!("{e}"));
-    assert!(listed.items.is_empty(), "{listed:?}");
-    let out = cli_async(&url, &["--observe-ms", "100", "delete-worker", "ghost"]).await;
-    assert_eq!(out.code, 6, "{}", out.stderr);
-
-    // Releasing the dead owner's lease needs no --force; an unowned lease needs nothing.
-    let out = cli_async(&url, &["--observe-ms", "300", "release", "parent"]).await;
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    let released = lease(&*s, "parent").await;
-    assert_eq!((released.owner, released.epoch), (None, Epoch(8)));
-    let out = cli_async(&url, &["--json", "--observe-ms", "100", "release", "free"]).await;
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_eq!(json(&out)["action"], "nothing");
-    let out = cli_async(&url, &["--observe-ms", "100", "release", "nope"]).await;
-    assert_eq!(out.code, 6, "{}", out.stderr);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,15 +239,18 @@ async fn bad_input_gives_clear_errors_without_secrets() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("SHARDLEASE_STORE"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_exit_codes() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let url = format!("{}?namespace=status", sqlite_url(dir.path()));
-    let s = store(&url).await;
+/// `status` exits 1 for a lease nobody takes for the failover window, and 0 once a running
+/// worker holds every lease, on the store `url` names (namespace `namespace`, empty). Returns the
+/// store, the running worker and its producer.
+async fn check_status_exit_codes(
+    url: &str,
+    namespace: &str,
+) -> (Arc<dyn LeaseStore>, WorkerHandle, tokio::task::JoinHandle<()>) {
+    let s = store(url).await;
 
     // A lease nobody takes for the whole failover window: a problem.
     s.create_lease(&Lease::new("orphan", Position::Latest)).await.unwrap_or_else(|e| panic!("{e}"));
-    let out = cli_async(&url, &["--json", "status", "--failover-ms", "500"]).await;
+    let out = cli_async(url, &["--json", "status", "--failover-ms", "500"]).await;
     assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
     let summary = json(&out);
     assert_eq!(summary["healthy"], false);
@@ -245,7 +258,7 @@ async fn status_exit_codes() {
     assert_eq!(summary["unowned"], 1);
 
     // A running worker takes it: healthy.
-    let (worker, producer) = start_worker(s.clone(), "status");
+    let (worker, producer) = start_worker(s.clone(), namespace);
     let id = worker.id();
     let s2 = s.clone();
     eventually("the worker takes every lease", || {
@@ -258,12 +271,20 @@ async fn status_exit_codes() {
         }
     })
     .await;
-    let out = cli_async(&url, &["--json", "status", "--failover-ms", "1500"]).await;
+    let out = cli_async(url, &["--json", "status", "--failover-ms", "1500"]).await;
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     let summary = json(&out);
     assert_eq!(summary["healthy"], true);
     assert_eq!(summary["workers_alive"], 1);
     assert_eq!((summary["max_share"].clone(), summary["min_share"].clone()), (3.into(), 3.into()));
+    (s, worker, producer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_exit_codes() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("{}?namespace=status", sqlite_url(dir.path()));
+    let (_s, worker, producer) = check_status_exit_codes(&url, "status").await;
 
     // A corrupt record: a problem whatever else holds.
     let pool = sqlx::sqlite::SqlitePool::connect(&sqlite_url(dir.path()))
@@ -297,12 +318,9 @@ async fn status_exit_codes() {
 /// `reset-checkpoint` and `release` refuse while the owner is alive, and with `--force` write by
 /// compare-and-set; the running worker notices (its lease is fenced) and takes the lease again at
 /// a new epoch. `delete-worker` refuses a live worker.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forced_writes_are_noticed_by_a_running_worker() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let url = format!("{}?namespace=writes", sqlite_url(dir.path()));
-    let s = store(&url).await;
-    let (worker, producer) = start_worker(s.clone(), "writes");
+async fn check_forced_writes(url: &str, namespace: &str) {
+    let s = store(url).await;
+    let (worker, producer) = start_worker(s.clone(), namespace);
     let id = worker.id();
     let key = "shardId-000000000000";
     let owned_after = |epoch: u64| {
@@ -322,14 +340,14 @@ async fn forced_writes_are_noticed_by_a_running_worker() {
 
     // Refused while the owner is alive; nothing written.
     let out =
-        cli_async(&url, &["--observe-ms", "1500", "reset-checkpoint", key, "TRIM_HORIZON"]).await;
+        cli_async(url, &["--observe-ms", "1500", "reset-checkpoint", key, "TRIM_HORIZON"]).await;
     assert_eq!(out.code, 4, "{}\n{}", out.stdout, out.stderr);
     assert!(out.stderr.contains("alive"), "{}", out.stderr);
     assert_eq!(lease(&*s, key).await.epoch, before.epoch, "nothing written");
 
     // Forced: old and new printed, the lease released at the new checkpoint.
     let out = cli_async(
-        &url,
+        url,
         &["--json", "--observe-ms", "1500", "reset-checkpoint", key, "TRIM_HORIZON", "--force"],
     )
     .await;
@@ -342,9 +360,9 @@ async fn forced_writes_are_noticed_by_a_running_worker() {
     eventually("the worker re-takes the reset lease", owned_after(reset_epoch)).await;
 
     // Release: refused, then forced, then re-taken.
-    let out = cli_async(&url, &["--observe-ms", "1500", "release", key]).await;
+    let out = cli_async(url, &["--observe-ms", "1500", "release", key]).await;
     assert_eq!(out.code, 4, "{}\n{}", out.stdout, out.stderr);
-    let out = cli_async(&url, &["--json", "--observe-ms", "1500", "release", key, "--force"]).await;
+    let out = cli_async(url, &["--json", "--observe-ms", "1500", "release", key, "--force"]).await;
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     let released = json(&out);
     assert_eq!(released["action"], "released");
@@ -352,30 +370,99 @@ async fn forced_writes_are_noticed_by_a_running_worker() {
     eventually("the worker re-takes the released lease", owned_after(released_epoch)).await;
 
     // The live worker's record is not deleted without --force.
-    let out = cli_async(&url, &["--observe-ms", "1500", "delete-worker", id.as_str()]).await;
+    let out = cli_async(url, &["--observe-ms", "1500", "delete-worker", id.as_str()]).await;
     assert_eq!(out.code, 4, "{}\n{}", out.stdout, out.stderr);
 
     producer.abort();
     worker.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// `leases --json` against the real PostgreSQL and Redis servers scripts/services.sh starts;
-/// skipped when their URL is unset, or when the binary was built without the store's feature
-/// (`cargo test -p shardlease-cli --features postgres,redis` runs them).
-#[test]
-fn smoke_on_server_stores() {
-    for var in ["SHARDLEASE_TEST_POSTGRES_URL", "SHARDLEASE_TEST_REDIS_URL"] {
-        let Some(base) = std::env::var(var).ok().filter(|u| !u.is_empty()) else {
-            println!("smoke_on_server_stores: {var} unset: SKIPPED");
-            continue;
-        };
-        let ns = format!("cli-smoke-{}", std::process::id());
-        let out = cli(&base, &["--namespace", &ns, "--json", "--observe-ms", "100", "leases"]);
-        if out.code == 2 && out.stderr.contains("feature") {
-            println!("smoke_on_server_stores: {var}: store feature not built in: SKIPPED");
-            continue;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_writes_are_noticed_by_a_running_worker() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("{}?namespace=writes", sqlite_url(dir.path()));
+    check_forced_writes(&url, "writes").await;
+}
+
+/// `base` with `params` added to its query.
+fn with_query(base: &str, params: &str) -> String {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}{params}")
+}
+
+/// A fresh namespace on the server `base` names: its URL and the namespace.
+fn fresh(base: &str, what: &str) -> (String, String) {
+    let ns = shardlease_testkit::fresh_namespace(&format!("cli-{what}"));
+    (with_query(base, &format!("namespace={ns}")), ns)
+}
+
+/// Deletes what a test left in its namespace on a shared server (best effort).
+async fn clean_up(url: &str) {
+    let s = store(url).await;
+    if let Ok(listing) = s.list_leases().await {
+        for VersionedLease { lease, version } in listing.items {
+            let _ = s.delete_lease(&lease.key, version).await;
         }
-        assert_eq!(out.code, 0, "{var}: {}", out.stderr);
-        assert!(json(&out).is_array(), "{var}: {}", out.stdout);
+    }
+    if let Ok(workers) = s.list_workers().await {
+        for w in workers.items {
+            let _ = s.remove_worker(&w.id).await;
+        }
     }
 }
+
+/// The store-independent checks as tests on one server store: `$base` is an expression giving
+/// the server's URL as `Option<String>` (`None`: skipped).
+macro_rules! server_store_tests {
+    ($store:ident, $base:expr) => {
+        mod $store {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn leases_and_workers_as_json() {
+                let Some(base) = $base else { return };
+                let (url, _) = fresh(&base, "json");
+                check_leases_and_workers(&url).await;
+                clean_up(&url).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn status_exit_codes() {
+                let Some(base) = $base else { return };
+                let (url, ns) = fresh(&base, "status");
+                let (_s, worker, producer) = check_status_exit_codes(&url, &ns).await;
+                producer.abort();
+                worker.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+                clean_up(&url).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn forced_writes_are_noticed_by_a_running_worker() {
+                let Some(base) = $base else { return };
+                let (url, ns) = fresh(&base, "writes");
+                check_forced_writes(&url, &ns).await;
+                clean_up(&url).await;
+            }
+        }
+    };
+}
+
+fn server(var: &str) -> Option<String> {
+    shardlease_testkit::suite::env_or_skip(var)
+}
+
+server_store_tests!(postgres, server("SHARDLEASE_TEST_POSTGRES_URL"));
+server_store_tests!(mysql, server("SHARDLEASE_TEST_MYSQL_URL"));
+server_store_tests!(redis, server("SHARDLEASE_TEST_REDIS_URL"));
+server_store_tests!(
+    etcd,
+    server("SHARDLEASE_TEST_ETCD_URL").map(|u| with_query(&u, "prefix=shardlease-test"))
+);
+// moto accepts any keys; these are the dummy ones the DynamoDB crate's tests use.
+server_store_tests!(
+    dynamodb,
+    server("SHARDLEASE_TEST_DYNAMODB_ENDPOINT").map(|endpoint| format!(
+        "dynamodb://test-key-id:test-secret@shardlease-cli-test?region=us-east-1\
+         &endpoint={endpoint}&create_table=true"
+    ))
+);

@@ -55,3 +55,8 @@ pub use shardlease_kinesis::KinesisSource;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/getting-started.md's code, compiled as a doctest for the same reason.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/getting-started.md")]
+pub struct GettingStartedDoctests;
