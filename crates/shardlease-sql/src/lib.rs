@@ -8,7 +8,7 @@
 //! | URL | dialect | feature |
 //! |---|---|---|
 //! | `postgres://user:pw@host:5432/db`, `postgresql://...` | PostgreSQL | `postgres` |
-//! | `sqlite://path/to/file.db`, `sqlite:///abs/file.db?mode=rwc`, `sqlite::memory:` | SQLite (bundled) | `sqlite` |
+//! | `sqlite://path/to/file.db`, `sqlite:///abs/file.db?mode=rwc`, `sqlite::memory:`, `sqlite::memory:?name=NAME` (shared in the process) | SQLite (bundled) | `sqlite` |
 //! | `mysql://user:pw@host:3306/db`, `mariadb://...` | MySQL 8 / MariaDB 10.5+ | `mysql` |
 //!
 //! TLS (`sslmode=require` on PostgreSQL, `ssl-mode=REQUIRED` on MySQL) needs the `tls`
@@ -95,7 +95,10 @@
 //!
 //! `sqlite::memory:` is a database private to the store that opened it, kept in one connection
 //! that the pool never closes; two `connect` calls give two separate databases (use
-//! [`SqlStore::with_namespace`] to open more namespaces in one).
+//! [`SqlStore::with_namespace`] to open more namespaces in one). `sqlite::memory:?name=NAME`
+//! names one instead: every `connect` in this process with that name gets the same database
+//! (the same single-connection pool), which lives until the process exits or a store on it is
+//! closed; it is never shared with other processes.
 //!
 //! ## Effectively-once output
 //!

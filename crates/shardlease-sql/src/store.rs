@@ -417,8 +417,35 @@ where
 /// Opens a SQLite pool: WAL and a busy timeout for a file shared by several processes; exactly
 /// one connection, never closed while the pool lives, for an in-memory database (each
 /// connection would otherwise see a database of its own, or none once the last one closed).
+///
+/// A named in-memory database (`sqlite::memory:?name=NAME`) is one such pool per name for the
+/// whole process, kept in a registry: every `connect` with the name gets the same pool (so the
+/// same database, with no second connection to lock against), until one store closes it.
 #[cfg(feature = "sqlite")]
 async fn open_sqlite(url: &str, parsed: &StoreUrl, settings: &PoolSettings) -> Result<SqlPool> {
+    type Registry = tokio::sync::Mutex<std::collections::HashMap<String, sqlx::SqlitePool>>;
+    static NAMED: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+    let Some(name) = &parsed.sqlite_memory_name else {
+        return open_sqlite_pool(url, parsed, settings).await;
+    };
+    let mut named = NAMED.get_or_init(Registry::default).lock().await;
+    if let Some(pool) = named.get(name).filter(|p| !p.is_closed()) {
+        return Ok(SqlPool::Sqlite(pool.clone()));
+    }
+    let pool = open_sqlite_pool(url, parsed, settings).await?;
+    if let SqlPool::Sqlite(p) = &pool {
+        named.insert(name.clone(), p.clone());
+    }
+    Ok(pool)
+}
+
+/// A new SQLite pool for `parsed` (see [`open_sqlite`]).
+#[cfg(feature = "sqlite")]
+async fn open_sqlite_pool(
+    url: &str,
+    parsed: &StoreUrl,
+    settings: &PoolSettings,
+) -> Result<SqlPool> {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
     let dialect = Dialect::Sqlite;
     let mut options = SqliteConnectOptions::from_str(&parsed.sqlx_url)
