@@ -31,6 +31,7 @@ pub mod redact;
 pub mod runtime;
 pub mod source;
 pub mod store;
+pub mod store_decorator;
 pub mod worker_record;
 
 pub use balancer::{Balancer, GreedyBalancer, OnePerPassBalancer, Plan, Snapshot};
@@ -48,4 +49,5 @@ pub use processor::{
 pub use runtime::{Worker, WorkerBuilder, WorkerHandle, WorkerStats};
 pub use source::{Batch, HashRange, Record, ShardInfo, ShardReader, ShardSource};
 pub use store::{CorruptRecord, CreateOutcome, LeaseStore, Listing};
+pub use store_decorator::StoreDecorator;
 pub use worker_record::WorkerRecord;
