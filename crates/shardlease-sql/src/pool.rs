@@ -200,17 +200,15 @@ async fn open_sqlite(url: &str, parsed: &StoreUrl, settings: &PoolSettings) -> R
     type Registry = tokio::sync::Mutex<std::collections::HashMap<String, sqlx::SqlitePool>>;
     static NAMED: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
     let Some(name) = &parsed.sqlite_memory_name else {
-        return open_sqlite_pool(url, parsed, settings).await;
+        return Ok(SqlPool::Sqlite(open_sqlite_pool(url, parsed, settings).await?));
     };
     let mut named = NAMED.get_or_init(Registry::default).lock().await;
     if let Some(pool) = named.get(name).filter(|p| !p.is_closed()) {
         return Ok(SqlPool::Sqlite(pool.clone()));
     }
     let pool = open_sqlite_pool(url, parsed, settings).await?;
-    if let SqlPool::Sqlite(p) = &pool {
-        named.insert(name.clone(), p.clone());
-    }
-    Ok(pool)
+    named.insert(name.clone(), pool.clone());
+    Ok(SqlPool::Sqlite(pool))
 }
 
 /// A new SQLite pool for `parsed` (see [`open_sqlite`]).
@@ -219,7 +217,7 @@ async fn open_sqlite_pool(
     url: &str,
     parsed: &StoreUrl,
     settings: &PoolSettings,
-) -> Result<SqlPool> {
+) -> Result<sqlx::SqlitePool> {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
     let dialect = Dialect::Sqlite;
     let mut options = SqliteConnectOptions::from_str(&parsed.sqlx_url)
@@ -245,7 +243,7 @@ async fn open_sqlite_pool(
     let mut attempt = 0u32;
     loop {
         match pool_options.clone().connect_with(options.clone()).await {
-            Ok(pool) => return Ok(SqlPool::Sqlite(pool)),
+            Ok(pool) => return Ok(pool),
             Err(e) if attempt < 20 && errors::is_retryable(dialect, &e) => {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(25 * u64::from(attempt))).await;
