@@ -19,58 +19,33 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::Parser;
 use shardlease::{processor_fn, Config, MemorySource, Position, Worker};
-
-const USAGE: &str = "\
-usage: fleet [--store URL] [--shards N] [--workers W] [--heartbeat-ms MS]
-
-  --store URL        lease store shared by every process   (default sqlite://fleet.db)
-  --shards N         shards of the (per-process, in-memory) stream       (default 32)
-  --workers W        workers in this process                              (default 1)
-  --heartbeat-ms MS  heartbeat interval; other timings scale with it      (default 500)
-
-Run it in two terminals against the same --store; stop one with Ctrl-C.";
 
 /// How often each process writes one record to every shard.
 const TICK: Duration = Duration::from_millis(100);
 
+/// A long-running fleet member: run it in two terminals against the same --store; stop one with
+/// Ctrl-C.
+#[derive(Parser, Debug)]
+#[command(name = "fleet")]
 struct Args {
+    /// Lease store shared by every process.
+    #[arg(long, value_name = "URL", default_value = "sqlite://fleet.db",
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
     store: String,
-    shards: usize,
-    workers: usize,
-    heartbeat: Duration,
-}
-
-fn parse() -> Result<Option<Args>, String> {
-    let mut a = Args {
-        store: "sqlite://fleet.db".into(),
-        shards: 32,
-        workers: 1,
-        heartbeat: Duration::from_millis(500),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--help" || flag == "-h" {
-            return Ok(None);
-        }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let number = |min: u64, max: u64| -> Result<u64, String> {
-            match value.parse::<u64>() {
-                Ok(n) if (min..=max).contains(&n) => Ok(n),
-                _ => {
-                    Err(format!("{flag} must be a whole number from {min} to {max}, got {value:?}"))
-                }
-            }
-        };
-        match flag.as_str() {
-            "--store" => a.store = value.clone(),
-            "--shards" => a.shards = number(1, 10_000)? as usize,
-            "--workers" => a.workers = number(1, 64)? as usize,
-            "--heartbeat-ms" => a.heartbeat = Duration::from_millis(number(10, 60_000)?),
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    Ok(Some(a))
+    /// Shards of the (per-process, in-memory) stream.
+    #[arg(long, value_name = "N", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..=10_000))]
+    shards: u16,
+    /// Workers in this process.
+    #[arg(long, value_name = "W", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=64))]
+    workers: u8,
+    /// Heartbeat interval in milliseconds, 10 to 60000; other timings scale with it.
+    #[arg(long = "heartbeat-ms", value_name = "MS", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    heartbeat_ms: u64,
 }
 
 #[tokio::main]
@@ -81,17 +56,8 @@ async fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    let args = match parse() {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return std::process::ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("fleet: {e}\n\n{USAGE}");
-            return std::process::ExitCode::from(2);
-        }
-    };
+    // `--help` prints and exits 0; a bad flag prints the mistake and exits 2.
+    let args = Args::parse();
     match run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -103,7 +69,7 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: Args) -> shardlease::Result<()> {
     let store = shardlease::connect_namespace(&args.store, "fleet-demo").await?;
-    let source = Arc::new(MemorySource::new(args.shards));
+    let source = Arc::new(MemorySource::new(usize::from(args.shards)));
     let producer = {
         let source = source.clone();
         let shards: Vec<_> = source.shards().into_iter().map(|s| s.id).collect();
@@ -140,7 +106,7 @@ async fn run(args: Args) -> shardlease::Result<()> {
         let namespace = shardlease::LeaseStore::namespace(&*store)
             .map_or_else(|| shardlease::DEFAULT_NAMESPACE.to_owned(), |n| n.as_str().to_owned());
         let config = Config::new(namespace)
-            .with_heartbeat(args.heartbeat)
+            .with_heartbeat(Duration::from_millis(args.heartbeat_ms))
             .with_initial_position(Position::TrimHorizon);
         let worker =
             Worker::builder(config, store.clone(), source.clone(), processor.clone()).build()?;

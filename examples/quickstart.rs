@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use clap::Parser;
 use shardlease::{
     Config, LeaseKey, LeaseStore, MemorySource, Position, ProcessorFactory, ShardSource, Worker,
     WorkerHandle, WorkerId,
@@ -29,87 +30,41 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tracing_subscriber::EnvFilter;
 
-const USAGE: &str = "\
-usage: quickstart [--shards N] [--workers W] [--store URL] [--heartbeat-ms MS]
-
-A fleet of workers shares the shards of an in-memory stream through leases; the demo stops one
-worker gracefully, crashes one, adds one and splits a shard, and shows how the leases move.
-
-options:
-  --shards N          shards in the in-memory stream, 1..=10000            (default 32)
-  --workers W         workers started at first, 2..=64                     (default 4)
-  --store URL         lease store URL                  (default memory://?namespace=quickstart)
-  --heartbeat-ms MS   heartbeat interval, 10..=10000; every other timing scales with it
-                      (failover 5x, balance every 2.5x, claim timeout 7.5x)  (default 200)
-  -h, --help          print this help
-
-Logs go to stderr, filtered by RUST_LOG (default: warn).";
-
 /// Records written per producer tick (every 10 ms): about 300 records per second.
 const RECORDS_PER_TICK: u64 = 3;
 
-/// The command line.
-#[derive(Clone, Debug)]
+/// A fleet of workers shares the shards of an in-memory stream through leases; the demo stops one
+/// worker gracefully, crashes one, adds one and splits a shard, and shows how the leases move.
+#[derive(Parser, Clone, Debug)]
+#[command(
+    name = "quickstart",
+    after_help = "Logs go to stderr, filtered by RUST_LOG (default: warn)."
+)]
 struct Args {
-    shards: usize,
-    workers: usize,
+    /// Shards in the in-memory stream.
+    #[arg(long, value_name = "N", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..=10_000))]
+    shards: u16,
+    /// Workers started at first.
+    #[arg(long, value_name = "W", default_value_t = 4,
+          value_parser = clap::value_parser!(u8).range(2..=64))]
+    workers: u8,
+    /// Lease store URL (anything `shardlease::connect` accepts).
+    #[arg(long, value_name = "URL", default_value = "memory://?namespace=quickstart",
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
     store: String,
+    /// Heartbeat interval in milliseconds; every other timing scales with it (failover 5x,
+    /// balance every 2.5x, claim timeout 7.5x).
+    #[arg(long = "heartbeat-ms", value_name = "MS", default_value = "200",
+          value_parser = millis_10_to_10000)]
     heartbeat: Duration,
 }
 
-enum Command {
-    Run(Args),
-    Help,
-}
-
-fn parse_number<T>(flag: &str, value: &str, min: T, max: T) -> Result<T, String>
-where
-    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
-{
-    match value.parse::<T>() {
-        Ok(n) if n >= min && n <= max => Ok(n),
-        _ => Err(format!("{flag} must be a whole number from {min} to {max}, got {value:?}")),
+fn millis_10_to_10000(s: &str) -> Result<Duration, String> {
+    match s.parse::<u64>() {
+        Ok(ms) if (10..=10_000).contains(&ms) => Ok(Duration::from_millis(ms)),
+        _ => Err("must be a whole number of milliseconds from 10 to 10000".to_owned()),
     }
-}
-
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
-    let mut parsed = Args {
-        shards: 32,
-        workers: 4,
-        store: "memory://?namespace=quickstart".to_owned(),
-        heartbeat: Duration::from_millis(200),
-    };
-    let mut it = args.into_iter();
-    while let Some(arg) = it.next() {
-        if arg == "-h" || arg == "--help" {
-            return Ok(Command::Help);
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        if !matches!(flag.as_str(), "--shards" | "--workers" | "--store" | "--heartbeat-ms") {
-            return Err(format!("unknown argument {arg:?}"));
-        }
-        let value = match inline.or_else(|| it.next()) {
-            Some(v) => v,
-            None => return Err(format!("{flag} needs a value")),
-        };
-        match flag.as_str() {
-            "--shards" => parsed.shards = parse_number(&flag, &value, 1, 10_000)?,
-            "--workers" => parsed.workers = parse_number(&flag, &value, 2, 64)?,
-            "--heartbeat-ms" => {
-                parsed.heartbeat = Duration::from_millis(parse_number(&flag, &value, 10, 10_000)?)
-            }
-            _ => {
-                if value.is_empty() {
-                    return Err("--store must not be empty".to_owned());
-                }
-                parsed.store = value;
-            }
-        }
-    }
-    Ok(Command::Run(parsed))
 }
 
 /// The `namespace` query parameter of a store URL (what `shardlease::connect` uses), or the
@@ -333,7 +288,7 @@ impl Demo {
         );
 
         let all_active_seen = |d: &Distribution| d.active > 0;
-        let n = self.args.workers;
+        let n = usize::from(self.args.workers);
         self.step(
             format!("start {n} workers on {} shards", self.args.shards),
             "each takes its whole share in one pass; claims even out any excess",
@@ -548,7 +503,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         .with_heartbeat(args.heartbeat)
         .with_initial_position(Position::TrimHorizon);
     template.validate().map_err(|e| Failure::Usage(e.to_string()))?;
-    let source = MemorySource::new(args.shards);
+    let source = MemorySource::new(usize::from(args.shards));
     let log = DeliveryLog::new();
     let hb = args.heartbeat;
     let demo = Demo {
@@ -589,17 +544,8 @@ async fn run(args: Args) -> Result<(), Failure> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Command::Run(a)) => a,
-        Ok(Command::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(msg) => {
-            eprintln!("quickstart: {msg}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    // `--help` prints and exits 0; a bad flag prints the mistake and exits 2.
+    let args = Args::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     match run(args).await {

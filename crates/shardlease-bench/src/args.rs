@@ -1,44 +1,20 @@
-//! Command-line flags, parsed by hand (no argument-parsing dependency) into a validated [`Args`].
+//! Command-line flags, parsed with `clap` into a validated [`Args`].
 //!
-//! Every mistake is reported as an [`ArgsError`] naming the flag, so `main` can print it and exit
+//! `clap` reports a malformed or missing flag; the rules that span several flags (the leave and
+//! crash scenarios need two workers, the runtime's timing rules) are checked here afterwards and
+//! reported through the same [`clap::Error`], so `main` prints every mistake the same way and exits
 //! with status 2. Timing flags are checked against the runtime's own configuration rules
 //! (`Config::validate`), so an invalid combination is refused before any worker starts.
 
-use std::fmt;
 use std::time::Duration;
+
+use clap::error::ErrorKind;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 use crate::fleet::{config_template, Timings};
 use crate::scenarios::Scenario;
 
-/// The usage text printed by `--help` and after a flag error.
-pub const USAGE: &str = "\
-usage: shardlease-bench --scenario S --store URL --shards N --workers W [options]
-
-  --scenario S        startup | join | leave | crash | steady | throughput | all
-  --store URL         coordination store, e.g. memory:// (passwords are redacted in the output)
-  --shards N          shards (leases) in the stream, at least 1
-  --workers W         workers started together (leave and crash need at least 2)
-
-options:
-  --policy P          greedy (default) | one-per-pass (the Go KCL port's rate) | both
-  --seed K            seed for worker shuffles/jitter and the producer (namespaces stay random)
-  --heartbeat-ms H    heartbeat interval (default 100)
-  --balance-ms B      balance interval (default 250)
-  --failover-ms F     failover timeout (default 500; must be at least 3 x heartbeat)
-  --duration-s D      steady: measurement window in seconds (default 3)
-  --records R         throughput: records pre-filled in the stream (default 200000)
-  --rate R            join/leave/crash: records per second written while measuring (default 2000)
-  --batch-limit L     records per read batch (default 100)
-  --poll-ms P         poll the lease table every P ms while waiting for coverage and balance
-                      (default: a tenth of the heartbeat, 2 to 50 ms, less often for big tables)
-  --timeout-s T       give up waiting for any condition after T seconds (default: derived from
-                      the timings, the policy and the sizes)
-  --cpu-hogs K        burn CPU beside the fleet (default 0): K spinning threads, and K tasks on
-                      the bench's runtime computing 1.5 heartbeats at a time without yielding
-  --heartbeat-thread T  dedicated (default: the runtime's own heartbeat thread) | shared (the
-                      heartbeat runs among the lease tasks, as before it had a thread)
-  -h, --help          print this help
-
+const AFTER_HELP: &str = "\
 Prints one JSON object per line per scenario run on stdout. Exit status: 0 when every run
 finished, 1 when a run failed (its line has an \"error\" key), 2 for bad flags.";
 
@@ -96,187 +72,161 @@ pub struct Args {
     pub poll: Option<Duration>,
 }
 
-/// A command-line mistake (or a request for help).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ArgsError {
-    /// `-h` / `--help`: print the usage and exit successfully.
-    Help,
-    /// A bad or missing flag, with a message naming it.
-    Invalid(String),
+/// `--policy`: one balancer or both.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PolicyFlag {
+    /// The default greedy balancer.
+    Greedy,
+    /// At most one new lease and one claim per pass (the Go KCL port's rate).
+    OnePerPass,
+    /// Each scenario once with each balancer.
+    Both,
 }
 
-impl fmt::Display for ArgsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ArgsError::Help => f.write_str("help requested"),
-            ArgsError::Invalid(m) => f.write_str(m),
-        }
+/// `--heartbeat-thread`: where heartbeats run.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum HeartbeatThread {
+    /// The runtime's own heartbeat thread.
+    Dedicated,
+    /// Among the lease tasks, as before the runtime had a heartbeat thread.
+    Shared,
+}
+
+/// Measures shardlease's start-up, failover, balance, store cost and throughput on any store.
+#[derive(Parser, Debug)]
+#[command(name = "shardlease-bench", after_help = AFTER_HELP, allow_negative_numbers = true)]
+struct Flags {
+    /// startup | join | leave | crash | steady | throughput | all
+    #[arg(long, value_name = "S", value_parser = scenarios)]
+    scenario: ScenarioList,
+    /// Coordination store, e.g. memory:// (passwords are redacted in the output).
+    #[arg(long, value_name = "URL", value_parser = store_url)]
+    store: String,
+    /// Shards (leases) in the stream, at least 1.
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    shards: usize,
+    /// Workers started together (leave and crash need at least 2).
+    #[arg(long, value_name = "W", value_parser = at_least_one)]
+    workers: usize,
+    /// The balancer: greedy, one-per-pass (the Go KCL port's rate), or both in turn.
+    #[arg(long, value_name = "P", value_enum, default_value_t = PolicyFlag::Greedy)]
+    policy: PolicyFlag,
+    /// Seed for worker shuffles/jitter and the producer (namespaces stay random).
+    #[arg(long, value_name = "K")]
+    seed: Option<u64>,
+    /// Heartbeat interval in milliseconds.
+    #[arg(long, value_name = "H", default_value_t = 100, value_parser = at_least_one_u64)]
+    heartbeat_ms: u64,
+    /// Balance interval in milliseconds.
+    #[arg(long, value_name = "B", default_value_t = 250, value_parser = at_least_one_u64)]
+    balance_ms: u64,
+    /// Failover timeout in milliseconds (at least 3 x heartbeat).
+    #[arg(long, value_name = "F", default_value_t = 500, value_parser = at_least_one_u64)]
+    failover_ms: u64,
+    /// steady: measurement window in seconds.
+    #[arg(long, value_name = "D", default_value = "3", value_parser = seconds)]
+    duration_s: Duration,
+    /// throughput: records pre-filled in the stream.
+    #[arg(long, value_name = "R", default_value_t = 200_000, value_parser = at_least_one_u64)]
+    records: u64,
+    /// join/leave/crash: records per second written while measuring.
+    #[arg(long, value_name = "R", default_value_t = 2_000, value_parser = at_least_one_u64)]
+    rate: u64,
+    /// Records per read batch.
+    #[arg(long, value_name = "L", default_value_t = 100, value_parser = at_least_one)]
+    batch_limit: usize,
+    /// Poll the lease table every P ms while waiting for coverage and balance (default: a tenth
+    /// of the heartbeat, 2 to 50 ms, less often for big tables).
+    #[arg(long, value_name = "P", value_parser = at_least_one_u64)]
+    poll_ms: Option<u64>,
+    /// Give up waiting for any condition after T seconds (default: derived from the timings, the
+    /// policy and the sizes).
+    #[arg(long, value_name = "T", value_parser = seconds)]
+    timeout_s: Option<Duration>,
+    /// Burn CPU beside the fleet: K spinning threads, and K tasks on the bench's runtime
+    /// computing 1.5 heartbeats at a time without yielding.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    cpu_hogs: usize,
+    /// dedicated: the runtime's own heartbeat thread; shared: the heartbeat runs among the lease
+    /// tasks, as before it had a thread.
+    #[arg(long, value_name = "T", value_enum, default_value_t = HeartbeatThread::Dedicated)]
+    heartbeat_thread: HeartbeatThread,
+}
+
+/// The scenarios `--scenario` names (clap needs one type per flag value).
+#[derive(Clone, Debug)]
+struct ScenarioList(Vec<Scenario>);
+
+fn scenarios(s: &str) -> Result<ScenarioList, String> {
+    if s == "all" {
+        return Ok(ScenarioList(Scenario::ALL.to_vec()));
+    }
+    Scenario::from_name(s).map(|one| ScenarioList(vec![one])).ok_or_else(|| {
+        let names: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
+        format!("unknown scenario `{s}`; expected one of: {}, all", names.join(", "))
+    })
+}
+
+fn store_url(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("must not be empty (e.g. memory://)".to_owned());
+    }
+    Ok(s.to_owned())
+}
+
+fn at_least_one_u64(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("must be a positive whole number".to_owned()),
     }
 }
 
-impl std::error::Error for ArgsError {}
-
-fn invalid(msg: impl Into<String>) -> ArgsError {
-    ArgsError::Invalid(msg.into())
+fn at_least_one(s: &str) -> Result<usize, String> {
+    usize::try_from(at_least_one_u64(s)?).map_err(|_| "is too large".to_owned())
 }
 
-/// Raw flag values before validation.
-#[derive(Default)]
-struct Raw {
-    scenario: Option<String>,
-    store: Option<String>,
-    shards: Option<String>,
-    workers: Option<String>,
-    policy: Option<String>,
-    seed: Option<String>,
-    heartbeat_ms: Option<String>,
-    balance_ms: Option<String>,
-    failover_ms: Option<String>,
-    duration_s: Option<String>,
-    records: Option<String>,
-    rate: Option<String>,
-    batch_limit: Option<String>,
-    timeout_s: Option<String>,
-    cpu_hogs: Option<String>,
-    heartbeat_thread: Option<String>,
-    poll_ms: Option<String>,
-}
-
-impl Raw {
-    fn slot(&mut self, flag: &str) -> Option<&mut Option<String>> {
-        Some(match flag {
-            "--scenario" => &mut self.scenario,
-            "--store" => &mut self.store,
-            "--shards" => &mut self.shards,
-            "--workers" => &mut self.workers,
-            "--policy" => &mut self.policy,
-            "--seed" => &mut self.seed,
-            "--heartbeat-ms" => &mut self.heartbeat_ms,
-            "--balance-ms" => &mut self.balance_ms,
-            "--failover-ms" => &mut self.failover_ms,
-            "--duration-s" => &mut self.duration_s,
-            "--records" => &mut self.records,
-            "--rate" => &mut self.rate,
-            "--batch-limit" => &mut self.batch_limit,
-            "--timeout-s" => &mut self.timeout_s,
-            "--cpu-hogs" => &mut self.cpu_hogs,
-            "--heartbeat-thread" => &mut self.heartbeat_thread,
-            "--poll-ms" => &mut self.poll_ms,
-            _ => return None,
-        })
+fn seconds(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1e7 => Ok(Duration::from_secs_f64(v)),
+        _ => Err("must be a positive number of seconds".to_owned()),
     }
 }
 
-/// Parses the arguments after the program name.
-pub fn parse<I, S>(argv: I) -> Result<Args, ArgsError>
+/// The usage text `--help` prints.
+pub fn usage() -> String {
+    Flags::command().render_help().to_string()
+}
+
+/// Parses the arguments after the program name. The error prints itself (`clap::Error::exit`
+/// prints it and exits 0 for `--help`, 2 for a mistake); it never contains more of the store URL
+/// than the flag's value as typed.
+pub fn parse<I, S>(argv: I) -> Result<Args, clap::Error>
 where
     I: IntoIterator<Item = S>,
-    S: Into<String>,
+    S: Into<std::ffi::OsString> + Clone,
 {
-    let mut raw = Raw::default();
-    let mut it = argv.into_iter().map(Into::into);
-    while let Some(arg) = it.next() {
-        if arg == "-h" || arg == "--help" {
-            return Err(ArgsError::Help);
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let Some(slot) = raw.slot(&flag) else {
-            return Err(invalid(if flag.starts_with('-') {
-                format!("unknown flag `{flag}`")
-            } else {
-                format!("unexpected argument `{arg}` (flags take the form --name value)")
-            }));
-        };
-        if slot.is_some() {
-            return Err(invalid(format!("`{flag}` given more than once")));
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => it.next().ok_or_else(|| invalid(format!("`{flag}` needs a value")))?,
-        };
-        *slot = Some(value);
-    }
-    validate(raw)
+    let mut command = Flags::command();
+    let argv = std::iter::once(std::ffi::OsString::from("shardlease-bench"))
+        .chain(argv.into_iter().map(Into::into));
+    let matches = command.try_get_matches_from_mut(argv)?;
+    let flags = Flags::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+    validate(flags).map_err(|(kind, msg)| command.error(kind, msg))
 }
 
-fn required(v: Option<String>, flag: &str) -> Result<String, ArgsError> {
-    v.ok_or_else(|| invalid(format!("`{flag}` is required")))
-}
-
-fn number<T: std::str::FromStr>(v: &str, flag: &str, what: &str) -> Result<T, ArgsError> {
-    v.trim().parse().map_err(|_| invalid(format!("`{flag}` must be {what}, got `{v}`")))
-}
-
-fn at_least_one(v: Option<String>, flag: &str, default: Option<u64>) -> Result<u64, ArgsError> {
-    let n = match (v, default) {
-        (Some(v), _) => number::<u64>(&v, flag, "a positive whole number")?,
-        (None, Some(d)) => d,
-        (None, None) => return Err(invalid(format!("`{flag}` is required"))),
-    };
-    if n == 0 {
-        return Err(invalid(format!("`{flag}` must be at least 1")));
-    }
-    Ok(n)
-}
-
-fn millis(v: Option<String>, flag: &str, default: u64) -> Result<Duration, ArgsError> {
-    Ok(Duration::from_millis(at_least_one(v, flag, Some(default))?))
-}
-
-fn seconds(v: Option<String>, flag: &str) -> Result<Option<Duration>, ArgsError> {
-    let Some(v) = v else { return Ok(None) };
-    let s: f64 = number(&v, flag, "a number of seconds")?;
-    if !s.is_finite() || s <= 0.0 || s > 1e7 {
-        return Err(invalid(format!("`{flag}` must be a positive number of seconds, got `{v}`")));
-    }
-    Ok(Some(Duration::from_secs_f64(s)))
-}
-
-fn to_usize(n: u64, flag: &str) -> Result<usize, ArgsError> {
-    usize::try_from(n).map_err(|_| invalid(format!("`{flag}` is too large")))
-}
-
-fn validate(raw: Raw) -> Result<Args, ArgsError> {
-    let scenario = required(raw.scenario, "--scenario")?;
-    let scenarios = if scenario == "all" {
-        Scenario::ALL.to_vec()
-    } else {
-        vec![Scenario::from_name(&scenario).ok_or_else(|| {
-            invalid(format!(
-                "unknown scenario `{scenario}`; expected one of: {}, all",
-                Scenario::ALL.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
-            ))
-        })?]
-    };
-    let store = required(raw.store, "--store")?;
-    if store.trim().is_empty() {
-        return Err(invalid("`--store` must not be empty (e.g. memory://)"));
-    }
-    let shards = to_usize(at_least_one(raw.shards, "--shards", None)?, "--shards")?;
-    let workers = to_usize(at_least_one(raw.workers, "--workers", None)?, "--workers")?;
-    if workers < 2 && scenarios.iter().any(|s| matches!(s, Scenario::Leave | Scenario::Crash)) {
-        return Err(invalid(
-            "the leave and crash scenarios need `--workers` of at least 2 (one must remain)",
+/// The rules that span several flags.
+fn validate(f: Flags) -> Result<Args, (ErrorKind, String)> {
+    let scenarios = f.scenario.0;
+    if f.workers < 2 && scenarios.iter().any(|s| matches!(s, Scenario::Leave | Scenario::Crash)) {
+        return Err((
+            ErrorKind::ValueValidation,
+            "the leave and crash scenarios need `--workers` of at least 2 (one must remain)".into(),
         ));
     }
-    let policies = match raw.policy.as_deref() {
-        None | Some("greedy") => vec![Policy::Greedy],
-        Some("one-per-pass") => vec![Policy::OnePerPass],
-        Some("both") => vec![Policy::Greedy, Policy::OnePerPass],
-        Some(other) => {
-            return Err(invalid(format!(
-                "unknown policy `{other}`; expected greedy, one-per-pass or both"
-            )))
-        }
-    };
-    let seed = raw.seed.map(|v| number::<u64>(&v, "--seed", "a whole number")).transpose()?;
     let timings = Timings {
-        heartbeat: millis(raw.heartbeat_ms, "--heartbeat-ms", 100)?,
-        balance: millis(raw.balance_ms, "--balance-ms", 250)?,
-        failover: millis(raw.failover_ms, "--failover-ms", 500)?,
+        heartbeat: Duration::from_millis(f.heartbeat_ms),
+        balance: Duration::from_millis(f.balance_ms),
+        failover: Duration::from_millis(f.failover_ms),
     };
     // The runtime's own rules, checked now so no scenario starts with a configuration it refuses.
     if let Err(e) = config_template("bench-flag-check", &timings, None).validate() {
@@ -284,67 +234,51 @@ fn validate(raw: Raw) -> Result<Args, ArgsError> {
             shardlease::Error::Config(m) => m,
             other => other.to_string(),
         };
-        return Err(invalid(format!(
-            "the timing flags are refused by the runtime: {msg} (given --heartbeat-ms {} \
-             --balance-ms {} --failover-ms {})",
-            timings.heartbeat.as_millis(),
-            timings.balance.as_millis(),
-            timings.failover.as_millis()
-        )));
+        return Err((
+            ErrorKind::ValueValidation,
+            format!(
+                "the timing flags are refused by the runtime: {msg} (given --heartbeat-ms {} \
+                 --balance-ms {} --failover-ms {})",
+                f.heartbeat_ms, f.balance_ms, f.failover_ms
+            ),
+        ));
     }
-    let duration = seconds(raw.duration_s, "--duration-s")?.unwrap_or(Duration::from_secs(3));
-    let records = at_least_one(raw.records, "--records", Some(200_000))?;
-    let rate = at_least_one(raw.rate, "--rate", Some(2_000))?;
-    let batch_limit =
-        to_usize(at_least_one(raw.batch_limit, "--batch-limit", Some(100))?, "--batch-limit")?;
-    let timeout = seconds(raw.timeout_s, "--timeout-s")?;
-    let cpu_hogs = match raw.cpu_hogs {
-        Some(v) => to_usize(number::<u64>(&v, "--cpu-hogs", "a whole number")?, "--cpu-hogs")?,
-        None => 0,
-    };
-    let dedicated_heartbeat = match raw.heartbeat_thread.as_deref() {
-        None | Some("dedicated") => true,
-        Some("shared") => false,
-        Some(other) => {
-            return Err(invalid(format!(
-                "--heartbeat-thread must be dedicated or shared, not {other:?}"
-            )))
-        }
-    };
-    let poll = match raw.poll_ms {
-        Some(v) => Some(millis(Some(v), "--poll-ms", 0)?),
-        None => None,
+    let policies = match f.policy {
+        PolicyFlag::Greedy => vec![Policy::Greedy],
+        PolicyFlag::OnePerPass => vec![Policy::OnePerPass],
+        PolicyFlag::Both => vec![Policy::Greedy, Policy::OnePerPass],
     };
     Ok(Args {
         scenarios,
-        store,
-        shards,
-        workers,
+        store: f.store,
+        shards: f.shards,
+        workers: f.workers,
         policies,
-        seed,
+        seed: f.seed,
         timings,
-        duration,
-        records,
-        rate,
-        batch_limit,
-        timeout,
-        cpu_hogs,
-        dedicated_heartbeat,
-        poll,
+        duration: f.duration_s,
+        records: f.records,
+        rate: f.rate,
+        batch_limit: f.batch_limit,
+        timeout: f.timeout_s,
+        cpu_hogs: f.cpu_hogs,
+        dedicated_heartbeat: matches!(f.heartbeat_thread, HeartbeatThread::Dedicated),
+        poll: f.poll_ms.map(Duration::from_millis),
     })
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn args(s: &str) -> Result<Args, ArgsError> {
+    fn args(s: &str) -> Result<Args, clap::Error> {
         parse(s.split_whitespace())
     }
 
     fn message(s: &str) -> String {
         match args(s) {
-            Err(ArgsError::Invalid(m)) => m,
+            Err(e) if e.kind() != ErrorKind::DisplayHelp => e.to_string(),
             other => panic!("expected an error for `{s}`, got {other:?}"),
         }
     }
@@ -360,6 +294,9 @@ mod tests {
         assert_eq!(a.timings.heartbeat, Duration::from_millis(100));
         assert_eq!(a.timings.balance, Duration::from_millis(250));
         assert_eq!(a.timings.failover, Duration::from_millis(500));
+        assert_eq!(a.duration, Duration::from_secs(3));
+        assert_eq!((a.records, a.rate, a.batch_limit, a.cpu_hogs), (200_000, 2_000, 100, 0));
+        assert!(a.dedicated_heartbeat);
         let a = args(&format!("{BASE} --policy=both --seed=7 --duration-s 0.5")).unwrap();
         assert_eq!(a.policies, vec![Policy::Greedy, Policy::OnePerPass]);
         assert_eq!(a.seed, Some(7));
@@ -367,8 +304,9 @@ mod tests {
         let a = args("--scenario all --store memory:// --shards 4 --workers 3").unwrap();
         assert_eq!(a.scenarios, Scenario::ALL.to_vec());
         assert_eq!(a.poll, None, "polling derived from the timings unless given");
-        let a = args(&format!("{BASE} --poll-ms 2")).unwrap();
+        let a = args(&format!("{BASE} --poll-ms 2 --heartbeat-thread shared")).unwrap();
         assert_eq!(a.poll, Some(Duration::from_millis(2)));
+        assert!(!a.dedicated_heartbeat);
         assert!(args(&format!("{BASE} --poll-ms 0")).is_err());
     }
 
@@ -377,18 +315,21 @@ mod tests {
         assert!(message("--store memory:// --shards 8 --workers 2").contains("--scenario"));
         assert!(message("--scenario nope --store memory:// --shards 1 --workers 1")
             .contains("unknown scenario `nope`"));
-        assert!(message(&format!("{BASE} --bogus 1")).contains("unknown flag `--bogus`"));
-        assert!(message(&format!("{BASE} --seed")).contains("`--seed` needs a value"));
-        assert!(message(&format!("{BASE} --shards 3")).contains("more than once"));
-        assert!(message("--scenario startup --store memory:// --shards x --workers 1")
-            .contains("`--shards` must be a positive whole number"));
+        assert!(message(&format!("{BASE} --bogus 1")).contains("--bogus"));
+        let m = message(&format!("{BASE} --seed"));
+        assert!(m.contains("--seed") && m.contains("value is required"), "{m}");
+        assert!(message(&format!("{BASE} --shards 3")).contains("cannot be used multiple times"));
+        let m = message("--scenario startup --store memory:// --shards x --workers 1");
+        assert!(m.contains("--shards") && m.contains("must be a positive whole number"), "{m}");
         assert!(message("--scenario startup --store memory:// --shards 0 --workers 1")
             .contains("at least 1"));
         assert!(message("--scenario crash --store memory:// --shards 4 --workers 1")
             .contains("at least 2"));
-        assert!(message(&format!("{BASE} --policy fast")).contains("unknown policy"));
+        let m = message(&format!("{BASE} --policy fast"));
+        assert!(m.contains("--policy") && m.contains("greedy, one-per-pass, both"), "{m}");
         assert!(message(&format!("{BASE} --duration-s -1")).contains("--duration-s"));
-        assert!(matches!(args("--help"), Err(ArgsError::Help)));
+        assert!(message("--scenario startup --store= --shards 1 --workers 1").contains("--store"));
+        assert_eq!(args("--help").unwrap_err().kind(), ErrorKind::DisplayHelp);
     }
 
     #[test]
@@ -396,5 +337,31 @@ mod tests {
         let m = message(&format!("{BASE} --heartbeat-ms 200 --failover-ms 500"));
         assert!(m.contains("failover_timeout"), "{m}");
         assert!(m.contains("--failover-ms 500"), "{m}");
+    }
+
+    #[test]
+    fn help_lists_every_flag() {
+        let help = usage();
+        for flag in [
+            "--scenario",
+            "--store",
+            "--shards",
+            "--workers",
+            "--policy",
+            "--seed",
+            "--heartbeat-ms",
+            "--balance-ms",
+            "--failover-ms",
+            "--duration-s",
+            "--records",
+            "--rate",
+            "--batch-limit",
+            "--poll-ms",
+            "--timeout-s",
+            "--cpu-hogs",
+            "--heartbeat-thread",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from:\n{help}");
+        }
     }
 }

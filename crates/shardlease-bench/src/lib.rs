@@ -6,7 +6,7 @@
 //! stream; the coordination store is the one named by `--store`, opened in a fresh namespace per
 //! run. Each run prints one JSON object per line (see [`report::Report`]).
 //!
-//! The binary's flags are described in [`args::USAGE`]; [`run`] is what it calls.
+//! The binary's flags are described by [`args::usage`] (`--help`); [`run`] is what it calls.
 
 pub mod args;
 pub mod counting_store;

@@ -6,19 +6,11 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use shardlease_bench::args::{self, ArgsError};
-
 fn main() -> ExitCode {
-    let args = match args::parse(std::env::args().skip(1)) {
+    // `--help` prints and exits 0; a flag mistake prints and exits 2.
+    let args = match shardlease_bench::args::parse(std::env::args_os().skip(1)) {
         Ok(a) => a,
-        Err(ArgsError::Help) => {
-            println!("{}", args::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(ArgsError::Invalid(m)) => {
-            eprintln!("error: {m}\n\n{}", args::USAGE);
-            return ExitCode::from(2);
-        }
+        Err(e) => e.exit(),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

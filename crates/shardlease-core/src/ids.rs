@@ -69,11 +69,27 @@ string_id!(
 );
 
 impl WorkerId {
-    /// A fresh id: `host-pid-random`, unique enough for a fleet.
+    /// A fresh id: `host-pid-random`, unique enough for a fleet. The host is the machine's
+    /// host name (asked of the system, not read from `$HOSTNAME`, which is often unset), at most
+    /// 64 characters of it and no control characters, or `worker` when it has none.
     pub fn generate() -> Self {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned());
         let suffix: u32 = rand::random();
-        WorkerId(format!("{host}-{}-{suffix:08x}", std::process::id()))
+        WorkerId(format!("{}-{}-{suffix:08x}", host_part(), std::process::id()))
+    }
+}
+
+/// The host name as the first part of a generated worker id.
+fn host_part() -> String {
+    let host: String = gethostname::gethostname()
+        .to_string_lossy()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(64)
+        .collect();
+    if host.is_empty() {
+        "worker".to_owned()
+    } else {
+        host
     }
 }
 
@@ -89,4 +105,26 @@ pub(crate) fn validate_name(what: &str, s: &str) -> Result<()> {
         return Err(Error::Config(format!("{what} must not contain control characters")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_ids_start_with_the_host_name_and_are_valid() {
+        let host = gethostname::gethostname().to_string_lossy().into_owned();
+        let a = WorkerId::generate();
+        let b = WorkerId::generate();
+        assert_ne!(a, b);
+        assert!(validate_name("worker id", a.as_str()).is_ok(), "{a}");
+        let part = host_part();
+        if host.is_empty() {
+            assert_eq!(part, "worker");
+        } else {
+            assert!(!part.is_empty() && host.starts_with(&part), "{part} vs host {host}");
+        }
+        let pid = std::process::id();
+        assert!(a.as_str().starts_with(&format!("{part}-{pid}-")), "{a}");
+    }
 }

@@ -18,6 +18,7 @@ use crate::ids::{Namespace, WorkerId};
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
 use crate::notify::ChangeStream;
 use crate::store::{CreateOutcome, LeaseStore, Listing};
+use crate::store_decorator::StoreDecorator;
 use crate::telemetry::{error_kind, KIND, NAMESPACE, OPERATION, STORE_CALL_SECONDS, STORE_ERRORS};
 use crate::worker_record::WorkerRecord;
 
@@ -65,8 +66,14 @@ impl InstrumentedStore {
     }
 }
 
+/// Built on [`StoreDecorator`], so a store method added later is forwarded (uninstrumented)
+/// rather than silently answered by the trait's default body.
 #[async_trait]
-impl LeaseStore for InstrumentedStore {
+impl StoreDecorator for InstrumentedStore {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
+    }
+
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
         self.call("create_lease", self.inner.create_lease(lease)).await
     }

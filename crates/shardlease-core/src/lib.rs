@@ -32,6 +32,7 @@ pub mod redact;
 pub mod runtime;
 pub mod source;
 pub mod store;
+pub mod store_decorator;
 pub mod telemetry;
 pub mod worker_record;
 
@@ -53,4 +54,5 @@ pub use runtime::{
 };
 pub use source::{Batch, HashRange, Record, ShardInfo, ShardReader, ShardSource};
 pub use store::{CorruptRecord, CreateOutcome, LeaseStore, Listing};
+pub use store_decorator::StoreDecorator;
 pub use worker_record::WorkerRecord;

@@ -86,7 +86,8 @@ impl<T> Listing<T> {
 /// A store that wraps another (fault injection, auditing, counting) must forward every method,
 /// including the ones with a default body ([`remove_worker_if`](LeaseStore::remove_worker_if),
 /// [`namespace`](LeaseStore::namespace), [`subscribe_changes`](LeaseStore::subscribe_changes)),
-/// or the wrapped store's native behaviour is lost.
+/// or the wrapped store's native behaviour is lost: implement
+/// [`StoreDecorator`](crate::StoreDecorator), which does that, instead of this trait.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + Debug {
     /// Creates `lease` if no lease with its key exists, at a version the key never had (see

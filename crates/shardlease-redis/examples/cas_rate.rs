@@ -11,10 +11,23 @@
 
 use std::time::Instant;
 
+use serde_json::{json, Value};
 use shardlease_core::{CreateOutcome, Lease, LeaseStore, Position, Version};
 use shardlease_redis::RedisStore;
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Prints one measurement as a JSON line, tagged with the store.
+fn print_line(mut fields: Value) {
+    fields["store"] = "redis".into();
+    println!("{fields}");
+}
+
+/// `x` rounded to `digits` decimals, for readable figures.
+fn round(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (x * scale).round() / scale
+}
 
 /// Creates `key` and returns its version.
 async fn create(store: &RedisStore, key: &str) -> BoxResult<(Lease, Version)> {
@@ -57,10 +70,9 @@ async fn main() -> BoxResult<()> {
         store.delete_namespace().await?;
         return Err(e);
     }
-    println!(
-        r#"{{"store":"redis","measure":"cas_sequential","ops":{ops},"seconds":{secs:.3},"ops_per_sec":{:.0}}}"#,
-        ops as f64 / secs
-    );
+    let rate = ops as f64 / secs;
+    let fields = json!({"measure": "cas_sequential", "ops": ops, "seconds": round(secs, 3), "ops_per_sec": rate.round()});
+    print_line(fields);
 
     const IN_FLIGHT: u64 = 32;
     let per_task = (ops / IN_FLIGHT).max(1);
@@ -87,9 +99,10 @@ async fn main() -> BoxResult<()> {
         return Err(e.into());
     }
     let total = per_task * IN_FLIGHT;
-    println!(
-        r#"{{"store":"redis","measure":"cas_{IN_FLIGHT}_in_flight","ops":{total},"seconds":{secs:.3},"ops_per_sec":{:.0}}}"#,
-        total as f64 / secs
+    let measure = format!("cas_{IN_FLIGHT}_in_flight");
+    let rate = total as f64 / secs;
+    print_line(
+        json!({"measure": measure, "ops": total, "seconds": round(secs, 3), "ops_per_sec": rate.round()}),
     );
 
     let listed = list_rate(&store).await;
@@ -113,9 +126,7 @@ async fn list_rate(store: &RedisStore) -> BoxResult<()> {
         }
     }
     let per = started.elapsed().as_secs_f64() / f64::from(LISTINGS);
-    println!(
-        r#"{{"store":"redis","measure":"list_leases","leases":{LEASES},"ms_per_listing":{:.2}}}"#,
-        per * 1000.0
-    );
+    let ms = per * 1000.0;
+    print_line(json!({"measure": "list_leases", "leases": LEASES, "ms_per_listing": round(ms, 2)}));
     Ok(())
 }

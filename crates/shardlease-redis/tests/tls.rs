@@ -89,9 +89,9 @@ async fn rediss_round_trip_with_a_private_ca() {
             return;
         }
     }
-    let dir = std::env::temp_dir().join(format!("shardlease-redis-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    make_certificates(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    make_certificates(dir);
     let port = common::free_port();
     let file = |f: &str| dir.join(f).to_string_lossy().into_owned();
     let child = Command::new("redis-server")
@@ -132,5 +132,4 @@ async fn rediss_round_trip_with_a_private_ca() {
         .connect()
         .await;
     assert!(untrusted.is_err(), "a certificate from an unknown CA must be refused");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,11 +19,13 @@ async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let ops: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(2000);
     let mut urls: Vec<String> = args.collect();
+    // The SQLite file's directory, removed with everything in it when `main` returns.
+    let tmp = tempfile::tempdir().map_err(|e| {
+        shardlease_core::Error::InvalidInput(format!("no temporary directory: {e}"))
+    })?;
     if urls.is_empty() {
-        let file =
-            std::env::temp_dir().join(format!("shardlease-cas-rate-{}.db", std::process::id()));
         urls.push("sqlite::memory:".into());
-        urls.push(format!("sqlite://{}", file.display()));
+        urls.push(format!("sqlite://{}", tmp.path().join("cas-rate.db").display()));
         for var in ["SHARDLEASE_TEST_POSTGRES_URL", "SHARDLEASE_TEST_MYSQL_URL"] {
             match std::env::var(var) {
                 Ok(url) if !url.is_empty() => urls.push(url),
@@ -41,11 +43,6 @@ async fn main() -> Result<()> {
             redact_url(url)
         );
         store.delete_namespace().await?;
-        if let Some(path) = url.strip_prefix("sqlite://").filter(|_| url.contains("cas-rate")) {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{path}{suffix}"));
-            }
-        }
     }
     Ok(())
 }

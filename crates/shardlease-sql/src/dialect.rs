@@ -51,6 +51,22 @@ impl fmt::Display for Dialect {
     }
 }
 
+/// The lease columns a write sets, in the order `bind_lease_columns!` (in lib.rs)
+/// binds them: the first 11 parameters of both `insert_lease` and `update_lease`.
+pub(crate) const LEASE_WRITE_COLUMNS: [&str; 11] = [
+    "owner",
+    "epoch",
+    "checkpoint_kind",
+    "checkpoint_seq",
+    "checkpoint_sub",
+    "checkpoint_millis",
+    "parents",
+    "claim_by",
+    "claim_at",
+    "attributes",
+    "updated_at_millis",
+];
+
 /// The columns of a lease row, in the order every `SELECT` returns them.
 pub(crate) const LEASE_COLUMNS: &str = "lease_key, owner, epoch, version, checkpoint_kind, \
      checkpoint_seq, checkpoint_sub, checkpoint_millis, parents, claim_by, claim_at, attributes";
@@ -126,6 +142,14 @@ impl Queries {
                  capacity = excluded.capacity, changes = excluded.changes"
                 .to_owned(),
         };
+        let n = LEASE_WRITE_COLUMNS.len();
+        let write_columns = LEASE_WRITE_COLUMNS.join(", ");
+        let set_columns: Vec<String> = LEASE_WRITE_COLUMNS
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c} = {}", p(i + 1)))
+            .collect();
+        let set_columns = set_columns.join(", ");
         Queries {
             get_lease: sql(format!(
                 "SELECT {LEASE_COLUMNS} FROM {leases} WHERE namespace = {} AND lease_key = {}",
@@ -148,31 +172,17 @@ impl Queries {
                 p(4)
             )),
             insert_lease: sql(format!(
-                "INSERT INTO {leases} (namespace, lease_key, owner, epoch, version, \
-                 checkpoint_kind, checkpoint_seq, checkpoint_sub, checkpoint_millis, parents, \
-                 claim_by, claim_at, attributes, updated_at_millis) VALUES ({}){on_conflict_nothing}",
-                d.phs(1, 14)
+                "INSERT INTO {leases} ({write_columns}, version, namespace, lease_key) \
+                 VALUES ({}){on_conflict_nothing}",
+                d.phs(1, n + 3)
             )),
             update_lease: sql(format!(
-                "UPDATE {leases} SET owner = {}, epoch = {}, checkpoint_kind = {}, \
-                 checkpoint_seq = {}, checkpoint_sub = {}, checkpoint_millis = {}, parents = {}, \
-                 claim_by = {}, claim_at = {}, attributes = {}, updated_at_millis = {}, \
-                 version = {} WHERE namespace = {} AND lease_key = {} AND version = {}",
-                p(1),
-                p(2),
-                p(3),
-                p(4),
-                p(5),
-                p(6),
-                p(7),
-                p(8),
-                p(9),
-                p(10),
-                p(11),
-                p(12),
-                p(13),
-                p(14),
-                p(15)
+                "UPDATE {leases} SET {set_columns}, version = {} \
+                 WHERE namespace = {} AND lease_key = {} AND version = {}",
+                p(n + 1),
+                p(n + 2),
+                p(n + 3),
+                p(n + 4)
             )),
             delete_lease: sql(format!(
                 "DELETE FROM {leases} WHERE namespace = {} AND lease_key = {} AND version = {}",

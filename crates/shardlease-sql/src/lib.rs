@@ -8,7 +8,7 @@
 //! | URL | dialect | feature |
 //! |---|---|---|
 //! | `postgres://user:pw@host:5432/db`, `postgresql://...` | PostgreSQL | `postgres` |
-//! | `sqlite://path/to/file.db`, `sqlite:///abs/file.db?mode=rwc`, `sqlite::memory:` | SQLite (bundled) | `sqlite` |
+//! | `sqlite://path/to/file.db`, `sqlite:///abs/file.db?mode=rwc`, `sqlite::memory:`, `sqlite::memory:?name=NAME` (shared in the process) | SQLite (bundled) | `sqlite` |
 //! | `mysql://user:pw@host:3306/db`, `mariadb://...` | MySQL 8 / MariaDB 10.5+ | `mysql` |
 //!
 //! TLS (`sslmode=require` on PostgreSQL, `ssl-mode=REQUIRED` on MySQL) needs the `tls`
@@ -95,7 +95,10 @@
 //!
 //! `sqlite::memory:` is a database private to the store that opened it, kept in one connection
 //! that the pool never closes; two `connect` calls give two separate databases (use
-//! [`SqlStore::with_namespace`] to open more namespaces in one).
+//! [`SqlStore::with_namespace`] to open more namespaces in one). `sqlite::memory:?name=NAME`
+//! names one instead: every `connect` in this process with that name gets the same database
+//! (the same single-connection pool), which lives until the process exits or a store on it is
+//! closed; it is never shared with other processes.
 //!
 //! ## Effectively-once output
 //!
@@ -126,19 +129,39 @@ use std::sync::Arc;
 
 use shardlease_core::{LeaseStore, Result};
 
+/// Binds the encoded lease columns (`$c`, a `codec::LeaseColumns`) to `$query` in the order of
+/// `dialect::LEASE_WRITE_COLUMNS`: the one bind list of every lease write.
+macro_rules! bind_lease_columns {
+    ($query:expr, $c:expr) => {{
+        let c = &$c;
+        $query
+            .bind(c.owner)
+            .bind(c.epoch)
+            .bind(c.checkpoint_kind)
+            .bind(c.checkpoint_seq)
+            .bind(c.checkpoint_sub)
+            .bind(c.checkpoint_millis)
+            .bind(c.parents.as_str())
+            .bind(c.claim_by)
+            .bind(c.claim_at)
+            .bind(c.attributes.as_str())
+            .bind(c.updated_at_millis)
+    }};
+}
+
 /// Runs `$body` with `$p` bound to the concrete pool of `$pool` (a `&SqlPool`): the body is
 /// written once and compiled for every dialect that is enabled.
 macro_rules! on_pool {
     ($pool:expr, $p:ident => $body:expr) => {
         match $pool {
             #[cfg(feature = "postgres")]
-            $crate::store::SqlPool::Postgres($p) => $body,
+            $crate::pool::SqlPool::Postgres($p) => $body,
             #[cfg(feature = "sqlite")]
-            $crate::store::SqlPool::Sqlite($p) => $body,
+            $crate::pool::SqlPool::Sqlite($p) => $body,
             #[cfg(feature = "mysql")]
-            $crate::store::SqlPool::MySql($p) => $body,
+            $crate::pool::SqlPool::MySql($p) => $body,
             #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
-            $crate::store::SqlPool::NoDialect(never) => match *never {},
+            $crate::pool::SqlPool::NoDialect(never) => match *never {},
         }
     };
 }
@@ -147,14 +170,16 @@ mod codec;
 mod dialect;
 pub mod effectively_once;
 mod errors;
+mod pool;
 mod schema;
 mod store;
 mod url;
 
 pub use dialect::Dialect;
 pub use errors::redact_url;
+pub use pool::SqlPool;
 pub use schema::SCHEMA_VERSION;
-pub use store::{SqlPool, SqlStore, SqlStoreBuilder, DEFAULT_NAMESPACE, DEFAULT_TABLE_PREFIX};
+pub use store::{SqlStore, SqlStoreBuilder, DEFAULT_NAMESPACE, DEFAULT_TABLE_PREFIX};
 
 /// Opens the store named by `url` in `namespace`, for the `shardlease` facade's
 /// connect-by-URL. The schema is created unless the URL says `create_schema=false`.

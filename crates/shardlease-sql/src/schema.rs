@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use crate::dialect::{self, Dialect, Tables};
 use crate::errors;
-use crate::store::{Shared, SqlPool};
+use crate::pool::{Shared, SqlPool};
 
 /// One schema version.
 struct Migration {

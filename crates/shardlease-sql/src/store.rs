@@ -1,12 +1,11 @@
-//! [`SqlStore`]: the [`LeaseStore`] over PostgreSQL, SQLite or MySQL/MariaDB, its builder, and
-//! [`SqlPool`], the connection pool of whichever dialect it talks to.
+//! [`SqlStore`]: the [`LeaseStore`] over PostgreSQL, SQLite or MySQL/MariaDB, and its builder. The
+//! pool it talks through is in [`crate::pool`].
 //!
 //! Every operation is written once: the [`on_pool!`](crate::on_pool) macro expands the same code
 //! for each compiled-in dialect, with the statement text (built once per table prefix by
 //! [`Queries`]) the only difference. Every value is a bound parameter.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +22,7 @@ use crate::codec::{
 };
 use crate::dialect::{Dialect, Queries, Sql, Tables};
 use crate::errors::{self, redact_url};
+use crate::pool::{open_pool, PoolSettings, Shared, SqlPool};
 use crate::schema;
 use crate::url::{self as store_url, StoreUrl};
 
@@ -38,111 +38,10 @@ type SqlxResult<T> = std::result::Result<T, sqlx::Error>;
 /// Leases read per query while listing.
 const LIST_PAGE: i64 = 1000;
 
-/// Default pool size for PostgreSQL and MySQL.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-const DEFAULT_SERVER_CONNECTIONS: u32 = 10;
-/// Default pool size for a SQLite file (writers take turns anyway; readers run in parallel).
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-const DEFAULT_SQLITE_CONNECTIONS: u32 = 4;
 /// How long an operation waits for a pooled connection before failing (retryably).
 const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long SQLite waits for another process's write lock before failing (retryably).
 const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A connection pool of one of the compiled-in dialects. Build one with `From` (e.g.
-/// `SqlPool::from(pg_pool)`) to share an application's pool with [`SqlStore::from_pool`].
-#[derive(Clone)]
-#[non_exhaustive]
-pub enum SqlPool {
-    /// PostgreSQL.
-    #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgPool),
-    /// SQLite.
-    #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
-    /// MySQL or MariaDB.
-    #[cfg(feature = "mysql")]
-    MySql(sqlx::MySqlPool),
-    /// No dialect is compiled in (enable `postgres`, `sqlite` or `mysql`).
-    #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
-    #[doc(hidden)]
-    NoDialect(std::convert::Infallible),
-}
-
-impl SqlPool {
-    /// The pool's dialect.
-    pub fn dialect(&self) -> Dialect {
-        on_pool_dialect(self)
-    }
-
-    /// Closes every connection of the pool (an in-memory SQLite database is gone afterwards).
-    pub async fn close(&self) {
-        on_pool!(self, p => p.close().await)
-    }
-}
-
-fn on_pool_dialect(pool: &SqlPool) -> Dialect {
-    match pool {
-        #[cfg(feature = "postgres")]
-        SqlPool::Postgres(_) => Dialect::Postgres,
-        #[cfg(feature = "sqlite")]
-        SqlPool::Sqlite(_) => Dialect::Sqlite,
-        #[cfg(feature = "mysql")]
-        SqlPool::MySql(_) => Dialect::MySql,
-        #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
-        SqlPool::NoDialect(never) => match *never {},
-    }
-}
-
-impl fmt::Debug for SqlPool {
-    /// Never prints connect options (they hold the password).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (size, idle): (u32, usize) = on_pool!(self, p => (p.size(), p.num_idle()));
-        f.debug_struct("SqlPool")
-            .field("dialect", &self.dialect())
-            .field("size", &size)
-            .field("idle", &idle)
-            .finish()
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl From<sqlx::PgPool> for SqlPool {
-    fn from(p: sqlx::PgPool) -> Self {
-        SqlPool::Postgres(p)
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl From<sqlx::SqlitePool> for SqlPool {
-    fn from(p: sqlx::SqlitePool) -> Self {
-        SqlPool::Sqlite(p)
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl From<sqlx::MySqlPool> for SqlPool {
-    fn from(p: sqlx::MySqlPool) -> Self {
-        SqlPool::MySql(p)
-    }
-}
-
-/// What the stores of one pool and prefix share.
-pub(crate) struct Shared {
-    pub(crate) pool: SqlPool,
-    pub(crate) dialect: Dialect,
-    pub(crate) prefix: String,
-    pub(crate) tables: Tables,
-    pub(crate) queries: Queries,
-    /// SQLite: writers of this pool queue here, in order, instead of meeting at the database
-    /// lock, where SQLite's busy handler would make them poll with sleeps of up to 100 ms.
-    /// (Other processes sharing the file still meet there.)
-    write_gate: Option<tokio::sync::Mutex<()>>,
-    /// Held (shared) by every heartbeat statement until it has run, and exclusively by
-    /// `remove_worker`: a heartbeat the caller gave up on (a timeout) still runs to completion
-    /// before a later removal, so it cannot land after it and resurrect the record.
-    heartbeats: Arc<tokio::sync::RwLock<()>>,
-}
 
 /// A [`LeaseStore`] in one namespace of a SQL database (PostgreSQL, SQLite or MySQL/MariaDB).
 ///
@@ -318,14 +217,6 @@ impl SqlStoreBuilder {
     }
 }
 
-/// Pool settings taken from the builder and the URL.
-struct PoolSettings {
-    max_connections: Option<u32>,
-    acquire_timeout: Duration,
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-    busy_timeout: Duration,
-}
-
 /// Checks a table prefix: `[a-z_][a-z0-9_]{0,30}`.
 pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     let ok = !prefix.is_empty()
@@ -351,107 +242,6 @@ fn validate_namespace(namespace: &str) -> Result<()> {
         Error::InvalidInput(m) => Error::Config(m),
         other => other,
     })
-}
-
-/// Opens the pool a parsed URL names.
-async fn open_pool(url: &str, parsed: &StoreUrl, settings: &PoolSettings) -> Result<SqlPool> {
-    let dialect = parsed.dialect.ok_or_else(|| Error::Config("no dialect".into()))?;
-    match dialect {
-        #[cfg(feature = "postgres")]
-        Dialect::Postgres => {
-            Ok(SqlPool::Postgres(open_server_pool(dialect, url, parsed, settings).await?))
-        }
-        #[cfg(feature = "mysql")]
-        Dialect::MySql => {
-            Ok(SqlPool::MySql(open_server_pool(dialect, url, parsed, settings).await?))
-        }
-        #[cfg(feature = "sqlite")]
-        Dialect::Sqlite => open_sqlite(url, parsed, settings).await,
-        #[allow(unreachable_patterns)]
-        other => Err(Error::Config(format!(
-            "`{}` URLs need the `{}` feature of shardlease-sql (or of the shardlease crate)",
-            other.name(),
-            other.name()
-        ))),
-    }
-}
-
-/// Opens a pool on a database server (PostgreSQL, MySQL): probe first, then the pool.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn open_server_pool<DB>(
-    dialect: Dialect,
-    url: &str,
-    parsed: &StoreUrl,
-    settings: &PoolSettings,
-) -> Result<sqlx::Pool<DB>>
-where
-    DB: sqlx::Database,
-    <DB::Connection as sqlx::Connection>::Options: FromStr<Err = sqlx::Error>,
-{
-    let options = <<DB::Connection as sqlx::Connection>::Options>::from_str(&parsed.sqlx_url)
-        .map_err(|e| errors::connecting(dialect, url, e))?;
-    probe(dialect, url, &options).await?;
-    sqlx::pool::PoolOptions::<DB>::new()
-        .max_connections(settings.max_connections.unwrap_or(DEFAULT_SERVER_CONNECTIONS))
-        .acquire_timeout(settings.acquire_timeout)
-        .connect_with(options)
-        .await
-        .map_err(|e| errors::connecting(dialect, url, e))
-}
-
-/// Opens one connection and closes it again, so that a wrong host, port or password fails at
-/// once with its real cause (a pool retries those until its acquire timeout, then reports only
-/// the timeout).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn probe<O>(dialect: Dialect, url: &str, options: &O) -> Result<()>
-where
-    O: sqlx::ConnectOptions,
-    O::Connection: Sized,
-{
-    use sqlx::Connection;
-    let conn = options.connect().await.map_err(|e| errors::connecting(dialect, url, e))?;
-    let _ = conn.close().await;
-    Ok(())
-}
-
-/// Opens a SQLite pool: WAL and a busy timeout for a file shared by several processes; exactly
-/// one connection, never closed while the pool lives, for an in-memory database (each
-/// connection would otherwise see a database of its own, or none once the last one closed).
-#[cfg(feature = "sqlite")]
-async fn open_sqlite(url: &str, parsed: &StoreUrl, settings: &PoolSettings) -> Result<SqlPool> {
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    let dialect = Dialect::Sqlite;
-    let mut options = SqliteConnectOptions::from_str(&parsed.sqlx_url)
-        .map_err(|e| errors::connecting(dialect, url, e))?
-        .busy_timeout(settings.busy_timeout);
-    let pool_options = if parsed.sqlite_in_memory {
-        SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-    } else {
-        options = options.journal_mode(SqliteJournalMode::Wal);
-        if !parsed.sqlite_mode_given {
-            options = options.create_if_missing(true);
-        }
-        SqlitePoolOptions::new()
-            .max_connections(settings.max_connections.unwrap_or(DEFAULT_SQLITE_CONNECTIONS))
-    }
-    .acquire_timeout(settings.acquire_timeout);
-    // Switching a new file to WAL takes a lock that the busy timeout does not wait for: when
-    // several processes create the file at once, one of them may see SQLITE_BUSY. Retry.
-    let mut attempt = 0u32;
-    loop {
-        match pool_options.clone().connect_with(options.clone()).await {
-            Ok(pool) => return Ok(SqlPool::Sqlite(pool)),
-            Err(e) if attempt < 20 && errors::is_retryable(dialect, &e) => {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(25 * u64::from(attempt))).await;
-            }
-            Err(e) => return Err(errors::connecting(dialect, url, e)),
-        }
-    }
 }
 
 /// The statement `sql`, for sqlx. Statement texts are built from validated identifiers and
@@ -616,21 +406,10 @@ impl LeaseStore for SqlStore {
         let ns = self.namespace.as_str();
         let key = lease.key.as_str();
         let turn = self.write_turn().await;
-        let inserted: SqlxResult<u64> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
+        let inserted: SqlxResult<u64> = on_pool!(&self.shared.pool, p => bind_lease_columns!(sqlx::query(sql), c)
+            .bind(version)
             .bind(ns)
             .bind(key)
-            .bind(c.owner)
-            .bind(c.epoch)
-            .bind(version)
-            .bind(c.checkpoint_kind)
-            .bind(c.checkpoint_seq)
-            .bind(c.checkpoint_sub)
-            .bind(c.checkpoint_millis)
-            .bind(c.parents.as_str())
-            .bind(c.claim_by)
-            .bind(c.claim_at)
-            .bind(c.attributes.as_str())
-            .bind(c.updated_at_millis)
             .execute(p)
             .await
             .map(|r| r.rows_affected()));
@@ -695,18 +474,7 @@ impl LeaseStore for SqlStore {
         let ns = self.namespace.as_str();
         let key = lease.key.as_str();
         let turn = self.write_turn().await;
-        let updated: SqlxResult<u64> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
-            .bind(c.owner)
-            .bind(c.epoch)
-            .bind(c.checkpoint_kind)
-            .bind(c.checkpoint_seq)
-            .bind(c.checkpoint_sub)
-            .bind(c.checkpoint_millis)
-            .bind(c.parents.as_str())
-            .bind(c.claim_by)
-            .bind(c.claim_at)
-            .bind(c.attributes.as_str())
-            .bind(c.updated_at_millis)
+        let updated: SqlxResult<u64> = on_pool!(&self.shared.pool, p => bind_lease_columns!(sqlx::query(sql), c)
             .bind(new_version)
             .bind(ns)
             .bind(key)

@@ -23,6 +23,9 @@ pub(crate) struct StoreUrl {
     pub(crate) max_connections: Option<u32>,
     /// SQLite: an in-memory database (one connection holds it).
     pub(crate) sqlite_in_memory: bool,
+    /// SQLite: `sqlite::memory:?name=NAME`, an in-memory database every `connect` of this
+    /// process with the same name shares.
+    pub(crate) sqlite_memory_name: Option<String>,
     /// SQLite: the URL says `mode=...` itself (otherwise the file is created when missing).
     pub(crate) sqlite_mode_given: bool,
 }
@@ -63,6 +66,12 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl> {
                         Error::Config("max_connections must be a positive integer".into())
                     })?)
             }
+            "name" if dialect == Dialect::Sqlite => {
+                if value.is_empty() {
+                    return Err(Error::Config("name must not be empty".into()));
+                }
+                parsed.sqlite_memory_name = Some(value.into_owned());
+            }
             _ => {
                 if dialect == Dialect::Sqlite && key == "mode" {
                     parsed.sqlite_mode_given = true;
@@ -80,6 +89,11 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl> {
     if dialect == Dialect::Sqlite {
         let path = base.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
         parsed.sqlite_in_memory |= path == ":memory:";
+        if parsed.sqlite_memory_name.is_some() && !parsed.sqlite_in_memory {
+            return Err(Error::Config(
+                "name names an in-memory database: use it as sqlite::memory:?name=NAME".into(),
+            ));
+        }
     }
     parsed.sqlx_url = if kept_any { format!("{base}?{}", kept.finish()) } else { base };
     Ok(parsed)

@@ -6,6 +6,8 @@
 #[macro_use]
 mod common;
 
+use std::sync::Arc;
+
 use common::SqlFactory;
 use shardlease_core::VersionedLease;
 use shardlease_core::{Lease, LeaseStore, Position};
@@ -91,4 +93,56 @@ async fn unreadable_keys_do_not_break_listing() {
     let VersionedLease { lease, version: v } =
         store.get_lease(&"k0003".into()).await.unwrap().unwrap();
     store.update_lease(&lease, v).await.unwrap();
+}
+
+/// `sqlite::memory:?name=NAME` names an in-memory database: every `connect` in this process with
+/// the same name opens the same database (through the facade as well), another name another
+/// one. Writes from two stores on it race by CAS, losing none; closed, it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_memory_databases_are_shared_in_the_process() {
+    let name = shardlease_testkit::fresh_namespace("named-memory");
+    let url = format!("sqlite::memory:?name={name}");
+    let a = SqlStore::connect(&url, "x").await.unwrap();
+    let b: Arc<dyn LeaseStore> = shardlease_sql::connect_url(&url, "x").await.unwrap();
+    let other =
+        SqlStore::connect(&format!("sqlite::memory:?name={name}-other"), "x").await.unwrap();
+    a.create_lease(&Lease::new("k", Position::Latest)).await.unwrap();
+    let VersionedLease { lease, .. } =
+        b.get_lease(&"k".into()).await.unwrap().expect("the same database");
+    assert!(other.get_lease(&"k".into()).await.unwrap().is_none(), "another name, another one");
+
+    let a_dyn: Arc<dyn LeaseStore> = Arc::new(a.clone());
+    let tasks: Vec<_> = [a_dyn.clone(), b.clone(), a_dyn, b.clone()]
+        .into_iter()
+        .map(|store| {
+            tokio::spawn(async move {
+                for _ in 0..25 {
+                    loop {
+                        let VersionedLease { lease: mut l, version: v } =
+                            store.get_lease(&"k".into()).await.unwrap().unwrap();
+                        l.epoch = l.epoch.next();
+                        match store.update_lease(&l, v).await {
+                            Ok(_) => break,
+                            Err(shardlease_core::Error::Conflict { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let VersionedLease { lease: after, .. } = a.get_lease(&"k".into()).await.unwrap().unwrap();
+    assert_eq!(after.epoch.get(), lease.epoch.get() + 100);
+
+    drop(b);
+    let c = SqlStore::connect(&url, "x").await.unwrap();
+    assert!(c.get_lease(&"k".into()).await.unwrap().is_some(), "kept while the process runs");
+    a.pool().close().await;
+    let d = SqlStore::connect(&url, "x").await.unwrap();
+    assert!(d.get_lease(&"k".into()).await.unwrap().is_none(), "closed: a new database");
+    let err = SqlStore::connect("sqlite://some.db?name=x", "x").await;
+    assert!(matches!(err, Err(shardlease_core::Error::Config(_))), "{err:?}");
 }

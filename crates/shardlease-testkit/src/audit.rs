@@ -6,14 +6,12 @@
 //! interleave between that read and the write: the in-memory store on a current-thread runtime,
 //! which is what simulations use.
 
+use shardlease_core::VersionedLease;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use shardlease_core::runtime::INCARNATION_SEPARATOR;
-use shardlease_core::{
-    CreateOutcome, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result, Version,
-    VersionedLease, WorkerId, WorkerRecord,
-};
+use shardlease_core::{Lease, LeaseStore, Result, Version, WorkerId};
 
 /// Violations found by [`AuditStore`] views.
 #[derive(Clone, Debug, Default)]
@@ -94,16 +92,11 @@ impl AuditStore {
 }
 
 #[async_trait]
-impl LeaseStore for AuditStore {
-    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
-        self.inner.create_lease(lease).await
+impl shardlease_core::StoreDecorator for AuditStore {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
     }
-    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
-        self.inner.get_lease(key).await
-    }
-    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
-        self.inner.list_leases().await
-    }
+
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         let prev = self.inner.get_lease(&lease.key).await.ok().flatten();
         let v = self.inner.update_lease(lease, expected).await?;
@@ -114,33 +107,11 @@ impl LeaseStore for AuditStore {
         }
         Ok(v)
     }
-    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
-        self.inner.delete_lease(key, expected).await
-    }
-    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
-        self.inner.heartbeat(record).await
-    }
-    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
-        self.inner.list_workers().await
-    }
-    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
-        self.inner.remove_worker(id).await
-    }
-    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
-        self.inner.remove_worker_if(id, beat).await
-    }
-    fn namespace(&self) -> Option<Namespace> {
-        self.inner.namespace()
-    }
-
-    async fn subscribe_changes(&self) -> Result<Option<shardlease_core::ChangeStream>> {
-        self.inner.subscribe_changes().await
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use shardlease_core::MemoryStore;
+    use shardlease_core::{MemoryStore, WorkerRecord};
 
     use super::*;
 

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use shardlease_core::{
-    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result, Version,
-    VersionedLease, WorkerId, WorkerRecord,
+    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Result, Version, VersionedLease,
+    WorkerId, WorkerRecord,
 };
 
 /// The operations of the store contract, in reporting order.
@@ -136,7 +136,11 @@ impl CountingStore {
 }
 
 #[async_trait]
-impl LeaseStore for CountingStore {
+impl shardlease_core::StoreDecorator for CountingStore {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
+    }
+
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
         self.count(0);
         self.inner.create_lease(lease).await
@@ -189,14 +193,6 @@ impl LeaseStore for CountingStore {
     async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
         self.count(8);
         self.inner.remove_worker_if(id, beat).await
-    }
-
-    fn namespace(&self) -> Option<Namespace> {
-        self.inner.namespace()
-    }
-
-    async fn subscribe_changes(&self) -> Result<Option<shardlease_core::ChangeStream>> {
-        self.inner.subscribe_changes().await
     }
 }
 

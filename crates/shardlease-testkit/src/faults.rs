@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shardlease_core::{
-    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result,
-    Version, VersionedLease, WorkerId, WorkerRecord,
+    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Result, Version,
+    VersionedLease, WorkerId, WorkerRecord,
 };
 
 #[cfg(test)]
@@ -268,7 +268,11 @@ impl FaultyStore {
 }
 
 #[async_trait]
-impl LeaseStore for FaultyStore {
+impl shardlease_core::StoreDecorator for FaultyStore {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
+    }
+
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
         self.run("create_lease", Kind::Write, self.inner.create_lease(lease)).await
     }
@@ -330,14 +334,5 @@ impl LeaseStore for FaultyStore {
 
     async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
         self.run("remove_worker_if", Kind::Write, self.inner.remove_worker_if(id, beat)).await
-    }
-
-    /// The inner store's namespace (never faulted: it is not a call to the store).
-    fn namespace(&self) -> Option<Namespace> {
-        self.inner.namespace()
-    }
-
-    async fn subscribe_changes(&self) -> Result<Option<shardlease_core::ChangeStream>> {
-        self.inner.subscribe_changes().await
     }
 }

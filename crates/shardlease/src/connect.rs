@@ -169,6 +169,7 @@ mod tests {
         if !cfg!(feature = "postgres") {
             let m = config_error(connect("postgresql://u:pw@localhost/db").await);
             assert!(m.contains("`postgres` feature"), "{m}");
+            assert!(!m.contains("pw@"), "{m}");
         }
         if !cfg!(feature = "dynamodb") {
             let m = config_error(connect("dynamodb://AKID:s3cr3t@leases?region=x").await);

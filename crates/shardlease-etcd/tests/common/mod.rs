@@ -6,7 +6,6 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,7 +114,7 @@ pub async fn factory_without_watch() -> Option<EtcdFactory> {
 pub struct PrivateEtcd {
     port: u16,
     peer_port: u16,
-    dir: PathBuf,
+    dir: tempfile::TempDir,
     child: Option<Child>,
 }
 
@@ -134,11 +133,10 @@ impl PrivateEtcd {
             return None;
         }
         for attempt in 0..5 {
-            let dir = std::env::temp_dir().join(format!(
-                "shardlease-etcd-{}-{}-{attempt}",
-                std::process::id(),
-                free_port()
-            ));
+            let dir = tempfile::Builder::new()
+                .prefix(&format!("shardlease-etcd-{attempt}-"))
+                .tempdir()
+                .unwrap_or_else(|e| panic!("{test}: cannot make a data directory: {e}"));
             let mut server =
                 PrivateEtcd { port: free_port(), peer_port: free_port(), dir, child: None };
             if server.start().is_ok() {
@@ -161,7 +159,7 @@ impl PrivateEtcd {
         let child = Command::new("etcd")
             .args(["--name", "private", "--logger", "zap", "--log-level", "error"])
             .arg("--data-dir")
-            .arg(&self.dir)
+            .arg(self.dir.path())
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("private={peer}")])
@@ -196,8 +194,8 @@ impl PrivateEtcd {
 
 impl Drop for PrivateEtcd {
     fn drop(&mut self) {
+        // The data directory goes with the `TempDir` field, after the server is dead.
         self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

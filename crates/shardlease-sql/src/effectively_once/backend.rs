@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::dialect::Dialect;
-use crate::store::SqlPool;
+use crate::pool::SqlPool;
 use __private::{Arg, RawRow};
 
 /// A sqlx database the transactional checkpointer supports: `sqlx::Postgres`, `sqlx::MySql` or

@@ -154,18 +154,21 @@ pub fn mysql_url() -> Option<String> {
     shardlease_testkit::suite::env_or_skip("SHARDLEASE_TEST_MYSQL_URL")
 }
 
-/// A SQLite database file of its own under the target directory, removed (with its WAL and
+/// A SQLite database file in a temporary directory of its own, removed (with its WAL and
 /// shared-memory files) on drop.
 pub struct TempDb {
     path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl TempDb {
     /// A new, not yet existing, database file.
     pub fn new(tag: &str) -> TempDb {
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("shardlease-sql");
-        std::fs::create_dir_all(&dir).expect("create the test directory");
-        TempDb { path: dir.join(format!("{}.db", fresh_namespace(tag))) }
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("shardlease-sql-{tag}-"))
+            .tempdir()
+            .expect("create the test directory");
+        TempDb { path: dir.path().join("test.db"), _dir: dir }
     }
 
     /// Its `sqlite://` URL.
@@ -176,16 +179,6 @@ impl TempDb {
     /// Its path.
     pub fn path(&self) -> &std::path::Path {
         &self.path
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut name = self.path.clone().into_os_string();
-            name.push(suffix);
-            let _ = std::fs::remove_file(name);
-        }
     }
 }
 

@@ -1,0 +1,188 @@
+//! [`StoreDecorator`]: the one place a [`LeaseStore`] wrapper's forwarding is written.
+//!
+//! A decorator (fault injection, auditing, call counting, metrics) changes a few methods of the
+//! store it wraps and must pass every other one through unchanged, including the methods with a
+//! default body in [`LeaseStore`] (`remove_worker_if`, `namespace`, `subscribe_changes`), or the
+//! wrapped store's native behaviour is silently lost. Writing that forwarding by hand in each
+//! decorator meant that a new store method had to be added to every one of them.
+//!
+//! Here every method of [`StoreDecorator`] forwards to [`StoreDecorator::inner`] by default, and
+//! every `StoreDecorator` (that is `Debug`) is a [`LeaseStore`]. A decorator implements `inner`
+//! and overrides only what it changes; a new `LeaseStore` method is added to the trait below and
+//! to the blanket impl, once.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//!
+//! use shardlease_core::store_decorator::StoreDecorator;
+//! use shardlease_core::{Lease, LeaseStore, Result, Version};
+//!
+//! /// Counts compare-and-set writes; everything else passes through.
+//! #[derive(Debug)]
+//! struct CountUpdates {
+//!     inner: Arc<dyn LeaseStore>,
+//!     updates: AtomicU64,
+//! }
+//!
+//! #[async_trait::async_trait]
+//! impl StoreDecorator for CountUpdates {
+//!     fn inner(&self) -> &dyn LeaseStore {
+//!         &*self.inner
+//!     }
+//!     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+//!         self.updates.fetch_add(1, Ordering::Relaxed);
+//!         self.inner.update_lease(lease, expected).await
+//!     }
+//! }
+//! ```
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::ids::{Namespace, WorkerId};
+use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
+use crate::notify::ChangeStream;
+use crate::store::{CreateOutcome, LeaseStore, Listing};
+use crate::worker_record::WorkerRecord;
+
+/// A [`LeaseStore`] wrapper: each method defaults to calling the same method of
+/// [`inner`](StoreDecorator::inner). See the [module documentation](self).
+#[async_trait]
+pub trait StoreDecorator: Send + Sync {
+    /// The wrapped store.
+    fn inner(&self) -> &dyn LeaseStore;
+
+    /// See [`LeaseStore::create_lease`].
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        self.inner().create_lease(lease).await
+    }
+    /// See [`LeaseStore::get_lease`].
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        self.inner().get_lease(key).await
+    }
+    /// See [`LeaseStore::list_leases`].
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        self.inner().list_leases().await
+    }
+    /// See [`LeaseStore::update_lease`].
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        self.inner().update_lease(lease, expected).await
+    }
+    /// See [`LeaseStore::delete_lease`].
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        self.inner().delete_lease(key, expected).await
+    }
+    /// See [`LeaseStore::heartbeat`].
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        self.inner().heartbeat(record).await
+    }
+    /// See [`LeaseStore::list_workers`].
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        self.inner().list_workers().await
+    }
+    /// See [`LeaseStore::remove_worker`].
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        self.inner().remove_worker(id).await
+    }
+    /// See [`LeaseStore::remove_worker_if`] (the inner store's atomic version, not the default).
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        self.inner().remove_worker_if(id, beat).await
+    }
+    /// See [`LeaseStore::namespace`].
+    fn namespace(&self) -> Option<Namespace> {
+        self.inner().namespace()
+    }
+    /// See [`LeaseStore::subscribe_changes`].
+    async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
+        self.inner().subscribe_changes().await
+    }
+}
+
+#[async_trait]
+impl<T: StoreDecorator + Debug> LeaseStore for T {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        StoreDecorator::create_lease(self, lease).await
+    }
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        StoreDecorator::get_lease(self, key).await
+    }
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        StoreDecorator::list_leases(self).await
+    }
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        StoreDecorator::update_lease(self, lease, expected).await
+    }
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        StoreDecorator::delete_lease(self, key, expected).await
+    }
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        StoreDecorator::heartbeat(self, record).await
+    }
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        StoreDecorator::list_workers(self).await
+    }
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        StoreDecorator::remove_worker(self, id).await
+    }
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        StoreDecorator::remove_worker_if(self, id, beat).await
+    }
+    fn namespace(&self) -> Option<Namespace> {
+        StoreDecorator::namespace(self)
+    }
+    async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
+        StoreDecorator::subscribe_changes(self).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::memory::MemoryStore;
+    use crate::position::Position;
+
+    /// Overrides nothing: every call must reach the memory store, the default-bodied ones too.
+    #[derive(Debug)]
+    struct PassThrough(Arc<MemoryStore>);
+
+    impl StoreDecorator for PassThrough {
+        fn inner(&self) -> &dyn LeaseStore {
+            &*self.0
+        }
+    }
+
+    #[tokio::test]
+    async fn every_method_reaches_the_inner_store() {
+        let inner = Arc::new(MemoryStore::new());
+        let store: Arc<dyn LeaseStore> = Arc::new(PassThrough(inner.clone()));
+        let lease = Lease::new("k", Position::TrimHorizon);
+        let CreateOutcome::Created(v) = store.create_lease(&lease).await.unwrap() else {
+            panic!("fresh store")
+        };
+        let v = store.update_lease(&lease, v).await.unwrap();
+        assert_eq!(
+            inner.get_lease(&lease.key).await.unwrap().map(|VersionedLease { version: v, .. }| v),
+            Some(v)
+        );
+        assert_eq!(store.list_leases().await.unwrap().items.len(), 1);
+        store.delete_lease(&lease.key, v).await.unwrap();
+        assert!(store.get_lease(&lease.key).await.unwrap().is_none());
+        store.heartbeat(&WorkerRecord::new("w".into(), 2)).await.unwrap();
+        assert_eq!(store.list_workers().await.unwrap().items.len(), 1);
+        assert!(!store.remove_worker_if(&"w".into(), 1).await.unwrap());
+        assert!(store.remove_worker_if(&"w".into(), 2).await.unwrap());
+        store.remove_worker(&"w".into()).await.unwrap();
+        assert_eq!(store.namespace(), LeaseStore::namespace(&*inner));
+        assert!(store.namespace().is_some(), "the memory store knows its namespace");
+        assert_eq!(
+            store.subscribe_changes().await.unwrap().is_some(),
+            LeaseStore::subscribe_changes(&*inner).await.unwrap().is_some()
+        );
+    }
+}
