@@ -166,7 +166,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     report_corrupt(shared, &listing.corrupt);
     let corrupt: BTreeSet<LeaseKey> =
         listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
-    let lost = lost_leases(shared, &listing.items, &corrupt).await;
+    let lost = lost_leases(shared, &listing.items, &corrupt, list_sent).await;
     let any_lost = !lost.is_empty();
     let mut leases = listing.items;
     // Leases that exist but cannot be used this pass: undecodable ones, and lost ones being
@@ -268,8 +268,16 @@ async fn lost_leases(
     shared: &Shared,
     listed: &[VersionedLease],
     corrupt: &BTreeSet<LeaseKey>,
+    list_sent: Instant,
 ) -> Vec<recovery::Lost> {
-    let lost = recovery::compare(&mut lock(&shared.remembered), listed, corrupt);
+    // Keys this worker wrote (and remembered) after the listing was sent; older stamps are no
+    // longer needed once a listing sent after them has been compared.
+    let fresh: BTreeSet<LeaseKey> = {
+        let mut at = lock(&shared.remembered_at);
+        at.retain(|_, t| *t >= list_sent);
+        at.keys().cloned().collect()
+    };
+    let lost = recovery::compare(&mut lock(&shared.remembered), listed, corrupt, &fresh);
     if lost.iter().all(|l| l.now.is_some()) {
         return lost;
     }

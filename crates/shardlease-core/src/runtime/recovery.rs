@@ -132,17 +132,21 @@ fn skips_from(seen: &Position, now: &Position) -> bool {
 
 /// Compares a listing with `memory`, returns the leases the store lost, and updates the memory
 /// with what the listing shows (keeping the remembered values of lost leases until they are
-/// restored). `corrupt` keys are left alone: their records exist but cannot be read.
+/// restored). `corrupt` keys are left alone: their records exist but cannot be read. So are
+/// `fresh` keys, remembered after the listing was sent: the listing may predate the write this
+/// worker remembers (a start position pinned, a lease taken while the reply was on its way), so
+/// it says nothing about whether the store lost it (the next listing will).
 pub(crate) fn compare(
     memory: &mut BTreeMap<LeaseKey, Lease>,
     listed: &[VersionedLease],
     corrupt: &BTreeSet<LeaseKey>,
+    fresh: &BTreeSet<LeaseKey>,
 ) -> Vec<Lost> {
     let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
         listed.iter().map(|v| (&v.lease.key, v)).collect();
     let mut lost = Vec::new();
     for (key, seen) in memory.iter() {
-        if corrupt.contains(key) {
+        if corrupt.contains(key) || fresh.contains(key) {
             continue;
         }
         match by_key.get(key) {
@@ -161,10 +165,10 @@ pub(crate) fn compare(
     let lost_keys: BTreeSet<&LeaseKey> = lost.iter().map(Lost::key).collect();
     let mut next: BTreeMap<LeaseKey, Lease> = listed
         .iter()
-        .filter(|v| !lost_keys.contains(&v.lease.key))
+        .filter(|v| !lost_keys.contains(&v.lease.key) && !fresh.contains(&v.lease.key))
         .map(|v| (v.lease.key.clone(), v.lease.clone()))
         .collect();
-    for key in lost_keys.into_iter().chain(corrupt.iter()) {
+    for key in lost_keys.into_iter().chain(corrupt.iter()).chain(fresh.iter()) {
         if let Some(seen) = memory.get(key) {
             next.insert(key.clone(), seen.clone());
         }
@@ -256,13 +260,37 @@ mod tests {
             .collect()
     }
 
+    /// A listing sent before this worker's own write (its reply still on the way when the write
+    /// was remembered) shows the lease as it was: not a loss, and not a reason to forget the
+    /// write. Before, a start position pinned while a listing was in flight was reported at
+    /// ERROR as "the store lost or rolled back writes" (seen in the two-process fleet demo).
+    #[test]
+    fn a_listing_older_than_a_remembered_write_is_not_a_loss() {
+        let mut memory = BTreeMap::new();
+        let none = BTreeSet::new();
+        compare(&mut memory, &listed(&[lease("a", 1, Position::TrimHorizon)]), &none, &none);
+        // The worker pins the start (remembered now); a listing sent earlier still shows it.
+        memory.insert(LeaseKey::new("a"), lease("a", 1, seq(5)));
+        // And it created "b", which the early listing cannot show either.
+        memory.insert(LeaseKey::new("b"), lease("b", 1, Position::TrimHorizon));
+        let stale = listed(&[lease("a", 1, Position::TrimHorizon)]);
+        let fresh: BTreeSet<LeaseKey> = ["a", "b"].into_iter().map(LeaseKey::new).collect();
+        assert!(compare(&mut memory, &stale, &none, &fresh).is_empty());
+        assert_eq!(memory[&LeaseKey::new("a")].checkpoint, seq(5), "the write stays remembered");
+        assert!(memory.contains_key(&LeaseKey::new("b")));
+        // Without the stamp the same listing reads as a checkpoint that moved backwards and a
+        // lease that vanished.
+        assert_eq!(compare(&mut memory, &stale, &none, &none).len(), 2);
+    }
+
     #[test]
     fn a_normal_listing_loses_nothing_and_is_remembered() {
         let mut memory = BTreeMap::new();
         let none = BTreeSet::new();
-        assert!(compare(&mut memory, &listed(&[lease("a", 1, seq(5))]), &none).is_empty());
+        assert!(compare(&mut memory, &listed(&[lease("a", 1, seq(5))]), &none, &BTreeSet::new())
+            .is_empty());
         let later = listed(&[lease("a", 2, seq(9)), lease("b", 1, Position::TrimHorizon)]);
-        assert!(compare(&mut memory, &later, &none).is_empty());
+        assert!(compare(&mut memory, &later, &none, &BTreeSet::new()).is_empty());
         assert_eq!(memory[&LeaseKey::new("a")].checkpoint, seq(9));
         assert_eq!(memory.len(), 2);
     }
@@ -286,19 +314,19 @@ mod tests {
             lease("rolled", 9, seq(3)),
             lease("fine", 2, seq(1)),
         ]);
-        compare(&mut memory, &before, &none);
+        compare(&mut memory, &before, &none, &BTreeSet::new());
         let after = listed(&[
             Lease::new("fresh", Position::Latest),
             lease("rolled", 6, seq(3)),
             lease("fine", 3, seq(2)),
         ]);
-        let lost = compare(&mut memory, &after, &none);
+        let lost = compare(&mut memory, &after, &none, &BTreeSet::new());
         let keys: Vec<&str> = lost.iter().map(|l| l.key().as_str()).collect();
         assert_eq!(keys, ["fresh", "gone", "rolled"]);
         assert_eq!(lost[1].now, None);
         assert_eq!(lost[0].now.as_ref().map(|v| v.version), Some(Version(1)));
         // Not restored yet: the next listing finds them lost again.
-        assert_eq!(compare(&mut memory, &after, &none).len(), 3);
+        assert_eq!(compare(&mut memory, &after, &none, &BTreeSet::new()).len(), 3);
     }
 
     #[test]
@@ -335,12 +363,28 @@ mod tests {
         let mut memory = BTreeMap::new();
         let none = BTreeSet::new();
         let child = lease("child", 1, Position::TrimHorizon).with_parents([LeaseKey::new("p")]);
-        compare(&mut memory, &listed(&[lease("p", 1, seq(5)), child.clone()]), &none);
+        compare(
+            &mut memory,
+            &listed(&[lease("p", 1, seq(5)), child.clone()]),
+            &none,
+            &BTreeSet::new(),
+        );
         let moved = Lease { checkpoint: seq(100), ..child };
-        assert!(compare(&mut memory, &listed(std::slice::from_ref(&moved)), &none).is_empty());
-        compare(&mut memory, &listed(&[lease("c", 1, seq(5)), moved.clone()]), &none);
+        assert!(compare(
+            &mut memory,
+            &listed(std::slice::from_ref(&moved)),
+            &none,
+            &BTreeSet::new()
+        )
+        .is_empty());
+        compare(
+            &mut memory,
+            &listed(&[lease("c", 1, seq(5)), moved.clone()]),
+            &none,
+            &BTreeSet::new(),
+        );
         let corrupt = BTreeSet::from([LeaseKey::new("c")]);
-        assert!(compare(&mut memory, &listed(&[moved]), &corrupt).is_empty());
+        assert!(compare(&mut memory, &listed(&[moved]), &corrupt, &BTreeSet::new()).is_empty());
         assert!(memory.contains_key(&LeaseKey::new("c")), "remembered until readable again");
     }
 
@@ -348,9 +392,22 @@ mod tests {
     fn a_finished_lease_that_comes_back_unfinished_is_lost() {
         let mut memory = BTreeMap::new();
         let none = BTreeSet::new();
-        compare(&mut memory, &listed(&[lease("p", 3, Position::ShardEnd)]), &none);
-        assert!(compare(&mut memory, &[], &none).is_empty(), "collected: not lost");
-        let back = compare(&mut memory, &listed(&[Lease::new("p", Position::TrimHorizon)]), &none);
+        compare(
+            &mut memory,
+            &listed(&[lease("p", 3, Position::ShardEnd)]),
+            &none,
+            &BTreeSet::new(),
+        );
+        assert!(
+            compare(&mut memory, &[], &none, &BTreeSet::new()).is_empty(),
+            "collected: not lost"
+        );
+        let back = compare(
+            &mut memory,
+            &listed(&[Lease::new("p", Position::TrimHorizon)]),
+            &none,
+            &BTreeSet::new(),
+        );
         assert_eq!(back.len(), 1);
         let x = WorkerId::new("x");
         let standing =
@@ -362,10 +419,10 @@ mod tests {
     fn a_chain_collected_while_away_is_not_lost() {
         let mut memory = BTreeMap::new();
         let none = BTreeSet::new();
-        compare(&mut memory, &listed(&[lease("q", 1, seq(5))]), &none);
+        compare(&mut memory, &listed(&[lease("q", 1, seq(5))]), &none, &BTreeSet::new());
         // q → p → c: q and p were finished and collected while this worker was away.
         let c = lease("c", 1, seq(9)).with_parents([LeaseKey::new("p")]);
-        let lost = compare(&mut memory, &listed(std::slice::from_ref(&c)), &none);
+        let lost = compare(&mut memory, &listed(std::slice::from_ref(&c)), &none, &BTreeSet::new());
         assert_eq!(lost.len(), 1);
         let k = LeaseKey::new;
         let children = BTreeMap::from([(k("q"), vec![k("p")]), (k("p"), vec![k("c")])]);
@@ -373,9 +430,9 @@ mod tests {
         assert!(forget_collected(&mut memory, lost, &children, &now).is_empty());
         assert!(!memory.contains_key(&k("q")));
         // Had c not moved yet, q would still be lost (a wipe takes the descendants too).
-        compare(&mut memory, &listed(&[lease("q", 1, seq(5))]), &none);
+        compare(&mut memory, &listed(&[lease("q", 1, seq(5))]), &none, &BTreeSet::new());
         let fresh = listed(&[Lease { checkpoint: Position::TrimHorizon, ..c }]);
-        let lost = compare(&mut memory, &fresh, &none);
+        let lost = compare(&mut memory, &fresh, &none, &BTreeSet::new());
         let kept = forget_collected(&mut memory, lost, &children, &fresh);
         assert!(kept.iter().any(|l| l.key() == &k("q")), "{kept:?}");
     }

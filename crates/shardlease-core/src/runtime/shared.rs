@@ -161,6 +161,9 @@ pub(crate) struct Shared {
     /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
     /// repair a store that lost or rolled back writes (see `recovery`).
     pub remembered: Mutex<BTreeMap<LeaseKey, crate::lease::Lease>>,
+    /// When each remembered lease was last updated from this worker's own writes: a listing
+    /// sent before that moment cannot show the write, so it is not compared (see `recovery`).
+    pub remembered_at: Mutex<BTreeMap<LeaseKey, Instant>>,
     /// When the previous balance pass's listing was sent.
     pub previous_listing: Mutex<Option<Instant>>,
     /// Leases this worker owns that a peer claimed: the record version last listed, and the
@@ -235,6 +238,7 @@ impl Shared {
             workers_listed: watch::channel(None).0,
             fenced: AtomicBool::new(false),
             remembered: Mutex::new(BTreeMap::new()),
+            remembered_at: Mutex::new(BTreeMap::new()),
             lost_since: Mutex::new(BTreeMap::new()),
             last_sync: Mutex::new(None),
             sync_now: Notify::new(),
@@ -274,6 +278,7 @@ impl Shared {
     /// `recovery`), so the memory does not wait for the next listing to know what this worker
     /// itself did: a store that loses the write is then repaired to it.
     pub(crate) fn remember(&self, lease: &crate::lease::Lease) {
+        lock(&self.remembered_at).insert(lease.key.clone(), Instant::now());
         let mut memory = lock(&self.remembered);
         match memory.get_mut(&lease.key) {
             Some(seen) if seen.epoch > lease.epoch => {}
@@ -356,6 +361,7 @@ impl crate::processor::CheckpointObserver for Shared {
         let mut memory = lock(&self.remembered);
         if let Some(seen) = memory.get_mut(&token.key) {
             if seen.epoch <= token.epoch && !seen.checkpoint.would_regress_to(position) {
+                lock(&self.remembered_at).insert(token.key.clone(), Instant::now());
                 seen.checkpoint = position.clone();
             }
         }
