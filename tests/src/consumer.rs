@@ -43,7 +43,7 @@ impl RecordProcessor for Tally {
 
 /// Connects to the store named by `store_url` and starts a worker `worker_id` that consumes
 /// `stream` from its oldest records, counting them into `log`. Every timing follows `heartbeat`
-/// (see [`Config::with_heartbeat`]). The namespace is the URL's (`?namespace=`), as the store
+/// (see [`Config::with_heartbeat`]), with wide failover, shutdown and claim timeouts (below). The namespace is the URL's (`?namespace=`), as the store
 /// reports it.
 pub async fn run_consumer(
     store_url: &str,
@@ -55,9 +55,16 @@ pub async fn run_consumer(
     let store = shardlease::connect(store_url).await?;
     let namespace =
         store.namespace().map_or_else(|| DEFAULT_NAMESPACE.to_owned(), |n| n.as_str().to_owned());
+    // Failover and shutdown timeouts of 20 heartbeats (claim timeout 40) rather than the usual
+    // 5 (7.5): the graceful steps must process nothing twice even when the test machine stalls for
+    // a second or two, which at 5 heartbeats would cut a handoff's last batch short or get a live
+    // worker judged dead. Only the crash step waits for the failover timeout.
     let config = Config::new(namespace)
         .with_worker_id(worker_id)
         .with_heartbeat(heartbeat)
+        .with_failover_timeout(heartbeat * 20)
+        .with_shutdown_timeout(heartbeat * 20)
+        .with_claim_timeout(heartbeat * 40)
         .with_initial_position(Position::TrimHorizon);
     let log = log.clone();
     let processors = move |ctx: &LeaseContext| -> Box<dyn RecordProcessor> {

@@ -27,7 +27,8 @@ pub const SHARDS: usize = 12;
 /// How fast the scenario runs on one store.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
-    /// The workers' heartbeat interval; every other timing of theirs follows it (failover 5×).
+    /// The workers' heartbeat interval; every other timing of theirs follows it (failover and
+    /// shutdown 20×, claim 40×; see `run_consumer`).
     pub heartbeat: Duration,
     /// How long any one wait may take before the scenario fails.
     pub deadline: Duration,

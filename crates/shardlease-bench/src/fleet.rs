@@ -32,18 +32,22 @@ pub struct Timings {
 
 /// The configuration every worker of a run starts from: the runtime's ratios scaled from the
 /// heartbeat (`Config::with_heartbeat`), then the balance interval and failover timeout from the
-/// flags and a claim timeout of three balance intervals (longer if a handoff's shutdown timeout
-/// needs it, see `Config::validate`). Leases start at `TrimHorizon` so every
-/// record a scenario writes is delivered.
+/// flags. A handoff may take as long as a failover (the shutdown timeout is the larger of the
+/// two): a loaded machine must not cut a handoff's last batch short and count its records twice.
+/// The claim timeout follows (`Config::with_claim_timeout` is left unset). Leases start at
+/// `TrimHorizon` so every record a scenario writes is delivered.
 pub fn config_template(namespace: &str, t: &Timings, seed: Option<u64>) -> Config {
-    let mut c = Config::new(namespace)
+    let c = Config::new(namespace)
         .with_heartbeat(t.heartbeat)
+        .with_balance_interval(t.balance)
+        .with_failover_timeout(t.failover)
         .with_initial_position(Position::TrimHorizon);
-    c.balance_interval = t.balance;
-    c.failover_timeout = t.failover;
-    c.claim_timeout = (t.balance * 3).max(c.shutdown_timeout + t.heartbeat * 2);
-    c.rng_seed = seed;
-    c
+    let shutdown = c.shutdown_timeout.max(t.failover);
+    let c = c.with_shutdown_timeout(shutdown);
+    match seed {
+        Some(seed) => c.with_rng_seed(seed),
+        None => c,
+    }
 }
 
 /// The balancer of a policy.

@@ -47,16 +47,18 @@ impl Timings {
     }
 }
 
-/// Short heartbeats and balance passes keep the cases quick; the failover and claim timeouts are
-/// 50 heartbeats, so a machine that stalls for seconds (CI runs on a busy 2-core box) can neither
-/// get a live worker judged dead nor a slow handoff forced: the exact assertions (no record twice,
-/// one taking pass) then hold however loaded the machine is. Only the crash cases wait for the
-/// failover timeout.
+/// Short heartbeats and balance passes keep the cases quick; the failover and shutdown timeouts
+/// are 50 heartbeats (the claim timeout, which must outlast a handoff, 100), so a machine that
+/// stalls for seconds (CI runs on a busy 2-core box) can neither get a live worker judged dead,
+/// nor cut a handoff's last batch short (its records would be read again by the next owner), nor
+/// have a slow handoff forced: the exact assertions (no record twice, one taking pass) then hold
+/// however loaded the machine is. Only the crash cases wait for the failover timeout.
 fn config(ns: &str, t: Timings) -> Config {
     Config::new(ns)
         .with_heartbeat(t.heartbeat)
         .with_failover_timeout(t.heartbeat * 50)
-        .with_claim_timeout(t.heartbeat * 50)
+        .with_shutdown_timeout(t.heartbeat * 50)
+        .with_claim_timeout(t.heartbeat * 100)
         .with_idle_poll_interval(t.poll)
         .with_initial_position(Position::TrimHorizon)
 }
