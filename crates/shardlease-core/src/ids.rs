@@ -18,10 +18,6 @@ macro_rules! string_id {
         pub struct $name(String);
 
         impl $name {
-            /// Wraps a string.
-            pub fn new(s: impl Into<String>) -> Self {
-                Self(s.into())
-            }
             /// The string inside.
             pub fn as_str(&self) -> &str {
                 &self.0
@@ -65,8 +61,41 @@ string_id!(
 );
 string_id!(
     /// The application name; every lease and worker record lives in one namespace.
+    ///
+    /// One rule for every store: 1 to [`Namespace::MAX_BYTES`] bytes, no control characters.
+    /// [`Namespace::new`] checks it (every store calls it when it opens a namespace);
+    /// `From<&str>` wraps without checking, for literals and [`Config`](crate::Config), whose
+    /// `validate` applies the same rule. A store whose native limit is stricter adds its own
+    /// check on top and says so where it is built.
     Namespace
 );
+
+impl LeaseKey {
+    /// Wraps a string.
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+}
+
+impl WorkerId {
+    /// Wraps a string.
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+}
+
+impl Namespace {
+    /// The longest namespace, in bytes (UTF-8).
+    pub const MAX_BYTES: usize = 200;
+
+    /// A checked namespace: `Error::Config` unless it has 1 to [`Namespace::MAX_BYTES`] bytes
+    /// and no control characters.
+    pub fn new(s: impl Into<String>) -> Result<Self> {
+        let s = s.into();
+        validate_name("namespace", &s)?;
+        Ok(Namespace(s))
+    }
+}
 
 impl WorkerId {
     /// A fresh id: `host-pid-random`, unique enough for a fleet. The host is the machine's
@@ -93,13 +122,15 @@ fn host_part() -> String {
     }
 }
 
-/// Checks a namespace or worker id: non-empty, at most 200 bytes, no control characters.
+/// Checks a namespace or worker id: non-empty, at most [`Namespace::MAX_BYTES`] bytes, no
+/// control characters.
 pub(crate) fn validate_name(what: &str, s: &str) -> Result<()> {
     if s.is_empty() {
         return Err(Error::Config(format!("{what} must not be empty")));
     }
-    if s.len() > 200 {
-        return Err(Error::Config(format!("{what} must be at most 200 bytes, got {}", s.len())));
+    let max = Namespace::MAX_BYTES;
+    if s.len() > max {
+        return Err(Error::Config(format!("{what} must be at most {max} bytes, got {}", s.len())));
     }
     if s.chars().any(char::is_control) {
         return Err(Error::Config(format!("{what} must not contain control characters")));
@@ -109,6 +140,7 @@ pub(crate) fn validate_name(what: &str, s: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -126,5 +158,23 @@ mod tests {
         }
         let pid = std::process::id();
         assert!(a.as_str().starts_with(&format!("{part}-{pid}-")), "{a}");
+    }
+
+    #[test]
+    fn namespaces_follow_one_rule() {
+        assert_eq!(Namespace::new("orders/eu é").unwrap().as_str(), "orders/eu é");
+        assert_eq!(Namespace::new("x".repeat(200)).unwrap().as_str().len(), 200);
+        for (bad, why) in [
+            (String::new(), "must not be empty"),
+            ("x".repeat(201), "at most 200 bytes, got 201"),
+            ("é".repeat(101), "at most 200 bytes, got 202"),
+            ("a\0b".to_owned(), "control characters"),
+            ("a\nb".to_owned(), "control characters"),
+        ] {
+            match Namespace::new(bad) {
+                Err(Error::Config(m)) => assert!(m.contains(why), "{m}"),
+                other => panic!("expected a config error, got {other:?}"),
+            }
+        }
     }
 }

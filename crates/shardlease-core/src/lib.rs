@@ -33,6 +33,7 @@ pub mod runtime;
 pub mod source;
 pub mod store;
 pub mod store_decorator;
+pub mod store_url;
 pub mod telemetry;
 pub mod worker_record;
 

@@ -72,7 +72,7 @@ impl LeaseStore for Probe {
     }
     fn namespace(&self) -> Option<Namespace> {
         self.log("namespace");
-        Some(Namespace::new("probe-ns"))
+        Some(Namespace::from("probe-ns"))
     }
     async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
         self.log("subscribe_changes");
@@ -116,7 +116,7 @@ async fn every_method_is_forwarded_to_the_wrapped_store() {
     store.remove_worker(&me).await.unwrap();
     assert_eq!(probe.calls(), ["remove_worker"]);
 
-    assert_eq!(store.namespace(), Some(Namespace::new("probe-ns")));
+    assert_eq!(store.namespace(), Some(Namespace::from("probe-ns")));
     assert_eq!(probe.calls(), ["namespace"]);
     let changes = store.subscribe_changes().await.unwrap().expect("the probe's stream");
     assert_eq!(changes.collect::<Vec<_>>().await.len(), 1);
