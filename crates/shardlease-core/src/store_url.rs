@@ -14,7 +14,7 @@ use url::Url;
 
 use crate::error::{Error, Result};
 use crate::ids::{Namespace, DEFAULT_NAMESPACE};
-use crate::redact::MASK;
+use crate::redact::{Redactor, MASK};
 
 /// The query parameter naming the namespace, in every store URL.
 pub const NAMESPACE_OPTION: &str = "namespace";
@@ -252,6 +252,42 @@ fn redact_host_list(url: &str) -> Option<String> {
     Some(format!("{}{hosts}{}", &redacted[..at], &redacted[at + STAND_IN.len()..]))
 }
 
+/// A [`Redactor`] for every secret of `url`, raw and decoded: the password in its user-info
+/// part and the value of every secret query parameter ([`is_secret_option`]), plus the user
+/// name of a `dynamodb://` URL (an access key id). Works on strings that do not parse as URLs
+/// too, so a driver message quoting a malformed URL is scrubbed all the same.
+pub fn redactor(url: &str) -> Redactor {
+    let mut found: Vec<String> = Vec::new();
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, q),
+        None => (url, ""),
+    };
+    if let Some((scheme, rest)) = base.split_once("://") {
+        if let Some(at) = rest.rfind('@') {
+            let (user, password) = rest[..at].split_once(':').unwrap_or((&rest[..at], ""));
+            found.push(password.to_owned());
+            if scheme == "dynamodb" {
+                found.push(user.to_owned());
+            }
+        }
+    }
+    let decoded: Vec<String> = found
+        .iter()
+        .map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned())
+        .collect();
+    found.extend(decoded);
+    for pair in query.split(['&', '#']) {
+        if let Some((k, v)) = pair.split_once('=') {
+            if is_secret_option(k) {
+                found.push(v.to_owned());
+                let form = url::form_urlencoded::parse(pair.as_bytes()).next();
+                found.extend(form.map(|(_, v)| v.into_owned()));
+            }
+        }
+    }
+    Redactor::new(found)
+}
+
 /// The user name and password of a parsed URL, percent-decoded (`None` without a user name).
 pub fn credentials(url: &Url) -> Option<(String, String)> {
     if url.username().is_empty() {
@@ -397,6 +433,17 @@ mod tests {
             redact_url("mysql://u:pw@h/db?password=s3cret&PassWord=x"),
             "mysql://u:***@h/db?password=***&PassWord=***"
         );
+    }
+
+    #[test]
+    fn a_redactor_finds_every_secret_even_in_a_malformed_url() {
+        let r = redactor("postgres://u:a/b%40c@host/db?sslmode=x&password=p%2Bw+x&namespace=n");
+        assert_eq!(r.scrub("a/b%40c a/b@c p%2Bw+x p+w x host n"), "*** *** *** *** host n");
+        let r = redactor("dynamodb://AKID:s%2Fk@t?session_token=tok");
+        assert_eq!(r.scrub("AKID s/k s%2Fk tok t"), "*** *** *** *** t");
+        let r = redactor("not a url s3cr3t");
+        assert_eq!(r.scrub("not a url s3cr3t"), "not a url s3cr3t");
+        assert!(!redactor("redis://h/?namespace=x").leaks("redis://h/?namespace=x"));
     }
 
     #[test]

@@ -87,7 +87,6 @@
 mod codec;
 mod errors;
 mod keys;
-mod redact;
 mod scripts;
 mod store;
 
@@ -95,7 +94,8 @@ use std::sync::Arc;
 
 use shardlease_core::{LeaseStore, Result};
 
-pub use redact::redact_url;
+/// `url` with every secret masked, for logs and messages (core's, the one every store uses).
+pub use shardlease_core::store_url::redact_url;
 pub use store::{
     RedisStore, RedisStoreBuilder, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_KEY_PREFIX,
     DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, DEFAULT_RESPONSE_TIMEOUT,

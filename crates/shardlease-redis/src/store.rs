@@ -23,8 +23,9 @@ use url::Url;
 use crate::codec::{self, Fields};
 use crate::errors::{backend, unexpected};
 use crate::keys::Keys;
-use crate::redact::{self, redact_url, Redactor};
 use crate::scripts::Scripts;
+use shardlease_core::redact::Redactor;
+use shardlease_core::store_url::{self, redact_url, QueryOptions, NAMESPACE_OPTION};
 
 /// The key prefix used unless another is configured.
 pub const DEFAULT_KEY_PREFIX: &str = "shardlease";
@@ -42,7 +43,6 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// URL query parameters this crate reads (and strips before handing the URL to the driver).
-const NAMESPACE_PARAM: &str = "namespace";
 const KEY_PREFIX_PARAM: &str = "key_prefix";
 
 /// A [`LeaseStore`] on Redis, for one namespace.
@@ -150,13 +150,14 @@ impl RedisStoreBuilder {
     /// refuses the credentials (permanent). No message ever holds the password.
     pub async fn connect(self) -> Result<RedisStore> {
         let parsed = parse_url(&self.url)?;
-        let redactor = redact::for_url(&parsed.url);
+        let redactor = store_url::redactor(parsed.url.as_str());
         let target = redact_url(parsed.url.as_str());
         let namespace =
             self.namespace.or(parsed.namespace).unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
         let key_prefix =
             self.key_prefix.or(parsed.key_prefix).unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned());
-        validate(&namespace, &key_prefix)?;
+        let namespace = Namespace::new(namespace)?;
+        validate_key_prefix(&key_prefix)?;
         if parsed.url.scheme() == "rediss" {
             prepare_tls()?;
         }
@@ -208,16 +209,10 @@ fn parse_url(raw: &str) -> Result<ParsedUrl> {
             url.scheme()
         )));
     }
-    let mut namespace = None;
-    let mut key_prefix = None;
-    let mut rest: Vec<(String, String)> = Vec::new();
-    for (k, v) in url.query_pairs() {
-        match k.as_ref() {
-            NAMESPACE_PARAM => namespace = Some(v.into_owned()),
-            KEY_PREFIX_PARAM => key_prefix = Some(v.into_owned()),
-            _ => rest.push((k.into_owned(), v.into_owned())),
-        }
-    }
+    let mut options = QueryOptions::from_url("Redis", &url)?;
+    let namespace = options.string(NAMESPACE_OPTION)?;
+    let key_prefix = options.string(KEY_PREFIX_PARAM)?;
+    let rest = options.into_rest();
     if rest.is_empty() {
         url.set_query(None);
     } else {
@@ -226,14 +221,11 @@ fn parse_url(raw: &str) -> Result<ParsedUrl> {
     Ok(ParsedUrl { url, namespace, key_prefix })
 }
 
-fn validate(namespace: &str, key_prefix: &str) -> Result<()> {
-    if namespace.is_empty() {
-        return Err(Error::Config("namespace must not be empty".into()));
-    }
-    if namespace.chars().chain(key_prefix.chars()).any(char::is_control) {
-        return Err(Error::Config(
-            "namespace and key prefix must not contain control characters".into(),
-        ));
+/// Checks a key prefix (the namespace is checked by [`Namespace::new`]; Redis keys take any
+/// bytes, so the store adds no limit of its own).
+fn validate_key_prefix(key_prefix: &str) -> Result<()> {
+    if key_prefix.chars().any(char::is_control) {
+        return Err(Error::Config("the key prefix must not contain control characters".into()));
     }
     Ok(())
 }
@@ -305,10 +297,11 @@ impl RedisStore {
         namespace: &str,
         key_prefix: &str,
     ) -> Result<RedisStore> {
-        validate(namespace, key_prefix)?;
+        let namespace = Namespace::new(namespace)?;
+        validate_key_prefix(key_prefix)?;
         Ok(RedisStore::assemble(
             manager,
-            namespace.to_owned(),
+            namespace,
             key_prefix.to_owned(),
             "<connection manager>".to_owned(),
             DEFAULT_PAGE_SIZE,
@@ -318,17 +311,17 @@ impl RedisStore {
 
     fn assemble(
         conn: ConnectionManager,
-        namespace: String,
+        namespace: Namespace,
         key_prefix: String,
         target: String,
         page_size: usize,
         redactor: Redactor,
     ) -> RedisStore {
-        let keys = Keys::new(&key_prefix, &namespace);
+        let keys = Keys::new(&key_prefix, namespace.as_str());
         RedisStore {
             conn,
             inner: Arc::new(Inner {
-                namespace: Namespace::new(namespace),
+                namespace,
                 key_prefix,
                 keys,
                 target,
@@ -726,7 +719,12 @@ mod tests {
         assert_eq!(p.url.as_str(), "redis://:pw@h:1/2?protocol=resp3");
         let p = parse_url("rediss://h/?namespace=x").unwrap();
         assert_eq!(p.url.as_str(), "rediss://h/");
-        for bad in ["http://h/", "not a url :pw@", "redis://:s3cr3t@[bad/"] {
+        for bad in [
+            "http://h/",
+            "not a url :pw@",
+            "redis://:s3cr3t@[bad/",
+            "redis://:s3cr3t@h/?namespace=a&namespace=b",
+        ] {
             match parse_url(bad) {
                 Err(Error::Config(m)) => assert!(!m.contains("s3cr3t"), "{m}"),
                 _ => panic!("{bad} must be refused"),

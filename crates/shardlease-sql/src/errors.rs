@@ -92,97 +92,12 @@ pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
     e.as_database_error().is_some_and(|db| db.is_unique_violation())
 }
 
-/// `url` with its password (in the user-info part, or a `password`/`sslpassword` query
-/// parameter) replaced by `***`. Works on strings that do not parse as URLs too, so a malformed
-/// URL cannot leak its password through an error message.
-///
-/// ```
-/// use shardlease_sql::redact_url;
-/// assert_eq!(redact_url("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
-/// assert_eq!(redact_url("mysql://u@h/db?password=s3cret"), "mysql://u@h/db?password=***");
-/// assert_eq!(redact_url("sqlite:///var/lib/app.db?mode=rwc"), "sqlite:///var/lib/app.db?mode=rwc");
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let mut out = match base.split_once("://") {
-        Some((scheme, rest)) => match rest.rfind('@') {
-            Some(at) => {
-                let (userinfo, host) = rest.split_at(at);
-                match userinfo.split_once(':') {
-                    Some((user, _password)) => format!("{scheme}://{user}:***{host}"),
-                    None => base.to_owned(),
-                }
-            }
-            None => base.to_owned(),
-        },
-        None => base.to_owned(),
-    };
-    if let Some(query) = query {
-        out.push('?');
-        let parts: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
-                _ => pair.to_owned(),
-            })
-            .collect();
-        out.push_str(&parts.join("&"));
-    }
-    out
-}
-
-fn is_secret_param(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    key.contains("password") || key == "pass" || key == "pwd"
-}
-
-/// The secrets of `url`: its user-info password and secret query parameters, raw and
-/// percent-decoded.
-fn secrets(url: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    if let Some((_, rest)) = base.split_once("://") {
-        if let Some(at) = rest.rfind('@') {
-            if let Some((_, password)) = rest[..at].split_once(':') {
-                found.push(password.to_owned());
-            }
-        }
-    }
-    if let Some(query) = query {
-        for pair in query.split('&') {
-            if let Some((k, v)) = pair.split_once('=') {
-                if is_secret_param(k) {
-                    found.push(v.to_owned());
-                }
-            }
-        }
-    }
-    let decoded: Vec<String> = found
-        .iter()
-        .filter_map(|s| {
-            url::form_urlencoded::parse(format!("x={s}").as_bytes()).next().map(|(_, v)| v.into())
-        })
-        .collect();
-    found.extend(decoded);
-    found.retain(|s| !s.is_empty());
-    found.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    found.dedup();
-    found
-}
+/// `url` with every secret masked, for logs and messages (core's, the one every store uses).
+pub use shardlease_core::store_url::redact_url;
 
 /// `message` with every secret of `url` replaced by `***`.
 pub(crate) fn scrub(message: &str, url: &str) -> String {
-    let mut out = message.to_owned();
-    for secret in secrets(url) {
-        out = out.replace(&secret, "***");
-    }
-    out
+    shardlease_core::store_url::redactor(url).scrub(message)
 }
 
 #[cfg(test)]
@@ -198,13 +113,13 @@ mod tests {
                 "mariadb://root:pw@127.0.0.1:3306/test?x=1",
                 "mariadb://root:***@127.0.0.1:3306/test?x=1",
             ),
-            ("postgres://u:a/b@c@host/db", "postgres://u:***@host/db"),
+            ("postgres://u:a/b@c@host/db", "<unparseable URL>"),
             (
                 "postgres://h/db?user=u&password=hunter2&sslmode=require",
                 "postgres://h/db?user=u&password=***&sslmode=require",
             ),
             ("sqlite::memory:", "sqlite::memory:"),
-            ("not a url at all", "not a url at all"),
+            ("not a url at all", "<unparseable URL>"),
         ];
         for (url, want) in cases {
             assert_eq!(redact_url(url), want, "{url}");

@@ -4,9 +4,10 @@
 //! Accepted: `postgres://`, `postgresql://`, `sqlite://path`, `sqlite:path`, `sqlite::memory:`,
 //! `mysql://` and `mariadb://` (spoken to with the MySQL driver). shardlease's own query
 //! parameters (`namespace`, `table_prefix`, `create_schema`, `max_connections`) are removed;
-//! everything else (`sslmode`, `mode=rwc`, ...) is handed to sqlx unchanged. Error messages
-//! never echo the URL.
+//! everything else (`sslmode`, `mode=rwc`, ...) is handed to sqlx unchanged. The options are
+//! read with core's [`QueryOptions`] (a duplicate is refused); error messages never echo the URL.
 
+use shardlease_core::store_url::{QueryOptions, NAMESPACE_OPTION};
 use shardlease_core::{Error, Result};
 
 use crate::dialect::Dialect;
@@ -53,33 +54,21 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl> {
         None => (url, None),
     };
     let mut parsed = StoreUrl { dialect: Some(dialect), ..StoreUrl::default() };
-    let mut kept = url::form_urlencoded::Serializer::new(String::new());
-    let mut kept_any = false;
-    for (key, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        match &*key {
-            "namespace" => parsed.namespace = Some(value.into_owned()),
-            "table_prefix" => parsed.table_prefix = Some(value.into_owned()),
-            "create_schema" => parsed.create_schema = Some(parse_bool("create_schema", &value)?),
-            "max_connections" => {
-                parsed.max_connections =
-                    Some(value.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        Error::Config("max_connections must be a positive integer".into())
-                    })?)
-            }
-            "name" if dialect == Dialect::Sqlite => {
-                if value.is_empty() {
-                    return Err(Error::Config("name must not be empty".into()));
-                }
-                parsed.sqlite_memory_name = Some(value.into_owned());
-            }
-            _ => {
-                if dialect == Dialect::Sqlite && key == "mode" {
-                    parsed.sqlite_mode_given = true;
-                    parsed.sqlite_in_memory |= value == "memory";
-                }
-                kept.append_pair(&key, &value);
-                kept_any = true;
-            }
+    let mut options = QueryOptions::parse("SQL store", query.unwrap_or(""))?;
+    parsed.namespace = options.string(NAMESPACE_OPTION)?;
+    parsed.table_prefix = options.string("table_prefix")?;
+    parsed.create_schema = options.bool("create_schema")?;
+    parsed.max_connections = options
+        .integer("max_connections", 1..=u64::from(u32::MAX))?
+        .and_then(|n| u32::try_from(n).ok());
+    if dialect == Dialect::Sqlite {
+        parsed.sqlite_memory_name = options.non_empty("name")?;
+    }
+    let rest = options.into_rest();
+    if dialect == Dialect::Sqlite {
+        if let Some((_, mode)) = rest.iter().find(|(k, _)| k == "mode") {
+            parsed.sqlite_mode_given = true;
+            parsed.sqlite_in_memory |= mode == "memory";
         }
     }
     let base = match base.get(..8) {
@@ -95,16 +84,13 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl> {
             ));
         }
     }
-    parsed.sqlx_url = if kept_any { format!("{base}?{}", kept.finish()) } else { base };
+    parsed.sqlx_url = if rest.is_empty() {
+        base
+    } else {
+        let kept = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(rest).finish();
+        format!("{base}?{kept}")
+    };
     Ok(parsed)
-}
-
-fn parse_bool(name: &str, value: &str) -> Result<bool> {
-    match value.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(Error::Config(format!("{name} must be true or false"))),
-    }
 }
 
 #[cfg(test)]

@@ -46,12 +46,8 @@ pub async fn connect_namespace(url: &str, namespace: &str) -> Result<Arc<dyn Lea
 /// that instruments its stores its own way (or not at all).
 pub async fn connect_bare(url: &str) -> Result<Arc<dyn LeaseStore>> {
     let parsed = parse(url)?;
-    let namespace = parsed
-        .query_pairs()
-        .find(|(k, _)| k == "namespace")
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
-    open(url, &parsed, &namespace).await
+    let namespace = shardlease_core::store_url::namespace_of(url)?;
+    open(url, &parsed, namespace.as_str()).await
 }
 
 fn parse(url: &str) -> Result<Url> {
@@ -87,11 +83,9 @@ fn first_etcd_host(url: &str) -> Option<String> {
 }
 
 async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-    if namespace.is_empty() {
-        return Err(Error::Config("namespace must not be empty".into()));
-    }
+    let checked = Namespace::new(namespace)?;
     match url.scheme() {
-        "memory" => Ok(Arc::new(MemoryBackend::global().store(Namespace::new(namespace)))),
+        "memory" => Ok(Arc::new(MemoryBackend::global().store(checked))),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => shardlease_redis::connect_url(url.as_str(), namespace).await,
         #[cfg(feature = "etcd")]
@@ -117,24 +111,8 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
     }
 }
 
-/// `url` with any password (and a `dynamodb://` access key id) replaced by `***`, for logs and
-/// messages. A string that does not parse is replaced whole (it may hold a password in a shape
-/// we cannot find).
-pub fn redact_url(url: &str) -> String {
-    match Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            // In a dynamodb:// URL the user name is an AWS access key id: hidden too.
-            if u.scheme() == "dynamodb" && !u.username().is_empty() {
-                let _ = u.set_username("***");
-            }
-            u.to_string()
-        }
-        Err(_) => "<unparseable URL>".to_owned(),
-    }
-}
+/// `url` with every secret masked, for logs and messages (core's, the one every store uses).
+pub use shardlease_core::store_url::redact_url;
 
 #[cfg(test)]
 mod tests {
@@ -244,6 +222,7 @@ mod tests {
         assert_eq!(redact_url("dynamodb://AKID:sk@t?region=r"), "dynamodb://***:***@t?region=r");
         assert_eq!(redact_url("::nope pw"), "<unparseable URL>");
         assert_eq!(redact_url("etcd://u:pw@h:2379?watch=false"), "etcd://u:***@h:2379?watch=false");
-        assert_eq!(redact_url("etcd://u:pw@h1:2379,h2:2379"), "<unparseable URL>");
+        assert_eq!(redact_url("etcd://u:pw@h1:2379,h2:2379"), "etcd://u:***@h1:2379,h2:2379");
+        assert_eq!(redact_url("mysql://u@h/db?password=pw"), "mysql://u@h/db?password=***");
     }
 }
