@@ -271,10 +271,7 @@ pub fn redactor(url: &str) -> Redactor {
             }
         }
     }
-    let decoded: Vec<String> = found
-        .iter()
-        .map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned())
-        .collect();
+    let decoded: Vec<String> = found.iter().map(|s| percent_decode(s)).collect();
     found.extend(decoded);
     for pair in query.split(['&', '#']) {
         if let Some((k, v)) = pair.split_once('=') {
@@ -288,13 +285,18 @@ pub fn redactor(url: &str) -> Redactor {
     Redactor::new(found)
 }
 
+/// `%XX` escapes of a URL's user name or password decoded (`+` stays a `+`); a malformed
+/// escape is kept as written.
+pub fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
+}
+
 /// The user name and password of a parsed URL, percent-decoded (`None` without a user name).
 pub fn credentials(url: &Url) -> Option<(String, String)> {
     if url.username().is_empty() {
         return None;
     }
-    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
-    Some((decode(url.username()), url.password().map(decode).unwrap_or_default()))
+    Some((percent_decode(url.username()), url.password().map(percent_decode).unwrap_or_default()))
 }
 
 #[cfg(test)]
@@ -452,5 +454,6 @@ mod tests {
         assert_eq!(credentials(&u), Some(("a b".to_owned(), "p@ss+w".to_owned())));
         assert_eq!(credentials(&Url::parse("redis://:pw@h").unwrap()), None);
         assert_eq!(credentials(&Url::parse("redis://u@h").unwrap()), Some(("u".into(), "".into())));
+        assert_eq!(percent_decode("a+b%2B%zz%4"), "a+b+%zz%4");
     }
 }

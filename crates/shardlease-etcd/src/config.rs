@@ -9,6 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use shardlease_core::redact::{Redactor, MASK};
+use shardlease_core::store_url::{percent_decode, QueryOptions, NAMESPACE_OPTION};
 use shardlease_core::{Error, Result};
 
 /// The etcd client port used when a host names none.
@@ -21,6 +22,22 @@ pub const DEFAULT_PAGE_SIZE: usize = 500;
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest timeout a URL may set (an hour), in milliseconds.
+const MAX_TIMEOUT_MS: u64 = 3_600_000;
+
+/// The options of an `etcd://` URL.
+const OPTIONS: &[&str] = &[
+    "namespace",
+    "prefix",
+    "key_prefix",
+    "page_size",
+    "timeout_ms",
+    "connect_timeout_ms",
+    "tls",
+    "ca_file",
+    "watch",
+];
 
 /// Everything needed to open an etcd store.
 #[derive(Clone)]
@@ -121,29 +138,31 @@ impl EtcdOptions {
             None => authority,
         };
         o.endpoints = hosts.split(',').map(endpoint).collect::<Result<_>>()?;
-        for (k, v) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-            match k.as_ref() {
-                "namespace" => o.namespace = Some(v.into_owned()),
-                "prefix" | "key_prefix" => o.key_prefix = v.into_owned(),
-                "page_size" => o.page_size = number(&k, &v)?.max(1) as usize,
-                "timeout_ms" => o.request_timeout = Duration::from_millis(number(&k, &v)?.max(1)),
-                "connect_timeout_ms" => {
-                    o.connect_timeout = Duration::from_millis(number(&k, &v)?.max(1))
-                }
-                "tls" => o.tls = flag(&k, &v)?,
-                "ca_file" => o.ca_file = Some(v.into_owned()),
-                "watch" => o.watch = flag(&k, &v)?,
-                other => {
-                    return Err(Error::Config(format!(
-                        "etcd URL: unknown option `{other}` (known: namespace, prefix, \
-                         page_size, timeout_ms, connect_timeout_ms, tls, ca_file, watch)"
-                    )))
-                }
-            }
+        let mut q = QueryOptions::parse("etcd", query.unwrap_or(""))?;
+        o.namespace = q.string(NAMESPACE_OPTION)?;
+        let prefix = q.non_empty("prefix")?;
+        let key_prefix = q.non_empty("key_prefix")?;
+        if prefix.is_some() && key_prefix.is_some() {
+            return Err(Error::Config(
+                "etcd URL: give the key prefix once, as prefix= (key_prefix= is its alias)".into(),
+            ));
         }
-        if o.key_prefix.is_empty() {
-            return Err(Error::Config("etcd URL: prefix must not be empty".into()));
+        if let Some(p) = prefix.or(key_prefix) {
+            o.key_prefix = p;
         }
+        if let Some(n) = q.integer("page_size", 1..=u64::from(u32::MAX))? {
+            o.page_size = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(d) = q.millis("timeout_ms", 1..=MAX_TIMEOUT_MS)? {
+            o.request_timeout = d;
+        }
+        if let Some(d) = q.millis("connect_timeout_ms", 1..=MAX_TIMEOUT_MS)? {
+            o.connect_timeout = d;
+        }
+        o.tls = q.bool("tls")?.unwrap_or(o.tls);
+        o.ca_file = q.string("ca_file")?;
+        o.watch = q.bool("watch")?.unwrap_or(o.watch);
+        q.finish(OPTIONS)?;
         Ok(o)
     }
 
@@ -179,44 +198,9 @@ fn endpoint(host: &str) -> Result<String> {
     }
 }
 
-fn number(key: &str, v: &str) -> Result<u64> {
-    v.parse().map_err(|_| Error::Config(format!("etcd URL: `{key}` must be a whole number")))
-}
-
-fn flag(key: &str, v: &str) -> Result<bool> {
-    match v {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(Error::Config(format!("etcd URL: `{key}` must be true or false"))),
-    }
-}
-
-/// Decodes `%XX` escapes; anything malformed is kept as it is.
-fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
-}
-
-/// `url` with the password of an `etcd://` or `etcds://` URL replaced by `***`, for logs and
-/// messages. Anything that is not such a URL is replaced whole (it may hold a password in a shape
-/// this function cannot find).
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return "<unparseable URL>".into() };
-    if scheme != "etcd" && scheme != "etcds" {
-        return "<unparseable URL>".into();
-    }
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split_once(':').map(|(u, _)| u).unwrap_or(userinfo);
-            format!("{scheme}://{user}:{MASK}@{hosts}{tail}")
-        }
-        None => url.to_owned(),
-    }
-}
+/// `url` with its password masked, for logs and messages (core's, the one every store uses;
+/// it keeps an etcd host list as written).
+pub use shardlease_core::store_url::redact_url;
 
 #[cfg(test)]
 mod tests {
@@ -250,6 +234,11 @@ mod tests {
             "etcd://u:hunter2@h?bogus=1",
             "etcd://:hunter2@h",
             "etcd://u:hunter2@h?watch=maybe",
+            "etcd://u:hunter2@h?page_size=0",
+            "etcd://u:hunter2@h?timeout_ms=x",
+            "etcd://u:hunter2@h?namespace=a&namespace=b",
+            "etcd://u:hunter2@h?prefix=a&key_prefix=b",
+            "etcd://u:hunter2@h?prefix=",
             "http://u:hunter2@h",
         ] {
             match EtcdOptions::from_url(bad) {

@@ -75,16 +75,16 @@ impl EtcdStore {
     /// Opens `namespace` through an existing client, under `key_prefix`
     /// ([`DEFAULT_KEY_PREFIX`](crate::DEFAULT_KEY_PREFIX) is what URLs use).
     pub fn from_client(client: Client, namespace: &str, key_prefix: &str) -> Result<EtcdStore> {
-        if namespace.is_empty() {
-            return Err(Error::Config("namespace must not be empty".into()));
-        }
+        // Core's rule is all etcd needs: keys take any bytes, and a `/` in a namespace is
+        // escaped (see `keys.rs`).
+        let checked = Namespace::new(namespace)?;
         if key_prefix.is_empty() {
             return Err(Error::Config("the etcd key prefix must not be empty".into()));
         }
         Ok(EtcdStore {
             client,
             keys: Keys::new(key_prefix, namespace),
-            namespace: Namespace::new(namespace),
+            namespace: checked,
             page_size: crate::DEFAULT_PAGE_SIZE,
             watch: true,
             redactor: Redactor::default(),
