@@ -8,16 +8,16 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::store::DynamoDbStore;
+use crate::table::{Billing, TableSetup};
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
-use shardlease_core::{Error, Result};
+use shardlease_core::redact::{Redactor, MASK};
+use shardlease_core::store_url::{self, redact_url, QueryOptions, NAMESPACE_OPTION};
+use shardlease_core::{Error, Namespace, Result};
 use url::Url;
-
-use crate::redact::{redact_url, Redactor, MASK};
-use crate::store::DynamoDbStore;
-use crate::table::{Billing, TableSetup};
 
 /// The namespace used when the URL or builder names none (defined once, in core).
 pub use shardlease_core::DEFAULT_NAMESPACE;
@@ -246,8 +246,10 @@ impl DynamoDbStoreBuilder {
     /// DynamoDB cannot be reached (retryable) or refuses (permanent). No message holds a key.
     pub async fn connect(self) -> Result<DynamoDbStore> {
         validate_table_name(&self.table)?;
-        let namespace = self.namespace.clone().unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
-        validate_namespace(&namespace)?;
+        // Core's rule is all DynamoDB needs: the namespace is part of a partition key, which
+        // holds 2048 bytes.
+        let namespace =
+            Namespace::new(self.namespace.clone().unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()))?;
         let redactor = self.redactor();
         let sdk = self.sdk_config().await?;
         let client = aws_sdk_dynamodb::Client::new(&sdk);
@@ -263,7 +265,7 @@ impl DynamoDbStoreBuilder {
         let store = DynamoDbStore::assemble(
             client,
             &self.table,
-            &namespace,
+            namespace,
             target,
             self.page_size,
             redactor,
@@ -291,15 +293,11 @@ fn validate_table_name(table: &str) -> Result<()> {
     }
 }
 
-pub(crate) fn validate_namespace(namespace: &str) -> Result<()> {
-    if namespace.is_empty() {
-        return Err(Error::Config("namespace must not be empty".into()));
-    }
-    if namespace.chars().any(char::is_control) {
-        return Err(Error::Config("namespace must not contain control characters".into()));
-    }
-    Ok(())
-}
+/// The most read or write capacity units a URL may ask for.
+const MAX_CAPACITY: u64 = 1_000_000;
+
+/// The longest attempt timeout a URL may set (an hour), in milliseconds.
+const MAX_TIMEOUT_MS: u64 = 3_600_000;
 
 /// Query parameters of a `dynamodb://` URL.
 const PARAMS: &[&str] = &[
@@ -329,7 +327,10 @@ pub(crate) fn builder_from_url(raw: &str) -> Result<DynamoDbStoreBuilder> {
         ))
     })?;
     if url.scheme() != "dynamodb" {
-        return Err(Error::Config(format!("a DynamoDB URL starts with dynamodb://, not {shown}")));
+        return Err(Error::Config(format!(
+            "a DynamoDB URL starts with dynamodb://, not {}://",
+            url.scheme()
+        )));
     }
     let table = url.host_str().unwrap_or_default();
     if table.is_empty() {
@@ -338,67 +339,48 @@ pub(crate) fn builder_from_url(raw: &str) -> Result<DynamoDbStoreBuilder> {
         )));
     }
     let mut b = DynamoDbStoreBuilder::new(table.to_owned());
-    if !url.username().is_empty() {
-        let decode = |s: &str| {
-            url::form_urlencoded::parse(format!("x={s}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .unwrap_or_default()
-        };
-        let secret = url.password().map(decode).unwrap_or_default();
+    if let Some((key_id, secret)) = store_url::credentials(&url) {
         if secret.is_empty() {
             return Err(Error::Config(format!(
                 "the DynamoDB URL {shown} has an access key id but no secret key (KEY:SECRET@table)"
             )));
         }
-        b = b.credentials(decode(url.username()), secret, None);
+        b = b.credentials(key_id, secret, None);
     }
-    let (mut read, mut write, mut provisioned) = (None, None, false);
-    for (k, v) in url.query_pairs() {
-        let number = |what: &str| -> Result<u64> {
-            v.parse().map_err(|_| {
-                Error::Config(format!("DynamoDB URL parameter {what}={v} is not a number"))
-            })
-        };
-        match k.as_ref() {
-            "namespace" => b = b.namespace(v.as_ref()),
-            "region" => b = b.region(v.as_ref()),
-            "endpoint" => b = b.endpoint_url(v.as_ref()),
-            "profile" => b = b.profile(v.as_ref()),
-            "create_table" => b = b.create_table(parse_bool("create_table", &v)?),
-            "billing" => match v.as_ref() {
-                "on-demand" | "on_demand" | "pay-per-request" | "PAY_PER_REQUEST" => {
-                    provisioned = false
-                }
-                "provisioned" | "PROVISIONED" => provisioned = true,
-                other => {
-                    return Err(Error::Config(format!(
-                        "DynamoDB URL parameter billing={other}: expected on-demand or provisioned"
-                    )))
-                }
-            },
-            "read_capacity" => read = Some(number("read_capacity")?),
-            "write_capacity" => write = Some(number("write_capacity")?),
-            "page_size" => b = b.page_size(u32::try_from(number("page_size")?).unwrap_or(u32::MAX)),
-            "max_attempts" => {
-                b = b.max_attempts(u32::try_from(number("max_attempts")?).unwrap_or(u32::MAX))
-            }
-            "attempt_timeout_ms" => {
-                b = b.attempt_timeout(Duration::from_millis(number("attempt_timeout_ms")?))
-            }
-            "session_token" => {
-                if let Some(k) = b.keys.as_mut() {
-                    k.session_token = Some(v.into_owned());
-                }
-            }
-            other => {
-                return Err(Error::Config(format!(
-                    "unknown DynamoDB URL parameter `{other}`; known: {}",
-                    PARAMS.join(", ")
-                )))
-            }
+    let mut q = QueryOptions::from_url("DynamoDB", &url)?;
+    b.namespace = q.string(NAMESPACE_OPTION)?;
+    b.region = q.non_empty("region")?;
+    b.endpoint = q.non_empty("endpoint")?;
+    b.profile = q.non_empty("profile")?;
+    b.create_table = q.bool("create_table")?.unwrap_or(b.create_table);
+    let provisioned = match q.string("billing")?.as_deref() {
+        None | Some("on-demand" | "on_demand" | "pay-per-request" | "PAY_PER_REQUEST") => false,
+        Some("provisioned" | "PROVISIONED") => true,
+        Some(other) => {
+            return Err(Error::Config(format!(
+                "DynamoDB URL option `billing` must be on-demand or provisioned, not {:?}",
+                other.chars().take(40).collect::<String>()
+            )))
+        }
+    };
+    let read = q.integer("read_capacity", 1..=MAX_CAPACITY)?;
+    let write = q.integer("write_capacity", 1..=MAX_CAPACITY)?;
+    let u32_max = u64::from(u32::MAX);
+    if let Some(n) = q.integer("page_size", 1..=u32_max)? {
+        b = b.page_size(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    if let Some(n) = q.integer("max_attempts", 1..=u32_max)? {
+        b = b.max_attempts(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    if let Some(d) = q.millis("attempt_timeout_ms", 1..=MAX_TIMEOUT_MS)? {
+        b = b.attempt_timeout(d);
+    }
+    if let Some(token) = q.string("session_token")? {
+        if let Some(k) = b.keys.as_mut() {
+            k.session_token = Some(token);
         }
     }
+    q.finish(PARAMS)?;
     if provisioned || read.is_some() || write.is_some() {
         b = b.billing(Billing::Provisioned {
             read_capacity: read.unwrap_or(5),
@@ -406,16 +388,6 @@ pub(crate) fn builder_from_url(raw: &str) -> Result<DynamoDbStoreBuilder> {
         });
     }
     Ok(b)
-}
-
-fn parse_bool(what: &str, v: &str) -> Result<bool> {
-    match v {
-        "true" | "1" | "yes" => Ok(true),
-        "false" | "0" | "no" => Ok(false),
-        _ => {
-            Err(Error::Config(format!("DynamoDB URL parameter {what}={v}: expected true or false")))
-        }
-    }
 }
 
 #[cfg(test)]
@@ -459,6 +431,9 @@ mod tests {
             "redis://AKID:s3cr3t@t",
             "dynamodb://AKID:s3cr3t@t?colour=blue",
             "dynamodb://AKID:s3cr3t@t?create_table=maybe",
+            "dynamodb://AKID:s3cr3t@t?page_size=0",
+            "dynamodb://AKID:s3cr3t@t?region=a&region=b",
+            "dynamodb://AKID:s3cr3t@t?session_token=s3cr3t&session_token=s3cr3t",
             "dynamodb://AKID@tab",
             "dynamodb://AKID:s3cr3t@[::1",
         ] {

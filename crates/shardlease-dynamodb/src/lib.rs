@@ -51,7 +51,6 @@ mod codec;
 mod config;
 mod errors;
 mod layout;
-mod redact;
 mod store;
 mod table;
 
@@ -63,7 +62,8 @@ pub use config::{
     DynamoDbStoreBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS,
     DEFAULT_NAMESPACE, DEFAULT_TABLE_READY_TIMEOUT,
 };
-pub use redact::redact_url;
+/// `url` with its keys masked, for logs and messages (core's, the one every store uses).
+pub use shardlease_core::store_url::redact_url;
 pub use store::DynamoDbStore;
 pub use table::Billing;
 

@@ -28,10 +28,10 @@ use shardlease_core::{
 use tracing::debug;
 
 use crate::codec::{self, Item};
-use crate::config::{validate_namespace, DynamoDbStoreBuilder};
+use crate::config::DynamoDbStoreBuilder;
 use crate::errors::backend;
 use crate::layout::{Layout, PK, SK};
-use crate::redact::Redactor;
+use shardlease_core::redact::Redactor;
 
 /// A [`LeaseStore`] on one DynamoDB table, for one namespace.
 ///
@@ -81,7 +81,7 @@ impl DynamoDbStore {
     /// A store for `namespace` on `table` through an existing SDK client. The table is not
     /// checked: the first call fails (permanently) if it is missing.
     pub fn from_client(client: Client, table: &str, namespace: &str) -> Result<DynamoDbStore> {
-        validate_namespace(namespace)?;
+        let namespace = Namespace::new(namespace)?;
         let target = format!("table {table}");
         Ok(DynamoDbStore::assemble(client, table, namespace, target, None, Redactor::default()))
     }
@@ -89,7 +89,7 @@ impl DynamoDbStore {
     pub(crate) fn assemble(
         client: Client,
         table: &str,
-        namespace: &str,
+        namespace: Namespace,
         target: String,
         page_size: Option<u32>,
         redactor: Redactor,
@@ -98,8 +98,8 @@ impl DynamoDbStore {
             client,
             inner: Arc::new(Inner {
                 table: table.to_owned(),
-                namespace: Namespace::new(namespace),
-                layout: Layout::new(namespace),
+                layout: Layout::new(namespace.as_str()),
+                namespace,
                 target,
                 page_size,
                 redactor,
