@@ -67,18 +67,6 @@ fn millis_10_to_10000(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// The `namespace` query parameter of a store URL (what `shardlease::connect` uses), or the
-/// default namespace.
-fn namespace_of(url: &str) -> String {
-    url.split_once('?')
-        .map(|(_, q)| q)
-        .into_iter()
-        .flat_map(|q| q.split('&'))
-        .find_map(|pair| pair.strip_prefix("namespace="))
-        .map(str::to_owned)
-        .unwrap_or_else(|| shardlease::DEFAULT_NAMESPACE.to_owned())
-}
-
 /// Why the demo stopped early.
 #[derive(Debug)]
 enum Failure {
@@ -499,7 +487,10 @@ async fn run(args: Args) -> Result<(), Failure> {
             shardlease::redact_url(&args.store)
         )));
     }
-    let template = Config::new(namespace_of(&args.store))
+    // The namespace the store was opened in (the URL's, read the way `connect` reads it).
+    let namespace = shardlease::store_url::namespace_of(&args.store)
+        .map_err(|e| Failure::Usage(format!("--store: {e}")))?;
+    let template = Config::new(namespace)
         .with_heartbeat(args.heartbeat)
         .with_initial_position(Position::TrimHorizon);
     template.validate().map_err(|e| Failure::Usage(e.to_string()))?;

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use shardlease::store_url::{namespace_of, QueryOptions, NAMESPACE_OPTION};
 use shardlease::LeaseStore;
 
 use crate::error::CliError;
@@ -16,19 +17,17 @@ pub fn with_namespace(url: &str, namespace: Option<&str>) -> Result<String, CliE
     if ns.is_empty() {
         return Err(CliError::Usage("--namespace must not be empty".into()));
     }
-    let query = url.split_once('?').map(|(_, q)| q).unwrap_or("");
-    let named: Vec<String> = url::form_urlencoded::parse(query.as_bytes())
-        .filter(|(k, _)| k == "namespace")
-        .map(|(_, v)| v.into_owned())
-        .collect();
-    match named.as_slice() {
-        [] => {
+    let named = QueryOptions::of_raw_url("store", url)
+        .and_then(|mut q| q.string(NAMESPACE_OPTION))
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    match named {
+        None => {
             let encoded: String = url::form_urlencoded::byte_serialize(ns.as_bytes()).collect();
             let sep = if url.contains('?') { '&' } else { '?' };
             Ok(format!("{url}{sep}namespace={encoded}"))
         }
-        [same] if same == ns => Ok(url.to_owned()),
-        _ => Err(CliError::Usage(format!(
+        Some(same) if same == ns => Ok(url.to_owned()),
+        Some(_) => Err(CliError::Usage(format!(
             "--namespace {ns:?} conflicts with the namespace in the store URL {} (the URL's \
              ?namespace= is what workers use; give one of them, or the same in both)",
             shardlease::redact_url(url)
@@ -50,13 +49,11 @@ pub struct Target {
 pub async fn open(url: &str, namespace: Option<&str>) -> Result<Target, CliError> {
     let url = with_namespace(url, namespace)?;
     let store = shardlease::connect(&url).await.map_err(CliError::Store)?;
-    let namespace = store.namespace().map(|n| n.as_str().to_owned()).unwrap_or_else(|| {
-        let query = url.split_once('?').map(|(_, q)| q).unwrap_or("");
-        url::form_urlencoded::parse(query.as_bytes())
-            .find(|(k, _)| k == "namespace")
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_else(|| shardlease::DEFAULT_NAMESPACE.to_owned())
-    });
+    let namespace = match store.namespace() {
+        Some(n) => n,
+        None => namespace_of(&url).map_err(CliError::Store)?,
+    };
+    let namespace = namespace.as_str().to_owned();
     Ok(Target { store, namespace, redacted_url: shardlease::redact_url(&url) })
 }
 
@@ -87,5 +84,12 @@ mod tests {
             other => panic!("expected a usage error, got {:?}", other.map(|_| ())),
         }
         assert!(matches!(with_namespace("memory://", Some("")), Err(CliError::Usage(_))));
+        match with_namespace("redis://:s3cr3t@h:6379/?namespace=x&namespace=x", Some("x")) {
+            Err(CliError::Usage(m)) => {
+                assert!(m.contains("more than once"), "{m}");
+                assert!(!m.contains("s3cr3t"), "{m}");
+            }
+            other => panic!("expected a usage error, got {:?}", other.map(|_| ())),
+        }
     }
 }
