@@ -234,6 +234,10 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     }
 }
 
+// Namespaces are checked by core's `Namespace::new` only: its limit (200 bytes) is within the
+// 255-character namespace columns, so the SQL store needs no check of its own on top.
+const _: () = assert!(Namespace::MAX_BYTES <= crate::codec::MAX_NAME_CHARS);
+
 /// The statement `sql`, for sqlx. Statement texts are built from validated identifiers and
 /// placeholders only (see [`Queries`]), never from values.
 fn stmt(sql: &Sql) -> AssertSqlSafe<Arc<str>> {
@@ -622,12 +626,5 @@ mod tests {
         for bad in ["", "1abc", "Abc", "a-b", "x;DROP TABLE y", "ü", "a b", &"a".repeat(32)] {
             assert!(matches!(validate_prefix(bad), Err(Error::Config(_))), "{bad}");
         }
-    }
-
-    #[test]
-    fn namespaces_are_checked_by_core() {
-        // The core rule (at most 200 bytes) is within the 255-character namespace columns, so
-        // the SQL store needs no check of its own on top.
-        assert!(Namespace::MAX_BYTES <= crate::codec::MAX_NAME_CHARS);
     }
 }
