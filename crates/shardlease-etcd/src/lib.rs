@@ -14,12 +14,13 @@
 //!
 //! namespace=NAME         the namespace (the facade's default: `default`)
 //! prefix=PREFIX          key prefix, default `shardlease`
-//! page_size=N            records per range request when listing, default 500
-//! timeout_ms=N           per-request timeout, default 5000
-//! connect_timeout_ms=N   default 5000
+//! page_size=N            records per range request when listing, default 500 (at least 1)
+//! timeout_ms=N           per-request timeout, default 5000 (1 to 3600000)
+//! connect_timeout_ms=N   default 5000 (1 to 3600000)
 //! tls=true               TLS with an etcd:// URL
 //! ca_file=PATH           PEM of the CA to trust for TLS (the system roots otherwise)
 //! watch=false            no change notification: the worker runs as on any other store
+//!                        (an option given twice, or one not listed here, is refused)
 //! ```
 //!
 //! The password never appears in an error, a log line or `Debug` output ([`redact_url`]).
