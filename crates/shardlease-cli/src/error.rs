@@ -22,17 +22,22 @@ pub mod code {
 }
 
 /// A failed command.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum CliError {
     /// Bad input.
+    #[error("{0}")]
     Usage(String),
-    /// A store error (its message is redacted by the store).
+    /// A store error (its message is redacted by the store), shown with its source chain.
+    #[error("store error: {}", shardlease::ErrorChain(.0))]
     Store(shardlease::Error),
     /// Refused for safety.
+    #[error("{0}")]
     Refused(String),
     /// A compare-and-set conflict.
+    #[error("{0}")]
     Conflict(String),
     /// Nothing by that name.
+    #[error("{0}")]
     NotFound(String),
 }
 
@@ -56,16 +61,6 @@ impl CliError {
                  meanwhile); nothing was written by {what}: look again and re-run"
             )),
             other => CliError::Store(other),
-        }
-    }
-}
-
-impl std::fmt::Display for CliError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CliError::Usage(m) | CliError::Refused(m) | CliError::Conflict(m) => f.write_str(m),
-            CliError::NotFound(m) => f.write_str(m),
-            CliError::Store(e) => write!(f, "store error: {}", shardlease::ErrorChain(e)),
         }
     }
 }

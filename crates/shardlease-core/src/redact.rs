@@ -24,16 +24,9 @@ impl std::fmt::Debug for Redactor {
 }
 
 /// A failure whose text had to be scrubbed of a secret, standing in for the original source.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 struct RedactedError(String);
-
-impl std::fmt::Display for RedactedError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for RedactedError {}
 
 impl Redactor {
     /// A redactor for these secrets (empty ones are ignored).
