@@ -183,10 +183,7 @@ impl Api for SdkApi {
             .records
             .into_iter()
             .map(|r| RawRecord {
-                arrival_millis: r
-                    .approximate_arrival_timestamp
-                    .and_then(|t| t.to_millis().ok())
-                    .unwrap_or(0),
+                arrival_millis: r.approximate_arrival_timestamp.map_or(0, |t| nearest_millis(&t)),
                 seq: r.sequence_number,
                 partition_key: r.partition_key.unwrap_or_default(),
                 data: Bytes::from(r.data.into_inner()),
@@ -210,6 +207,16 @@ impl Api for SdkApi {
             children,
         })
     }
+}
+
+/// The millisecond a reply's timestamp names. Kinesis sends arrival times as epoch seconds with
+/// millisecond digits (`1764763464.123`); the SDK reads that number through an `f64` and truncates
+/// the fraction to nanoseconds, so `.123` arrives as `.122999906`. Truncating again to
+/// milliseconds would move the record 1 ms earlier than the service holds it, and an
+/// `AT_TIMESTAMP` built from that figure would then start before the record's true neighbour.
+/// Rounding to the nearest millisecond gives back the digits the service sent.
+fn nearest_millis(t: &DateTime) -> i64 {
+    t.secs().saturating_mul(1000).saturating_add(i64::from((t.subsec_nanos() + 500_000) / 1_000_000))
 }
 
 #[cfg(test)]
@@ -289,5 +296,17 @@ mod tests {
         assert_eq!(parse_hash_key(&u128::MAX.to_string()), Some(u128::MAX));
         assert_eq!(parse_hash_key("340282366920938463463374607431768211456"), None); // 2^128
         assert_eq!(parse_hash_key("x"), None);
+    }
+
+    #[test]
+    fn arrival_times_keep_the_millisecond_the_service_sent() {
+        // What the SDK makes of `"ApproximateArrivalTimestamp": 1764763464.123` and friends.
+        for millis in [1_764_763_464_123_i64, 1_764_763_464_001, 1_764_763_464_999, 1_764_763_464_000] {
+            let secs = millis as f64 / 1000.0;
+            let parsed = DateTime::from_secs_f64(secs);
+            assert_eq!(nearest_millis(&parsed), millis, "{secs}");
+        }
+        // Exact values stay exact.
+        assert_eq!(nearest_millis(&DateTime::from_millis(42_007)), 42_007);
     }
 }
