@@ -168,6 +168,67 @@ async fn a_lost_lease_nobody_remembers_is_not_recreated_at_latest() {
     w.cluster.shutdown_all().await;
 }
 
+/// A new application whose workers start together at `LATEST`: each finds an empty namespace,
+/// waits two heartbeats and looks again, and must not take the others (which beat meanwhile) for
+/// an established fleet: the leases are created at `LATEST`, so what was written before the start
+/// is skipped and what comes after is processed.
+#[tokio::test(start_paused = true)]
+async fn workers_of_a_new_application_starting_together_start_at_latest() {
+    let mut w = world(3, Position::Latest);
+    for k in w.source.shards().into_iter().map(|s| s.id) {
+        w.source.put_to_shard(&k, "before the application started").unwrap();
+    }
+    let before = w.source.produced();
+    w.cluster.start_workers(3).unwrap();
+    let keys: Vec<LeaseKey> = w.source.shards().into_iter().map(|s| s.id).collect();
+    w.wait_opened(&keys).await;
+    for k in &keys {
+        w.source.put_to_shard(k, "after the start").unwrap();
+    }
+    let rec = &w.rec;
+    wait_until("the records after the start processed", LONG, HB / 2, || async {
+        rec.distinct() as u64 == w.source.produced() - before
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(HB * 10).await;
+    assert_eq!(w.rec.distinct() as u64, w.source.produced() - before, "history was read");
+    w.cluster.shutdown_all().await;
+}
+
+/// The store loses everything, worker records included (a Redis restarted without persistence),
+/// and a new process starts at once at `LATEST`: it finds an empty namespace and no established
+/// fleet. Had it taken that for a new application, it would create the leases at `LATEST` and pin
+/// them at the new tip before the running worker restored them, skipping every record written
+/// since their last checkpoints. It looks again after two heartbeats instead, by when the
+/// running worker has written its record again, and leaves the leases to that worker's restore.
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_after_a_wipe_of_leases_and_workers_does_not_start_at_latest() {
+    let mut w = world(2, Position::Latest);
+    w.cluster.sync_shards().await.unwrap();
+    w.cluster.start_worker().unwrap();
+    let keys: Vec<LeaseKey> = w.source.shards().into_iter().map(|s| s.id).collect();
+    w.wait_opened(&keys).await;
+    for k in &keys {
+        w.source.put_to_shard(k, format!("before the wipe on {k}")).unwrap();
+    }
+    w.wait_all_processed().await.unwrap();
+    // The running worker lists (and remembers) the leases at their checkpoints.
+    tokio::time::sleep(HB * 5).await;
+    for k in &keys {
+        w.source.put_to_shard(k, format!("after the last checkpoint on {k}")).unwrap();
+    }
+    for VersionedLease { lease, version } in w.store.list_leases().await.unwrap().items {
+        w.store.delete_lease(&lease.key, version).await.unwrap();
+    }
+    for r in w.store.list_workers().await.unwrap().items {
+        w.store.remove_worker(&r.id).await.unwrap();
+    }
+    w.cluster.start_worker().unwrap();
+    w.wait_all_processed().await.unwrap();
+    w.cluster.shutdown_all().await;
+}
+
 /// The store lost a closed shard's lease and kept (or got back) its children's leases at their
 /// start: a child lease that has not read anything proves nothing about its parent, so shard sync
 /// creates the parent's lease again and its records are processed (before the children's).

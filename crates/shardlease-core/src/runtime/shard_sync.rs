@@ -20,20 +20,54 @@ use crate::lease::{Lease, LeaseKey, VersionedLease};
 use crate::position::Position;
 use crate::source::ShardInfo;
 
-pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
+/// The namespace's leases (`None` when listing failed) and whether another worker of an
+/// established fleet has a record there: one that had beaten [`WorkerRecord::ESTABLISHED_BEATS`]
+/// times more than this process has, so workers of a new application that start together (and
+/// look again after the same wait) never take each other for an established fleet.
+///
+/// [`WorkerRecord::ESTABLISHED_BEATS`]: crate::worker_record::WorkerRecord
+async fn first_look(shared: &Shared) -> (Option<crate::store::Listing<VersionedLease>>, bool) {
     let listing = shared.store.list_leases().await.ok();
-    let empty = listing.as_ref().is_none_or(|l| l.items.is_empty() && l.corrupt.is_empty());
+    let me = shared.id();
+    let established = match shared.store.list_workers().await {
+        Ok(l) => {
+            let mine = l.items.iter().find(|r| r.id == me).map_or(0, |r| r.beats_written());
+            let ahead = mine + crate::worker_record::WorkerRecord::ESTABLISHED_BEATS;
+            l.items.iter().any(|r| r.id != me && r.beats_written() >= ahead)
+        }
+        Err(_) => false,
+    };
+    let has_leases = listing.as_ref().is_some_and(|l| !l.items.is_empty() || !l.corrupt.is_empty());
+    if has_leases || established {
+        shared.seen_running.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    (listing, established)
+}
+
+pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
+    let (mut listing, mut established) = first_look(&shared).await;
+    let mut empty = listing.as_ref().is_none_or(|l| l.items.is_empty() && l.corrupt.is_empty());
     // An empty namespace with an established fleet around is not a new application: the store
     // lost its data, and the fleet restores the leases it remembers (then syncs the rest). A
     // fresh lease created here first would race those restores, so a newcomer leaves it to them
     // (its own periodic sync still runs).
-    let me = shared.id();
-    let established = match shared.store.list_workers().await {
-        Ok(l) => l.items.iter().any(|r| {
-            r.id != me && r.beats_written() >= crate::worker_record::WorkerRecord::ESTABLISHED_BEATS
-        }),
-        Err(_) => false,
-    };
+    //
+    // The store may have lost the fleet's worker records too: each running worker writes its
+    // record again at its next heartbeat (with its process's beat count), so under a start that
+    // skips history (`LATEST`), where a fresh lease created over a lost one would be pinned at
+    // the new tip and the records since its lost checkpoint skipped, a newcomer that finds
+    // nothing waits two heartbeats and looks again before deciding the application is new. Only
+    // the very first start of an application pays that wait.
+    if empty && !established && shared.cfg.initial_position == Position::Latest {
+        let wait = shared.cfg.heartbeat_interval.saturating_mul(2);
+        tokio::select! {
+            biased;
+            _ = shared.stop_taking.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        (listing, established) = first_look(&shared).await;
+        empty = listing.as_ref().is_none_or(|l| l.items.is_empty() && l.corrupt.is_empty());
+    }
     if empty && established {
         info!("the namespace is empty but an established fleet is running; leaving lease creation to it");
     } else {
@@ -212,7 +246,8 @@ async fn sync_shards_listed(
         Some(l) => l,
         None => shared.store.list_leases().await?,
     };
-    let remembers_any = !lock(&shared.remembered).is_empty();
+    let remembers_any = !lock(&shared.remembered).is_empty()
+        || shared.seen_running.load(std::sync::atomic::Ordering::SeqCst);
     let initial = &start_for_missing(initial, &listing, remembers_any);
     let mut existing: BTreeSet<String> =
         listing.items.iter().map(|v| v.lease.key.as_str().to_owned()).collect();
@@ -220,9 +255,10 @@ async fn sync_shards_listed(
     // What the store holds; `existing` also counts what this worker remembers.
     let mut stored = existing.clone();
     // Leases this worker remembers exist too, even when the store lost them: the balance pass
-    // restores them with their checkpoints, and a fresh lease created here first would race that
-    // restore (a fresh `LATEST` lease pinned by its new owner would skip the records between the
-    // lost checkpoint and the pin).
+    // restores them with their checkpoints. A finished one is not created again here; an
+    // unfinished one is created behind, at its shard's start (below), never at `LATEST` (a fresh
+    // `LATEST` lease pinned by its new owner would skip the records between the lost checkpoint
+    // and the pin).
     existing.extend(lock(&shared.remembered).keys().map(|k| k.as_str().to_owned()));
     // Leases that read past their start, listed or remembered: only such a descendant proves a
     // shard's own lease was finished and collected (collection waits for every child to move on).
@@ -250,8 +286,24 @@ async fn sync_shards_listed(
     let mut finished_now: BTreeSet<&LeaseKey> = BTreeSet::new();
     let mut created = 0usize;
     let mut complete = true;
+    // Remembered, unfinished and missing from the store: lost, and being restored by the balance
+    // passes (this worker's, or its owner's first). Created here behind, at its shard's start,
+    // so that until the restore lands every worker sees it unfinished and keeps its children
+    // blocked. Left missing, it would look collected to a worker that never saw it (a process
+    // restarted under the same id knows nothing of it), which would start its children at once;
+    // once a child moves on, the lease really looks collected and its records are never read.
+    // The restore then finds the fresh lease behind what it remembers and writes it back.
+    // It is created unowned, like any fresh lease: created under the owner it remembers, a lease
+    // that owner no longer runs (this memory may be out of date) would be re-taken by it from its
+    // start, while the peers that remember more kept waiting for that owner to restore it.
+    let lost_unfinished: BTreeSet<String> = lock(&shared.remembered)
+        .values()
+        .filter(|l| !l.is_finished() && !stored.contains(l.key.as_str()))
+        .map(|l| l.key.as_str().to_owned())
+        .collect();
     for shard in parents_first(&shards) {
-        if existing.contains(shard.id.as_str()) {
+        let lost = lost_unfinished.contains(shard.id.as_str());
+        if existing.contains(shard.id.as_str()) && !lost {
             // Remembered but not stored: the balance pass restores it; sync fully again later.
             complete &= stored.contains(shard.id.as_str());
             continue;
@@ -264,7 +316,12 @@ async fn sync_shards_listed(
             // a child restored at its start may still wait for this shard.
             continue;
         }
-        let checkpoint = initial_checkpoint(initial, shard, kids, &existing, &finished_now);
+        let checkpoint = if lost {
+            complete = false;
+            child_start(initial)
+        } else {
+            initial_checkpoint(initial, shard, kids, &existing, &finished_now)
+        };
         if checkpoint.is_shard_end() {
             finished_now.insert(&shard.id);
         }

@@ -158,6 +158,10 @@ pub(crate) struct Shared {
     /// When the last successful listing of worker records was started.
     pub workers_listed: watch::Sender<Option<Instant>>,
     pub fenced: AtomicBool,
+    /// Whether this process has seen the application run: leases in the namespace, or an
+    /// established fleet. A lease missing after that is one the store lost, never one of a new
+    /// application, so it is not created at `LATEST` (see `shard_sync::start_for_missing`).
+    pub seen_running: AtomicBool,
     /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
     /// repair a store that lost or rolled back writes (see `recovery`).
     pub remembered: Mutex<BTreeMap<LeaseKey, crate::lease::Lease>>,
@@ -237,6 +241,7 @@ impl Shared {
             heartbeat_ok: watch::channel(None).0,
             workers_listed: watch::channel(None).0,
             fenced: AtomicBool::new(false),
+            seen_running: AtomicBool::new(false),
             remembered: Mutex::new(BTreeMap::new()),
             remembered_at: Mutex::new(BTreeMap::new()),
             lost_since: Mutex::new(BTreeMap::new()),
