@@ -70,10 +70,12 @@ fn simulated_fleets_keep_every_invariant() {
 /// restore waited for its owner, so a worker that never saw it started its merge child, after
 /// which the parent looked collected), 14432 (a newcomer after a wipe of leases and worker
 /// records took the namespace for a new application and pinned the lost leases at `LATEST`),
-/// 15795 (the quiet-fleet window opened before a dead peer's record was removed).
+/// 15795 (the quiet-fleet window opened before a dead peer's record was removed), 3669 (a
+/// process that had seen the leases created them at `LATEST` after a wipe), 14424 (a lost lease
+/// created under an owner whose memory was out of date was never restored).
 #[test]
 fn seeds_that_once_failed_pass() {
-    run_seeds(&[649, 2433, 3215, 3460, 452, 17414, 14453, 2800, 11369, 14432, 15795]);
+    run_seeds(&[649, 2433, 3215, 3460, 452, 17414, 14453, 2800, 11369, 14432, 15795, 3669, 14424]);
 }
 
 fn run_seeds(seeds: &[u64]) {
