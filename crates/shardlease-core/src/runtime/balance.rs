@@ -270,14 +270,11 @@ async fn lost_leases(
     corrupt: &BTreeSet<LeaseKey>,
     list_sent: Instant,
 ) -> Vec<recovery::Lost> {
-    // Keys this worker wrote (and remembered) after the listing was sent; older stamps are no
-    // longer needed once a listing sent after them has been compared.
-    let fresh: BTreeSet<LeaseKey> = {
-        let mut at = lock(&shared.remembered_at);
-        at.retain(|_, t| *t >= list_sent);
-        at.keys().cloned().collect()
+    let lost = {
+        let mut memory = lock(&shared.remembered);
+        let fresh = recovery::fresh_keys(&mut memory, list_sent);
+        recovery::compare(&mut memory, listed, corrupt, &fresh)
     };
-    let lost = recovery::compare(&mut lock(&shared.remembered), listed, corrupt, &fresh);
     if lost.iter().all(|l| l.now.is_some()) {
         return lost;
     }

@@ -159,11 +159,9 @@ pub(crate) struct Shared {
     pub workers_listed: watch::Sender<Option<Instant>>,
     pub fenced: AtomicBool,
     /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
-    /// repair a store that lost or rolled back writes (see `recovery`).
-    pub remembered: Mutex<BTreeMap<LeaseKey, crate::lease::Lease>>,
-    /// When each remembered lease was last updated from this worker's own writes: a listing
-    /// sent before that moment cannot show the write, so it is not compared (see `recovery`).
-    pub remembered_at: Mutex<BTreeMap<LeaseKey, Instant>>,
+    /// repair a store that lost or rolled back writes, and when its own write last updated each
+    /// entry (a listing sent before that moment cannot show the write; see `recovery`).
+    pub remembered: Mutex<super::recovery::Memory>,
     /// When the previous balance pass's listing was sent.
     pub previous_listing: Mutex<Option<Instant>>,
     /// Leases this worker owns that a peer claimed: the record version last listed, and the
@@ -238,7 +236,6 @@ impl Shared {
             workers_listed: watch::channel(None).0,
             fenced: AtomicBool::new(false),
             remembered: Mutex::new(BTreeMap::new()),
-            remembered_at: Mutex::new(BTreeMap::new()),
             lost_since: Mutex::new(BTreeMap::new()),
             last_sync: Mutex::new(None),
             sync_now: Notify::new(),
@@ -278,18 +275,19 @@ impl Shared {
     /// `recovery`), so the memory does not wait for the next listing to know what this worker
     /// itself did: a store that loses the write is then repaired to it.
     pub(crate) fn remember(&self, lease: &crate::lease::Lease) {
-        lock(&self.remembered_at).insert(lease.key.clone(), Instant::now());
         let mut memory = lock(&self.remembered);
-        match memory.get_mut(&lease.key) {
-            Some(seen) if seen.epoch > lease.epoch => {}
-            Some(seen) if seen.checkpoint.would_regress_to(&lease.checkpoint) => {
-                let checkpoint = seen.checkpoint.clone();
-                *seen = crate::lease::Lease { checkpoint, ..lease.clone() };
-            }
-            Some(seen) => *seen = lease.clone(),
-            None => {
-                memory.insert(lease.key.clone(), lease.clone());
-            }
+        let entry = memory
+            .entry(lease.key.clone())
+            .or_insert_with(|| super::recovery::Remembered::listed(lease.clone()));
+        entry.written_at = Some(Instant::now());
+        let seen = &mut entry.lease;
+        if seen.epoch <= lease.epoch {
+            let checkpoint = if seen.checkpoint.would_regress_to(&lease.checkpoint) {
+                seen.checkpoint.clone()
+            } else {
+                lease.checkpoint.clone()
+            };
+            *seen = crate::lease::Lease { checkpoint, ..lease.clone() };
         }
     }
 
@@ -360,9 +358,10 @@ impl crate::processor::CheckpointObserver for Shared {
         }
         let mut memory = lock(&self.remembered);
         if let Some(seen) = memory.get_mut(&token.key) {
-            if seen.epoch <= token.epoch && !seen.checkpoint.would_regress_to(position) {
-                lock(&self.remembered_at).insert(token.key.clone(), Instant::now());
-                seen.checkpoint = position.clone();
+            if seen.lease.epoch <= token.epoch && !seen.lease.checkpoint.would_regress_to(position)
+            {
+                seen.written_at = Some(Instant::now());
+                seen.lease.checkpoint = position.clone();
             }
         }
     }
