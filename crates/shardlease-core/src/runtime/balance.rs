@@ -10,6 +10,10 @@
 //! this worker changed an owner, one of its lease tasks ended or had a write refused), or the
 //! safety net is due. Otherwise the pass is quiet: in a settled fleet a worker reads worker
 //! records every heartbeat and no leases. docs/algorithm.md explains why nothing is missed.
+//!
+//! The loop is the only writer of the lease-task map: it starts the tasks, and removes each when it
+//! drains the `Exited` report the task sends on the loop's channel (docs/algorithm.md, "Who owns
+//! the runtime's state"). At shutdown it collects those reports into the `ShutdownReport`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;

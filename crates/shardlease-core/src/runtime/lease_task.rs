@@ -6,6 +6,9 @@
 //! released so the shard resumes from its last checkpoint. Abrupt stops (lease lost, self-fence)
 //! abandon in-flight processing at once; graceful ones (handoff, shutdown) let the current batch
 //! finish and give the processor a chance to checkpoint.
+//!
+//! A task never touches the task map: however it ends, it reports `Exited` to the balance loop,
+//! which owns the map.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
