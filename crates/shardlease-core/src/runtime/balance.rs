@@ -190,8 +190,8 @@ fn on_exit(shared: &Shared, state: &mut LoopState, exited: lease_task::Exited) {
     }
     // Whatever ended the task, the next pass looks at the lease again.
     shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
-    // Checked after the removal, under the same lock as the shutdown's read of the map: a task
-    // the shutdown found running and that ended since is kept for its report.
+    // Checked after the removal: a shutdown reads the map (under its lock) only after taking
+    // stopped, so a task it found there is removed after that read, and kept here for its report.
     if shared.stop_taking.is_cancelled() {
         state.exited_while_stopping.push(exited);
     }
