@@ -114,3 +114,48 @@ async fn a_shard_end_only_the_checkpointer_recorded_still_finishes_the_lease() {
     assert!(!text.contains("lost or rolled back"), "{text}");
     c.shutdown_all().await;
 }
+
+/// A checkpointer whose first `fetch` panics: the lease task dies outside the processor (whose
+/// panics are caught), in the runtime's own code.
+#[derive(Debug, Default)]
+struct PanicsOnce {
+    inner: MapCheckpointer,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl Checkpointer for PanicsOnce {
+    async fn checkpoint(&self, token: &LeaseToken, position: &Position) -> Result<()> {
+        self.inner.checkpoint(token, position).await
+    }
+
+    async fn fetch(&self, key: &LeaseKey) -> Result<Option<Position>> {
+        if !self.panicked.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            panic!("the checkpointer's fetch panicked (on purpose)");
+        }
+        self.inner.fetch(key).await
+    }
+}
+
+/// A lease task that dies of a panic outside the processor still reports its end to the balance
+/// loop, which forgets it and starts the lease again. Before, the dead task stayed in the task map
+/// and the shard was never read again (the runtime took the lease as running).
+#[tokio::test(start_paused = true)]
+async fn a_lease_task_that_panics_outside_the_processor_is_started_again() {
+    let source = MemorySource::new(1);
+    let rec = Recorder::new();
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("custom"));
+    let cfg = Config::new("custom").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let src: Arc<dyn ShardSource> = Arc::new(source.clone());
+    let cp = Arc::new(PanicsOnce::default());
+    let mut c = Cluster::new(store, src, rec.factory(), cfg).with_checkpointer(cp.clone());
+    c.sync_shards().await.unwrap();
+    c.start_workers(1).unwrap();
+    for i in 0..20 {
+        source.put(&format!("k{i}"), "x");
+    }
+    let n = source.produced() as usize;
+    wait_until("every record processed", LONG, HB, || async { rec.distinct() == n }).await.unwrap();
+    assert!(cp.panicked.load(std::sync::atomic::Ordering::SeqCst));
+    c.shutdown_all().await;
+}

@@ -10,8 +10,12 @@
 //! this worker changed an owner, one of its lease tasks ended or had a write refused), or the
 //! safety net is due. Otherwise the pass is quiet: in a settled fleet a worker reads worker
 //! records every heartbeat and no leases. docs/algorithm.md explains why nothing is missed.
+//!
+//! The loop is the only writer of the lease-task map: it starts the tasks, and removes each when it
+//! drains the `Exited` report the task sends on the loop's channel (docs/algorithm.md, "Who owns
+//! the runtime's state"). At shutdown it collects those reports into the `ShutdownReport`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,22 +25,69 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use tokio::sync::{mpsc, oneshot};
+
 use super::shared::{lock, MyClaim, Shared, StopReason};
+use super::shutdown_report::{ReleasedLease, ShutdownReport};
 use super::{cas, lease_task, recovery};
 use crate::balancer::{is_active, Plan, Snapshot};
 use crate::error::Error;
 use crate::lease::{Claim, Epoch, Lease, LeaseKey, Version, VersionedLease, WorkerId};
 use crate::store::CreateOutcome;
 
-pub(crate) async fn balance_loop(shared: Arc<Shared>) {
-    // However the loop ends, callers waiting for a pass are let go, and later ones return at once.
-    struct Closing<'a>(&'a Shared);
-    impl Drop for Closing<'_> {
-        fn drop(&mut self) {
-            lock(&self.0.pass_requests).take();
-        }
-    }
-    let _closing = Closing(&shared);
+/// The balance loop's receiving ends, created with the worker and handed to the loop at start.
+pub(crate) struct Inbox {
+    /// How lease tasks ended.
+    pub exits: mpsc::UnboundedReceiver<lease_task::Exited>,
+    /// Requests from the worker's handle.
+    pub requests: mpsc::UnboundedReceiver<Request>,
+}
+
+/// A request to the balance loop.
+pub(crate) enum Request {
+    /// Answer after the next pass that lists the leases (`WorkerHandle::balance_now`).
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+    Pass(oneshot::Sender<()>),
+    /// Collect how the lease tasks of a shutdown ended.
+    Shutdown(Shutdown),
+}
+
+/// A shutdown's request for the lease tasks it stopped.
+pub(crate) struct Shutdown {
+    /// When a task still running is aborted and its lease released anyway.
+    pub deadline: Instant,
+    /// The tasks running when the shutdown began (each asked to stop already), by epoch.
+    pub held: BTreeMap<LeaseKey, Epoch>,
+    /// Where the report goes.
+    pub reply: oneshot::Sender<ShutdownReport>,
+}
+
+/// State only the balance loop reads and writes, so it needs no lock.
+#[derive(Default)]
+pub(crate) struct LoopState {
+    /// When the previous pass's listing was sent.
+    previous_listing: Option<Instant>,
+    /// Leases this worker owns that a peer claimed: the record version last listed, and the
+    /// earliest moment that version can have been written (see `yield_unanswered_claims`).
+    claims_on_mine: BTreeMap<LeaseKey, (Version, Instant)>,
+    /// Since when each lost lease has been found lost, in passes without a break.
+    lost_since: BTreeMap<LeaseKey, Instant>,
+    /// Corrupt records already reported (reported once, then counted quietly).
+    reported_corrupt: BTreeSet<String>,
+    /// Reports of tasks that ended after taking stopped, drained before the shutdown asked for
+    /// them: it collects them from here.
+    exited_while_stopping: Vec<lease_task::Exited>,
+}
+
+pub(crate) async fn balance_loop(shared: Arc<Shared>, mut inbox: Inbox) {
+    let mut state = LoopState::default();
+    let early = run(&shared, &mut inbox, &mut state).await;
+    finish(&shared, &mut inbox, &mut state, early).await;
+    // Dropping the inbox lets go of callers waiting for a pass; later requests fail at once.
+}
+
+/// Runs passes until taking stops; returns the shutdown's request if it arrived meanwhile.
+async fn run(shared: &Arc<Shared>, inbox: &mut Inbox, state: &mut LoopState) -> Option<Shutdown> {
     // Step 6 of the design: the first pass waits for a listing of worker records started at least
     // one heartbeat interval after this worker's first heartbeat, so workers that start together
     // see each other (each has heartbeated by then) and split the shards without churn.
@@ -45,27 +96,34 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
         biased;
         r = ok.wait_for(Option::is_some) => match r {
             Ok(t) => t.unwrap_or_else(Instant::now),
-            Err(_) => return,
+            Err(_) => return None,
         },
-        _ = shared.stop_taking.cancelled() => return,
+        _ = shared.stop_taking.cancelled() => return None,
     };
     let ready = first + shared.cfg.heartbeat_interval;
     let mut listed = shared.workers_listed.subscribe();
     tokio::select! {
         biased;
-        r = listed.wait_for(|t| t.is_some_and(|t| t >= ready)) => if r.is_err() { return },
-        _ = shared.stop_taking.cancelled() => return,
+        r = listed.wait_for(|t| t.is_some_and(|t| t >= ready)) => if r.is_err() { return None },
+        _ = shared.stop_taking.cancelled() => return None,
     }
     let mut listed_at: Option<(u64, Instant)> = None;
     let mut settled = false;
     let mut safety_net = shared.cfg.shard_sync_interval;
+    // Callers of `balance_now` answered after the coming pass.
+    let mut answering: Vec<oneshot::Sender<()>> = Vec::new();
     loop {
-        if shared.stop_taking.is_cancelled() {
-            return;
-        }
         // Taken before the pass: a request arriving during it waits for the next one.
-        let answering: Vec<_> =
-            lock(&shared.pass_requests).as_mut().map(std::mem::take).unwrap_or_default();
+        while let Ok(request) = inbox.requests.try_recv() {
+            match request {
+                Request::Pass(reply) => answering.push(reply),
+                Request::Shutdown(s) => return Some(s),
+            }
+        }
+        drain_exits(shared, &mut inbox.exits, state);
+        if shared.stop_taking.is_cancelled() {
+            return None;
+        }
         if !shared.fenced.load(Ordering::SeqCst) {
             // Read before listing: a reason to list that arrives during the pass is kept for the
             // next one.
@@ -76,7 +134,7 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
                 shared.bump(&shared.stats.passes, 1);
             } else {
                 let started = Instant::now();
-                match pass(&shared).await {
+                match pass(shared, inbox, state).await {
                     Some(outcome) => {
                         listed_at = Some((wanted, started));
                         settled = outcome.settled;
@@ -87,22 +145,140 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>) {
                 }
             }
         }
-        for reply in answering {
+        for reply in answering.drain(..) {
             let _ = reply.send(());
         }
         // Wake at a claim's deadline too: the task must stop before the claimant may take it.
         let now = Instant::now();
         let mut wake = now + shared.jittered(shared.cfg.balance_interval);
-        if let Some(deadline) = next_unanswered_deadline(&shared, now) {
+        if let Some(deadline) = next_unanswered_deadline(shared, state, now) {
             wake = wake.min(deadline);
         }
-        tokio::select! {
-            biased;
-            _ = tokio::time::sleep_until(wake) => {}
-            _ = shared.balance_now.notified() => {}
-            _ = shared.stop_taking.cancelled() => return,
+        // While it waits, the loop drains what its tasks report, so the task map stays current
+        // between passes (a task that ended is removed within moments, not at the next pass).
+        loop {
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(wake) => break,
+                _ = shared.balance_now.notified() => break,
+                _ = shared.stop_taking.cancelled() => return None,
+                Some(exited) = inbox.exits.recv() => on_exit(shared, state, exited),
+                Some(request) = inbox.requests.recv() => match request {
+                    Request::Pass(reply) => {
+                        answering.push(reply);
+                        break;
+                    }
+                    Request::Shutdown(s) => return Some(s),
+                },
+            }
         }
     }
+}
+
+/// Removes from the task map a task that reported its end, and forgets its grant, both only if
+/// they are still the ones of that task (a later task for the key has its own epoch).
+fn on_exit(shared: &Shared, state: &mut LoopState, exited: lease_task::Exited) {
+    {
+        let mut tasks = lock(&shared.tasks);
+        if tasks.get(&exited.key).is_some_and(|t| t.epoch == exited.epoch) {
+            tasks.remove(&exited.key);
+        }
+        let mut granted = lock(&shared.granted);
+        if granted.get(&exited.key) == Some(&exited.epoch) {
+            granted.remove(&exited.key);
+        }
+    }
+    // Whatever ended the task, the next pass looks at the lease again.
+    shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
+    // Checked after the removal: a shutdown reads the map (under its lock) only after taking
+    // stopped, so a task it found there is removed after that read, and kept here for its report.
+    if shared.stop_taking.is_cancelled() {
+        state.exited_while_stopping.push(exited);
+    }
+}
+
+/// Drains every report waiting in the channel.
+fn drain_exits(
+    shared: &Shared,
+    exits: &mut mpsc::UnboundedReceiver<lease_task::Exited>,
+    state: &mut LoopState,
+) {
+    while let Ok(exited) = exits.try_recv() {
+        on_exit(shared, state, exited);
+    }
+}
+
+/// After the last pass: waits for the shutdown's request (taking stops before it is sent), then
+/// collects how each task the shutdown stopped ended, until its deadline. A task still running
+/// then is aborted and its lease released anyway (abandoned).
+async fn finish(
+    shared: &Arc<Shared>,
+    inbox: &mut Inbox,
+    state: &mut LoopState,
+    early: Option<Shutdown>,
+) {
+    let request = match early {
+        Some(s) => s,
+        None => loop {
+            match inbox.requests.recv().await {
+                Some(Request::Shutdown(s)) => break s,
+                // No more passes: the caller is let go at once.
+                Some(Request::Pass(_)) => {}
+                None => return,
+            }
+        },
+    };
+    let Shutdown { deadline, mut held, reply } = request;
+    let mut report = ShutdownReport::default();
+    let mut record = |held: &mut BTreeMap<LeaseKey, Epoch>, exited: lease_task::Exited| {
+        if held.get(&exited.key) != Some(&exited.epoch) {
+            return;
+        }
+        held.remove(&exited.key);
+        let key = exited.key;
+        match exited.outcome {
+            lease_task::Ended::Released(resumes_at) => {
+                report.released.push(ReleasedLease { key, resumes_at });
+            }
+            lease_task::Ended::NotReleased => report.not_released.push(key),
+            lease_task::Ended::Nothing => report.ended.push(key),
+        }
+    };
+    drain_exits(shared, &mut inbox.exits, state);
+    for exited in std::mem::take(&mut state.exited_while_stopping) {
+        record(&mut held, exited);
+    }
+    while !held.is_empty() {
+        tokio::select! {
+            biased;
+            exited = inbox.exits.recv() => match exited {
+                Some(exited) => {
+                    on_exit(shared, state, exited);
+                    for exited in std::mem::take(&mut state.exited_while_stopping) {
+                        record(&mut held, exited);
+                    }
+                }
+                None => break,
+            },
+            _ = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    for (key, epoch) in held {
+        let task = lock(&shared.tasks).remove(&key);
+        if let Some(t) = task {
+            t.abort.abort();
+        }
+        warn!(shard = %key, "lease task did not stop in time; releasing its lease anyway");
+        let token = crate::lease::LeaseToken { key: key.clone(), owner: shared.id(), epoch };
+        match lease_task::transfer(shared, &token, None).await {
+            lease_task::Ended::Released(resumes_at) => {
+                report.abandoned.push(ReleasedLease { key, resumes_at });
+            }
+            _ => report.not_released.push(key),
+        }
+    }
+    report.sort();
+    let _ = reply.send(report);
 }
 
 /// What a full safety-net listing may cost a worker, in lease records read per second, when the
@@ -127,25 +303,36 @@ pub(crate) struct PassOutcome {
 
 /// One balance pass: lists the leases and acts on them. `None` when the listing failed. The
 /// ownership changes the pass wrote are published once, at its end.
-pub(crate) async fn pass(shared: &Arc<Shared>) -> Option<PassOutcome> {
+async fn pass(
+    shared: &Arc<Shared>,
+    inbox: &mut Inbox,
+    state: &mut LoopState,
+) -> Option<PassOutcome> {
     let changes = shared.changes.load(Ordering::SeqCst);
-    let outcome = list_and_act(shared).await;
+    let outcome = list_and_act(shared, inbox, state).await;
     if shared.changes.load(Ordering::SeqCst) != changes {
         shared.publish_now.notify_one();
     }
     outcome
 }
 
-async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
+async fn list_and_act(
+    shared: &Arc<Shared>,
+    inbox: &mut Inbox,
+    state: &mut LoopState,
+) -> Option<PassOutcome> {
     let list_sent = Instant::now();
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
         Err(e) => {
             warn!(error = %crate::error::ErrorChain(&e), "listing leases failed; skipping this balance pass");
-            stop_unanswered_past_deadline(shared, Instant::now());
+            stop_unanswered_past_deadline(shared, state, Instant::now());
             return None;
         }
     };
+    // Tasks that ended while the listing was on its way leave the map before it is reconciled
+    // with the listing (they would otherwise count as running for this pass).
+    drain_exits(shared, &mut inbox.exits, state);
     shared.bump(&shared.stats.lease_listings, 1);
     let listed = listing.items.len() + listing.corrupt.len();
     {
@@ -163,7 +350,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
             shared.sync_now.notify_one();
         }
     }
-    report_corrupt(shared, &listing.corrupt);
+    report_corrupt(shared, state, &listing.corrupt);
     let corrupt: BTreeSet<LeaseKey> =
         listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
     let lost = lost_leases(shared, &listing.items, &corrupt, list_sent).await;
@@ -174,23 +361,31 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
     // restores them under its own name), and the next listing decides.
     let mut withheld = corrupt;
     if lost.is_empty() {
-        lock(&shared.lost_since).clear();
+        state.lost_since.clear();
     } else {
         withheld.extend(lost.iter().map(|l| l.key().clone()));
         leases.retain(|v| !withheld.contains(&v.lease.key));
         let vanished = leases.is_empty() && listing.corrupt.is_empty();
-        restore_lost(shared, lost, vanished).await;
+        restore_lost(shared, state, lost, vanished).await;
     }
     let now = Instant::now();
     let me = shared.id();
     let live = live_set(shared, &me, &leases);
-    let (resume, retake, stopped) = reconcile(shared, &me, &leases, &withheld);
+    // One index of the listing for the pass, and which leases are active decided once from it.
+    let index: HashMap<&LeaseKey, &Lease> =
+        leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
+    let active: HashSet<&LeaseKey> = leases
+        .iter()
+        .filter(|v| is_active(&v.lease, &index, &withheld))
+        .map(|v| &v.lease.key)
+        .collect();
+    let (resume, retake, stopped) = reconcile(shared, &me, &leases, &index, &active, &withheld);
     let mut settled = !any_lost
         && withheld.is_empty()
         && resume.is_empty()
         && retake.is_empty()
         && stopped == 0
-        && nothing_pending(shared, &me, &leases, &withheld);
+        && nothing_pending(shared, &me, &leases, &active);
     for VersionedLease { lease, version } in resume {
         lease_task::spawn(shared, lease, version);
     }
@@ -234,7 +429,7 @@ async fn list_and_act(shared: &Arc<Shared>) -> Option<PassOutcome> {
         answered = execute(shared, &plan, &by_key).await;
     }
     // After the plan, which answers claims: only a claim this pass could not answer counts.
-    yield_unanswered_claims(shared, &me, &leases, list_sent, now, &answered);
+    yield_unanswered_claims(shared, state, &me, &leases, list_sent, now, &answered);
     settled &= lock(&shared.my_claims).is_empty();
     Some(PassOutcome { settled, leases: listed })
 }
@@ -249,13 +444,11 @@ fn nothing_pending(
     shared: &Shared,
     me: &WorkerId,
     leases: &[VersionedLease],
-    withheld: &BTreeSet<LeaseKey>,
+    active: &HashSet<&LeaseKey>,
 ) -> bool {
     let live = lock(&shared.liveness).live_workers();
-    let all: std::collections::HashMap<&LeaseKey, &Lease> =
-        leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
     leases.iter().all(|VersionedLease { lease: l, .. }| {
-        !is_active(l, &all, withheld)
+        !active.contains(&l.key)
             || (l.live_claim().is_none()
                 && l.owner.as_ref().is_some_and(|o| o == me || live.contains(o)))
     })
@@ -270,14 +463,11 @@ async fn lost_leases(
     corrupt: &BTreeSet<LeaseKey>,
     list_sent: Instant,
 ) -> Vec<recovery::Lost> {
-    // Keys this worker wrote (and remembered) after the listing was sent; older stamps are no
-    // longer needed once a listing sent after them has been compared.
-    let fresh: BTreeSet<LeaseKey> = {
-        let mut at = lock(&shared.remembered_at);
-        at.retain(|_, t| *t >= list_sent);
-        at.keys().cloned().collect()
+    let lost = {
+        let mut memory = lock(&shared.remembered);
+        let fresh = recovery::fresh_keys(&mut memory, list_sent);
+        recovery::compare(&mut memory, listed, corrupt, &fresh)
     };
-    let lost = recovery::compare(&mut lock(&shared.remembered), listed, corrupt, &fresh);
     if lost.iter().all(|l| l.now.is_some()) {
         return lost;
     }
@@ -303,12 +493,17 @@ async fn lost_leases(
 /// A lease this worker runs is kept (its task goes on); one another live worker owned is left to
 /// that worker for a pass. A restore that loses a race is retried at the next pass, which finds
 /// the lease lost again.
-async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished: bool) {
+async fn restore_lost(
+    shared: &Arc<Shared>,
+    state: &mut LoopState,
+    lost: Vec<recovery::Lost>,
+    vanished: bool,
+) {
     let total = lost.len();
     if vanished {
         error!(
             leases = total,
-            held = lock(&shared.tasks).len(),
+            held = shared.held().len(),
             "every lease of the namespace vanished from the store: checkpoints written since this \
              worker last listed them are LOST (those records will be processed again); restoring \
              the leases as this worker last saw them"
@@ -326,7 +521,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
     let writes: Vec<(Lease, Option<Version>)> = {
         let tasks = lock(&shared.tasks);
         let mut liveness = lock(&shared.liveness);
-        let mut since = lock(&shared.lost_since);
+        let since = &mut state.lost_since;
         let keys: BTreeSet<&LeaseKey> = lost.iter().map(|l| l.key()).collect();
         since.retain(|k, _| keys.contains(k));
         let now = Instant::now();
@@ -340,7 +535,7 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
                 let first = *since.entry(l.key().clone()).or_insert(now);
                 let standing = recovery::Standing {
                     me: &me,
-                    running_at: tasks.get(l.key()).map(|t| t.epoch),
+                    running_at: tasks.get(l.key()).filter(|t| t.is_running()).map(|t| t.epoch),
                     // This worker knows whether it runs a lease it owned; it never waits for itself.
                     owner_alive: l
                         .seen
@@ -421,12 +616,12 @@ async fn restore_lost(shared: &Arc<Shared>, lost: Vec<recovery::Lost>, vanished:
     }
 }
 
-fn report_corrupt(shared: &Shared, corrupt: &[crate::store::CorruptRecord]) {
+fn report_corrupt(shared: &Shared, state: &mut LoopState, corrupt: &[crate::store::CorruptRecord]) {
     if corrupt.is_empty() {
         return;
     }
     shared.metrics.corrupt(corrupt.len());
-    let mut reported = lock(&shared.reported_corrupt);
+    let reported = &mut state.reported_corrupt;
     for c in corrupt {
         if reported.insert(c.key.clone()) {
             warn!(shard = %c.key, reason = %c.reason, "corrupt lease record skipped; the other leases go on");
@@ -466,17 +661,20 @@ fn reconcile(
     shared: &Arc<Shared>,
     me: &WorkerId,
     leases: &[VersionedLease],
+    by_key: &HashMap<&LeaseKey, &Lease>,
+    active: &HashSet<&LeaseKey>,
     withheld: &BTreeSet<LeaseKey>,
 ) -> (Vec<VersionedLease>, Vec<VersionedLease>, usize) {
-    let by_key: BTreeMap<&LeaseKey, &Lease> =
-        leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
     let mut stopped = 0;
     {
         let tasks = lock(&shared.tasks);
         for (key, task) in tasks.iter().filter(|(k, _)| !withheld.contains(*k)) {
             let still_mine =
                 by_key.get(key).is_some_and(|l| l.is_owned_by(me) && l.epoch == task.epoch);
-            if !still_mine && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
+            if !still_mine
+                && task.is_running()
+                && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt())
+            {
                 info!(shard = %key, "lease moved on; stopping its task");
                 shared.bump(&shared.stats.lost, 1);
                 shared.metrics.lost(key);
@@ -488,7 +686,6 @@ fn reconcile(
     if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
         return (Vec::new(), Vec::new(), stopped);
     }
-    let by_ref: std::collections::HashMap<&LeaseKey, &Lease> = by_key.clone().into_iter().collect();
     let former = lock(&shared.former_ids).clone();
     let tasks = lock(&shared.tasks);
     let granted = lock(&shared.granted).clone();
@@ -496,7 +693,7 @@ fn reconcile(
     // A lease claimed by a peer is not restarted here: the plan hands it over or clears the claim.
     let idle = leases.iter().filter(|VersionedLease { lease, .. }| {
         lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))
-            && is_active(lease, &by_ref, withheld)
+            && active.contains(&lease.key)
             && !tasks.contains_key(&lease.key)
             && lease.live_claim().is_none_or(|c| &c.by == me)
     });
@@ -517,13 +714,14 @@ fn reconcile(
 /// timeout; the lease is then handed over, or the claim cleared, by a later pass.
 fn yield_unanswered_claims(
     shared: &Shared,
+    state: &mut LoopState,
     me: &WorkerId,
     leases: &[VersionedLease],
     list_sent: Instant,
     now: Instant,
     answered: &BTreeSet<LeaseKey>,
 ) {
-    let previous = lock(&shared.previous_listing).replace(list_sent).unwrap_or(list_sent);
+    let previous = state.previous_listing.replace(list_sent).unwrap_or(list_sent);
     let claimed: BTreeMap<&LeaseKey, Version> = leases
         .iter()
         .filter(|v| v.lease.is_owned_by(me) && v.lease.live_claim().is_some_and(|c| &c.by != me))
@@ -531,7 +729,7 @@ fn yield_unanswered_claims(
         .map(|v| (&v.lease.key, v.version))
         .collect();
     {
-        let mut watched = lock(&shared.claims_on_mine);
+        let watched = &mut state.claims_on_mine;
         watched.retain(|k, _| claimed.contains_key(k));
         for (key, version) in claimed {
             let (seen, since) = watched.entry(key.clone()).or_insert((version, previous));
@@ -541,7 +739,7 @@ fn yield_unanswered_claims(
             }
         }
     }
-    stop_unanswered_past_deadline(shared, now);
+    stop_unanswered_past_deadline(shared, state, now);
 }
 
 /// How long a claim on one of this worker's leases may stand unanswered, from the send time of
@@ -553,27 +751,23 @@ fn unanswered_claim_limit(shared: &Shared) -> Duration {
 /// The earliest moment after `now` a watched claim on this worker's leases reaches its limit:
 /// the balance loop wakes then, whatever its interval, so the task stops before the claimant may
 /// take it. (Deadlines already past were acted on when they passed.)
-pub(crate) fn next_unanswered_deadline(shared: &Shared, now: Instant) -> Option<Instant> {
+fn next_unanswered_deadline(shared: &Shared, state: &LoopState, now: Instant) -> Option<Instant> {
     let limit = unanswered_claim_limit(shared);
-    lock(&shared.claims_on_mine)
-        .values()
-        .map(|(_, since)| *since + limit)
-        .filter(|d| *d > now)
-        .min()
+    state.claims_on_mine.values().map(|(_, since)| *since + limit).filter(|d| *d > now).min()
 }
 
 /// Stops the tasks of leases whose claim has stood unanswered past the limit. Also called when a
 /// pass cannot list: not knowing whether the claim was answered, the task stops all the same
 /// (the claimant's clock does not wait for this worker's store errors).
-pub(crate) fn stop_unanswered_past_deadline(shared: &Shared, now: Instant) {
+fn stop_unanswered_past_deadline(shared: &Shared, state: &LoopState, now: Instant) {
     let limit = unanswered_claim_limit(shared);
-    let watched = lock(&shared.claims_on_mine);
+    let watched = &state.claims_on_mine;
     let tasks = lock(&shared.tasks);
     for (key, (_, since)) in watched.iter() {
         if now.saturating_duration_since(*since) < limit {
             continue;
         }
-        if let Some(t) = tasks.get(key) {
+        if let Some(t) = tasks.get(key).filter(|t| t.is_running()) {
             if t.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
                 warn!(shard = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
                 shared.bump(&shared.stats.lost, 1);
@@ -705,7 +899,12 @@ async fn execute(
     // hundreds of claims restarts every claimant's clock within one pass.
     let mut running = Vec::new();
     for (key, to) in &plan.handoffs {
-        let task = lock(&shared.tasks).get(key).map(|t| (t.epoch, t.stop.borrow().is_none()));
+        // A task that ended (its report not drained yet) wrote all it will: the lease is handed
+        // over directly, if the listed token still holds.
+        let task = lock(&shared.tasks)
+            .get(key)
+            .filter(|t| t.is_running())
+            .map(|t| (t.epoch, t.stop.borrow().is_none()));
         match task {
             Some((epoch, true)) => running.push((key.clone(), to.clone(), epoch)),
             Some((_, false)) => {} // already stopping

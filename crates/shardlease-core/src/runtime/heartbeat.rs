@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use tokio::task::AbortHandle;
 use tokio::time::{timeout, Instant};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::shared::{lock, Shared, StopReason};
@@ -29,7 +31,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         beat += 1;
         let sent = Instant::now();
         let mut record = WorkerRecord::new(shared.id(), beat);
-        record.lease_count = lock(&shared.tasks).len() as u32;
+        record.lease_count = shared.held().len() as u32;
         record.capacity = shared.cfg.max_leases_per_worker.map(|m| m as u32);
         record.changes = shared.changes.load(Ordering::SeqCst);
         match timeout(hb, shared.store.heartbeat(&record)).await {
@@ -106,7 +108,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         }
         {
             let tasks = lock(&shared.tasks);
-            shared.metrics.leases_held(tasks.len());
+            shared.metrics.leases_held(tasks.values().filter(|t| t.is_running()).count());
             let now = Instant::now();
             tasks.values().for_each(|t| t.metrics.refresh_checkpoint_age(now));
         }
@@ -194,23 +196,31 @@ pub(crate) async fn fence(shared: &Shared) {
     shared.fenced.store(true, Ordering::SeqCst);
     shared.bump(&shared.stats.fenced, 1);
     shared.metrics.self_fenced();
-    let tasks: Vec<_> = std::mem::take(&mut *lock(&shared.tasks)).into_values().collect();
+    // The task map is the balance loop's: the fence only reads it. The tasks it stops report
+    // their end to the loop, which removes them (it runs no pass while this worker is fenced).
+    let running: Vec<(CancellationToken, AbortHandle)> = {
+        let tasks = lock(&shared.tasks);
+        for t in tasks.values() {
+            t.stop.send_replace(Some(StopReason::Fenced));
+        }
+        tasks
+            .values()
+            .filter(|t| t.is_running())
+            .map(|t| (t.done.clone(), t.abort.clone()))
+            .collect()
+    };
     error!(
-        leases = tasks.len(),
+        leases = running.len(),
         "no successful heartbeat for failover_timeout − heartbeat_interval: stopping every lease \
          before peers can judge this worker dead"
     );
-    for t in &tasks {
-        t.stop.send_replace(Some(StopReason::Fenced));
-    }
     // One deadline for the whole fence, not one per task: with thousands of leases, half a
     // heartbeat each would outlast the failover timeout.
     let deadline = Instant::now() + shared.cfg.heartbeat_interval / 2;
-    let aborts: Vec<_> = tasks.iter().map(|t| t.join.abort_handle()).collect();
-    let joined = futures::future::join_all(tasks.into_iter().map(|t| t.join));
-    if tokio::time::timeout_at(deadline, joined).await.is_err() {
-        for a in &aborts {
-            a.abort();
+    let ended = futures::future::join_all(running.iter().map(|(done, _)| done.cancelled()));
+    if tokio::time::timeout_at(deadline, ended).await.is_err() {
+        for (_, abort) in &running {
+            abort.abort();
         }
     }
     lock(&shared.my_claims).clear();

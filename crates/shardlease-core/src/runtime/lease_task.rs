@@ -6,29 +6,35 @@
 //! released so the shard resumes from its last checkpoint. Abrupt stops (lease lost, self-fence)
 //! abandon in-flight processing at once; graceful ones (handoff, shutdown) let the current batch
 //! finish and give the processor a chance to checkpoint.
+//!
+//! A task never touches the task map: however it ends, it reports `Exited` to the balance loop,
+//! which owns the map.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Instrument};
 
 use super::shared::{lock, LeaseTask, Shared, StopReason};
 use crate::checkpointer::{Checkpointer, StoreCheckpointer};
 use crate::error::{BoxError, Error};
 use crate::ids::WorkerId;
-use crate::lease::{Lease, LeaseKey, LeaseToken, Version};
+use crate::lease::{Epoch, Lease, LeaseKey, LeaseToken, Version};
 use crate::position::Position;
 use crate::processor::{CheckpointHandle, CheckpointObserver, LeaseContext, RecordProcessor};
 use crate::source::{Batch, ShardInfo, ShardReader};
 use crate::telemetry::LeaseMetrics;
 
-/// Starts a task for `lease` (owned by this worker at `version`) unless one is running, or the
-/// worker is shutting down or fenced. Returns false when no task was started.
+/// Starts a task for `lease` (owned by this worker at `version`) unless one is in the task map
+/// (running, or ended but not yet drained), or the worker is shutting down or fenced. Returns
+/// false when no task was started. Called by the balance loop only: it alone inserts into the
+/// task map, and removes an entry when it drains the task's [`Exited`] report.
 ///
 /// The check is made under the task-map lock, which shutdown and fencing also hold while they
-/// drain the map: a take that completes during either can never leave an orphan task running.
+/// read the map: a take that completes during either can never leave an orphan task running.
 pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> bool {
     let Some(token) = lease.token() else { return false };
     let mut tasks = lock(&shared.tasks);
@@ -42,11 +48,57 @@ pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> boo
     lock(&shared.granted).insert(lease.key.clone(), token.epoch);
     let (tx, rx) = watch::channel(None);
     let metrics = Arc::new(shared.metrics.lease(&lease.key));
+    let done = CancellationToken::new();
+    let report = Report {
+        exits: shared.exits.clone(),
+        key: lease.key.clone(),
+        epoch: token.epoch,
+        outcome: Ended::NotReleased,
+        metrics: metrics.clone(),
+        done: done.clone(),
+    };
     let span = tracing::info_span!("lease", shard = %lease.key, epoch = %lease.epoch);
-    let join =
-        tokio::spawn(run(shared.clone(), lease.clone(), rx, metrics.clone()).instrument(span));
-    tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, join, metrics });
+    let join = tokio::spawn(run(shared.clone(), lease.clone(), rx, report).instrument(span));
+    let abort = join.abort_handle();
+    tasks.insert(
+        lease.key.clone(),
+        LeaseTask { epoch: token.epoch, stop: tx, abort, done, metrics },
+    );
     true
+}
+
+/// What a lease task reports to the balance loop when it ends, however it ends (an abort or a
+/// panic too): the loop removes it from the task map and forgets its grant.
+#[derive(Debug)]
+pub(crate) struct Exited {
+    /// The lease.
+    pub key: LeaseKey,
+    /// The epoch the task ran it at (a later task for the same key has another entry).
+    pub epoch: Epoch,
+    /// What became of the lease.
+    pub outcome: Ended,
+}
+
+/// Sends a task's [`Exited`] report when dropped: at the end of `run`, or when the task is
+/// aborted or panics outside the processor (the outcome then stays `NotReleased`). Its gauges
+/// go to 0 first, so a task started next for the same shard keeps its own.
+struct Report {
+    exits: tokio::sync::mpsc::UnboundedSender<Exited>,
+    key: LeaseKey,
+    epoch: Epoch,
+    outcome: Ended,
+    metrics: Arc<LeaseMetrics>,
+    done: CancellationToken,
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        self.metrics.ended();
+        self.done.cancel();
+        let outcome = std::mem::replace(&mut self.outcome, Ended::Nothing);
+        // An error means the balance loop is gone (the worker stopped): nobody left to tell.
+        let _ = self.exits.send(Exited { key: self.key.clone(), epoch: self.epoch, outcome });
+    }
 }
 
 /// How a lease task ended.
@@ -58,6 +110,7 @@ enum Exit {
 }
 
 /// What became of a lease when its task ended: what a shutdown reports for it.
+#[derive(Debug)]
 pub(crate) enum Ended {
     /// Released or handed over, with this checkpoint stored for the next owner.
     Released(Position),
@@ -73,15 +126,6 @@ pub(crate) enum Ended {
 enum Step<T> {
     Done(T),
     Exit(Exit),
-}
-
-/// Sets the task's gauges to 0 however the task ends (an abort drops it too).
-struct EndMetrics(Arc<LeaseMetrics>);
-
-impl Drop for EndMetrics {
-    fn drop(&mut self) {
-        self.0.ended();
-    }
 }
 
 /// The runtime's view of a lease's checkpoints (see `Shared`'s observer), plus its age metric.
@@ -105,10 +149,13 @@ async fn run(
     shared: Arc<Shared>,
     lease: Lease,
     stop: watch::Receiver<Option<StopReason>>,
-    metrics: Arc<LeaseMetrics>,
-) -> Ended {
-    let Some(token) = lease.token() else { return Ended::Nothing };
-    let gauges = EndMetrics(metrics.clone());
+    mut report: Report,
+) {
+    let Some(token) = lease.token() else {
+        report.outcome = Ended::Nothing;
+        return;
+    };
+    let metrics = report.metrics.clone();
     let observer = Arc::new(Observed { shared: shared.clone(), metrics: metrics.clone() });
     let cp = CheckpointHandle::observed(shared.checkpointer.clone(), token.clone(), observer);
     let mut task = Task {
@@ -125,7 +172,10 @@ async fn run(
     let exit = tokio::select! {
         biased;
         e = task.drive(&lease) => e,
-        _ = shared.cancel.cancelled() => return Ended::Nothing,
+        _ = shared.cancel.cancelled() => {
+            report.outcome = Ended::Nothing;
+            return;
+        }
     };
     let ended = match exit {
         Exit::Finished => {
@@ -166,22 +216,12 @@ async fn run(
             transfer(&shared, &token, None).await
         }
     };
-    // Before the task leaves the map: a task started next for the same shard keeps its gauges.
-    drop(gauges);
-    // Under the task-map lock, so a reconcile sees either the task or its grant gone: a listing
-    // older than this moment that still shows the lease as ours at this epoch then leads to a
-    // compare-and-set against a stale version, never to a second task.
-    let mut tasks = lock(&shared.tasks);
-    if tasks.get(&token.key).is_some_and(|t| t.epoch == token.epoch) {
-        tasks.remove(&token.key);
-    }
-    // Whatever ended the task, the next pass looks at the lease again.
-    shared.listing_wanted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let mut granted = lock(&shared.granted);
-    if granted.get(&token.key) == Some(&token.epoch) {
-        granted.remove(&token.key);
-    }
-    ended
+    // Reported when `report` drops, after everything the task writes: the balance loop then
+    // removes the task and its grant together, between two of its own steps, so a reconcile sees
+    // either both or neither. A listing older than this moment that still shows the lease as ours
+    // at this epoch then leads to a compare-and-set against a stale version, never to a second
+    // task.
+    report.outcome = ended;
 }
 
 /// Hands the lease to `to` (if its claim is still standing) or releases it, by compare-and-set.
@@ -255,8 +295,23 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
+/// Whether `e`, or any error in its source chain, is one of ours that `matches`.
+fn in_chain(e: &BoxError, matches: impl Fn(&Error) -> bool) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**e);
+    while let Some(err) = next {
+        if err.downcast_ref::<Error>().is_some_and(&matches) {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// Whether a processor reports the loss of its lease itself, wrapped or not: a processor fencing
+/// its own sink on the epoch learns it there. (A refusal of a checkpoint through the handle needs
+/// no such report: the handle records it, whatever the processor returns.)
 fn is_lease_lost(e: &BoxError) -> bool {
-    matches!(e.downcast_ref::<Error>(), Some(Error::LeaseLost { .. }))
+    in_chain(e, |e| matches!(e, Error::LeaseLost { .. }))
 }
 
 /// The longest wait between retries of a processor stuck on an error retrying cannot fix.
@@ -265,14 +320,7 @@ const STUCK_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 /// Whether a processor error, or any error in its source chain (a user wrapping it), is one
 /// retrying cannot fix: invalid input (a checkpoint behind the stored one, say) or configuration.
 fn is_permanent(e: &BoxError) -> bool {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&**e);
-    while let Some(err) = next {
-        if matches!(err.downcast_ref::<Error>(), Some(Error::InvalidInput(_) | Error::Config(_))) {
-            return true;
-        }
-        next = err.source();
-    }
-    false
+    in_chain(e, |e| matches!(e, Error::InvalidInput(_) | Error::Config(_)))
 }
 
 /// One stuck lease counted in `WorkerStats::stuck` and the `shardlease_leases_stuck` gauge, for
@@ -743,5 +791,41 @@ impl Task {
                 Err(_) => warn!(?limit, "lease_lost did not return in time; abandoned"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error of the processor's own that keeps ours as its source, as `anyhow::Context` does.
+    #[derive(Debug)]
+    struct Context(Error);
+
+    impl std::fmt::Display for Context {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("writing to the sink")
+        }
+    }
+
+    impl std::error::Error for Context {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    fn lost() -> Error {
+        Error::LeaseLost { key: LeaseKey::new("k"), epoch: Epoch(3) }
+    }
+
+    /// A processor whose sink refused a write on the epoch reports the loss wrapped in its own
+    /// context: it is still a lost lease (the match on the outer type alone missed it).
+    #[test]
+    fn a_lost_lease_is_found_under_the_processors_context() {
+        assert!(is_lease_lost(&(Box::new(lost()) as BoxError)));
+        assert!(is_lease_lost(&(Box::new(Context(lost())) as BoxError)));
+        let other = Context(Error::retryable("timeout"));
+        assert!(!is_lease_lost(&(Box::new(other) as BoxError)));
+        assert!(!is_permanent(&(Box::new(Context(lost())) as BoxError)));
     }
 }

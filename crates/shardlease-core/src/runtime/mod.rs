@@ -13,18 +13,19 @@ mod shard_sync;
 mod shared;
 mod shutdown_report;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use tokio::task::JoinHandle;
-use tracing::{info, warn, Instrument};
+use tracing::{error, info, warn, Instrument};
 
 use crate::balancer::{Balancer, GreedyBalancer};
 use crate::checkpointer::{Checkpointer, StoreCheckpointer};
 use crate::config::Config;
 use crate::error::Result;
 use crate::ids::WorkerId;
-use crate::lease::LeaseKey;
+use crate::lease::{Epoch, LeaseKey};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::store::LeaseStore;
@@ -35,6 +36,8 @@ pub use shutdown_report::{ReleasedLease, ShutdownReport};
 /// A configured worker, ready to [`start`](Worker::start).
 pub struct Worker {
     shared: Arc<Shared>,
+    /// The balance loop's receiving ends (lease task reports, requests), handed to it at start.
+    inbox: balance::Inbox,
 }
 
 impl std::fmt::Debug for Worker {
@@ -102,17 +105,16 @@ impl WorkerBuilder {
                 (d.clone() as Arc<dyn Checkpointer>, Some(d))
             }
         };
-        Ok(Worker {
-            shared: Arc::new(Shared::new(
-                self.config,
-                self.store,
-                self.source,
-                self.factory,
-                checkpointer,
-                default_checkpointer,
-                self.balancer,
-            )),
-        })
+        let (shared, inbox) = Shared::new(
+            self.config,
+            self.store,
+            self.source,
+            self.factory,
+            checkpointer,
+            default_checkpointer,
+            self.balancer,
+        );
+        Ok(Worker { shared: Arc::new(shared), inbox })
     }
 }
 
@@ -148,7 +150,7 @@ impl Worker {
 
     /// Starts the worker's loops on the current tokio runtime.
     pub fn start(self) -> WorkerHandle {
-        let shared = self.shared;
+        let Worker { shared, inbox } = self;
         let span = tracing::info_span!("worker", worker = %shared.cfg.worker_id, namespace = %shared.cfg.namespace);
         info!(parent: &span, "worker starting");
         let dedicated = shared.cfg.dedicated_heartbeat_thread;
@@ -161,7 +163,7 @@ impl Worker {
                 dedicated,
                 heartbeat::watchdog(shared.clone()).instrument(span.clone()),
             ),
-            tokio::spawn(balance::balance_loop(shared.clone()).instrument(span.clone())),
+            tokio::spawn(balance::balance_loop(shared.clone(), inbox).instrument(span.clone())),
             tokio::spawn(shard_sync::shard_sync_loop(shared.clone()).instrument(span.clone())),
             tokio::spawn(notices::notice_loop(shared.clone()).instrument(span.clone())),
         ];
@@ -265,10 +267,9 @@ impl WorkerHandle {
     #[cfg(feature = "test-util")]
     pub async fn balance_now(&self) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        {
-            let mut requests = lock(&self.shared.pass_requests);
-            let Some(waiting) = requests.as_mut() else { return };
-            waiting.push(tx);
+        // An error means the loop has ended: no pass to wait for.
+        if self.shared.requests.send(balance::Request::Pass(tx)).is_err() {
+            return;
         }
         self.shared.want_listing();
         // An error means the loop ended without answering: nothing more to wait for.
@@ -295,48 +296,43 @@ impl WorkerHandle {
             *done = true;
             return Ok(ShutdownReport::default());
         }
-        let mut report = ShutdownReport::default();
         let shared = &self.shared;
         info!(worker = %shared.id(), "shutting down");
         shared.stop_taking.cancel();
-        let tasks: Vec<_> = std::mem::take(&mut *lock(&shared.tasks)).into_iter().collect();
         let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
-        for (_, t) in &tasks {
-            if t.stop.borrow().is_none() {
-                t.stop.send_replace(Some(StopReason::Shutdown { deadline }));
-            }
-        }
-        for (key, t) in tasks {
-            let abort = t.join.abort_handle();
-            let ended = match tokio::time::timeout_at(deadline, t.join).await {
-                Ok(Ok(ended)) => ended,
-                // The task panicked outside the processor (which is caught) or was aborted.
-                Ok(Err(_)) => lease_task::Ended::NotReleased,
-                Err(_) => {
-                    abort.abort();
-                    warn!(shard = %key, "lease task did not stop in time; releasing its lease anyway");
-                    let token = crate::lease::LeaseToken {
-                        key: key.clone(),
-                        owner: shared.id(),
-                        epoch: t.epoch,
-                    };
-                    match lease_task::transfer(shared, &token, None).await {
-                        lease_task::Ended::Released(resumes_at) => {
-                            report.abandoned.push(ReleasedLease { key, resumes_at });
-                        }
-                        _ => report.not_released.push(key),
+        // Read under the task-map lock, after taking stopped: no task starts after this, and the
+        // running ones are asked to stop at once, whatever the balance loop is doing. The loop,
+        // which owns the map, collects how each of them ended (or cuts it short at the deadline).
+        let held: BTreeMap<LeaseKey, Epoch> = {
+            let tasks = lock(&shared.tasks);
+            tasks
+                .iter()
+                .filter(|(_, t)| t.is_running())
+                .map(|(key, t)| {
+                    if t.stop.borrow().is_none() {
+                        t.stop.send_replace(Some(StopReason::Shutdown { deadline }));
                     }
-                    continue;
+                    (key.clone(), t.epoch)
+                })
+                .collect()
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request = balance::Shutdown { deadline, held: held.clone(), reply };
+        let _ = shared.requests.send(balance::Request::Shutdown(request));
+        let report = match answer.await {
+            Ok(report) => report,
+            Err(_) => {
+                // The balance loop is gone (it panicked): nobody can say how the tasks ended.
+                error!("the balance loop ended before the shutdown; stopping the lease tasks as they are");
+                let tasks = lock(&shared.tasks);
+                for key in held.keys() {
+                    if let Some(t) = tasks.get(key) {
+                        t.abort.abort();
+                    }
                 }
-            };
-            match ended {
-                lease_task::Ended::Released(resumes_at) => {
-                    report.released.push(ReleasedLease { key, resumes_at });
-                }
-                lease_task::Ended::NotReleased => report.not_released.push(key),
-                lease_task::Ended::Nothing => report.ended.push(key),
+                ShutdownReport { not_released: held.into_keys().collect(), ..Default::default() }
             }
-        }
+        };
         withdraw_claims(shared).await;
         shared.cancel.cancel();
         let loops = std::mem::take(&mut *lock(&self.loops));
@@ -369,8 +365,8 @@ impl WorkerHandle {
         for l in lock(&self.loops).drain(..) {
             l.abort();
         }
-        for (_, t) in std::mem::take(&mut *lock(&self.shared.tasks)) {
-            t.join.abort();
+        for t in lock(&self.shared.tasks).values() {
+            t.abort.abort();
         }
     }
 }

@@ -26,6 +26,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use tokio::time::Instant;
+
 use crate::ids::WorkerId;
 use crate::lease::{Epoch, Lease, LeaseKey, VersionedLease};
 use crate::position::Position;
@@ -37,6 +39,44 @@ pub(crate) struct Lost {
     pub seen: Lease,
     /// The record the store holds now, if any.
     pub now: Option<VersionedLease>,
+}
+
+/// What a worker remembers of one lease (see [`Memory`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Remembered {
+    /// The furthest checkpoint and highest epoch seen, in the lease as last seen.
+    pub lease: Lease,
+    /// When this worker's own write last updated the entry, until a listing sent after that
+    /// moment has been compared: a listing sent before it cannot show the write ([`fresh_keys`]).
+    pub written_at: Option<Instant>,
+}
+
+impl Remembered {
+    /// An entry learnt from a listing (no write of this worker's pending).
+    pub(crate) fn listed(lease: Lease) -> Self {
+        Remembered { lease, written_at: None }
+    }
+}
+
+/// Per lease, what this worker has seen of the namespace: one map, so a lease and the stamp of
+/// this worker's last write to it are always read and updated together.
+pub(crate) type Memory = BTreeMap<LeaseKey, Remembered>;
+
+/// The keys this worker wrote (and remembered) after a listing was sent at `list_sent`: that
+/// listing may predate the write, so [`compare`] leaves them alone. Older stamps are cleared, no
+/// longer needed once a listing sent after them is compared.
+pub(crate) fn fresh_keys(memory: &mut Memory, list_sent: Instant) -> BTreeSet<LeaseKey> {
+    let mut fresh = BTreeSet::new();
+    for (key, r) in memory.iter_mut() {
+        match r.written_at {
+            Some(t) if t >= list_sent => {
+                fresh.insert(key.clone());
+            }
+            Some(_) => r.written_at = None,
+            None => {}
+        }
+    }
+    fresh
 }
 
 /// Where this worker stands toward a lost lease.
@@ -137,7 +177,7 @@ fn skips_from(seen: &Position, now: &Position) -> bool {
 /// worker remembers (a start position pinned, a lease taken while the reply was on its way), so
 /// it says nothing about whether the store lost it (the next listing will).
 pub(crate) fn compare(
-    memory: &mut BTreeMap<LeaseKey, Lease>,
+    memory: &mut Memory,
     listed: &[VersionedLease],
     corrupt: &BTreeSet<LeaseKey>,
     fresh: &BTreeSet<LeaseKey>,
@@ -145,7 +185,7 @@ pub(crate) fn compare(
     let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
         listed.iter().map(|v| (&v.lease.key, v)).collect();
     let mut lost = Vec::new();
-    for (key, seen) in memory.iter() {
+    for (key, Remembered { lease: seen, .. }) in memory.iter() {
         if corrupt.contains(key) || fresh.contains(key) {
             continue;
         }
@@ -163,10 +203,10 @@ pub(crate) fn compare(
         }
     }
     let lost_keys: BTreeSet<&LeaseKey> = lost.iter().map(Lost::key).collect();
-    let mut next: BTreeMap<LeaseKey, Lease> = listed
+    let mut next: Memory = listed
         .iter()
         .filter(|v| !lost_keys.contains(&v.lease.key) && !fresh.contains(&v.lease.key))
-        .map(|v| (v.lease.key.clone(), v.lease.clone()))
+        .map(|v| (v.lease.key.clone(), Remembered::listed(v.lease.clone())))
         .collect();
     for key in lost_keys.into_iter().chain(corrupt.iter()).chain(fresh.iter()) {
         if let Some(seen) = memory.get(key) {
@@ -178,7 +218,7 @@ pub(crate) fn compare(
     // store lost its data), it is restored as finished instead of being processed again after its
     // children.
     for (key, seen) in memory.iter() {
-        if seen.is_finished() && !next.contains_key(key) {
+        if seen.lease.is_finished() && !next.contains_key(key) {
             next.insert(key.clone(), seen.clone());
         }
     }
@@ -192,7 +232,7 @@ pub(crate) fn compare(
 /// shard) is followed down to a listed descendant that moved past its start, which no descendant
 /// can do before all its ancestors finished.
 pub(crate) fn forget_collected(
-    memory: &mut BTreeMap<LeaseKey, Lease>,
+    memory: &mut Memory,
     lost: Vec<Lost>,
     children: &BTreeMap<LeaseKey, Vec<LeaseKey>>,
     listed: &[VersionedLease],
@@ -270,17 +310,27 @@ mod tests {
         let none = BTreeSet::new();
         compare(&mut memory, &listed(&[lease("a", 1, Position::TrimHorizon)]), &none, &none);
         // The worker pins the start (remembered now); a listing sent earlier still shows it.
-        memory.insert(LeaseKey::new("a"), lease("a", 1, seq(5)));
+        let list_sent = Instant::now();
+        let written_at = Some(list_sent + std::time::Duration::from_millis(1));
+        let a = Remembered { lease: lease("a", 1, seq(5)), written_at };
+        memory.insert(LeaseKey::new("a"), a);
         // And it created "b", which the early listing cannot show either.
-        memory.insert(LeaseKey::new("b"), lease("b", 1, Position::TrimHorizon));
+        let b = Remembered { lease: lease("b", 1, Position::TrimHorizon), written_at };
+        memory.insert(LeaseKey::new("b"), b);
         let stale = listed(&[lease("a", 1, Position::TrimHorizon)]);
-        let fresh: BTreeSet<LeaseKey> = ["a", "b"].into_iter().map(LeaseKey::new).collect();
+        let fresh = fresh_keys(&mut memory, list_sent);
+        assert_eq!(fresh, ["a", "b"].into_iter().map(LeaseKey::new).collect());
         assert!(compare(&mut memory, &stale, &none, &fresh).is_empty());
-        assert_eq!(memory[&LeaseKey::new("a")].checkpoint, seq(5), "the write stays remembered");
+        let a = &memory[&LeaseKey::new("a")];
+        assert_eq!(a.lease.checkpoint, seq(5), "the write stays remembered");
+        assert_eq!(a.written_at, written_at, "and so does its stamp");
         assert!(memory.contains_key(&LeaseKey::new("b")));
-        // Without the stamp the same listing reads as a checkpoint that moved backwards and a
-        // lease that vanished.
-        assert_eq!(compare(&mut memory, &stale, &none, &none).len(), 2);
+        // A listing sent after the write clears the stamp; without it the same listing reads as
+        // a checkpoint that moved backwards and a lease that vanished.
+        let fresh = fresh_keys(&mut memory, list_sent + std::time::Duration::from_millis(2));
+        assert!(fresh.is_empty());
+        assert!(memory.values().all(|r| r.written_at.is_none()));
+        assert_eq!(compare(&mut memory, &stale, &none, &fresh).len(), 2);
     }
 
     #[test]
@@ -291,7 +341,7 @@ mod tests {
             .is_empty());
         let later = listed(&[lease("a", 2, seq(9)), lease("b", 1, Position::TrimHorizon)]);
         assert!(compare(&mut memory, &later, &none, &BTreeSet::new()).is_empty());
-        assert_eq!(memory[&LeaseKey::new("a")].checkpoint, seq(9));
+        assert_eq!(memory[&LeaseKey::new("a")].lease.checkpoint, seq(9));
         assert_eq!(memory.len(), 2);
     }
 

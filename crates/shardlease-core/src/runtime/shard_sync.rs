@@ -274,8 +274,8 @@ async fn sync_shards_listed(
     moved.extend(
         lock(&shared.remembered)
             .values()
-            .filter(|l| moved_on(l))
-            .map(|l| l.key.as_str().to_owned()),
+            .filter(|r| moved_on(&r.lease))
+            .map(|r| r.lease.key.as_str().to_owned()),
     );
     let mut children: BTreeMap<&LeaseKey, Vec<&LeaseKey>> = BTreeMap::new();
     for s in &shards {

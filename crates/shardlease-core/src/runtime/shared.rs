@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::{watch, Notify};
-use tokio::task::JoinHandle;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -74,13 +75,27 @@ pub(crate) struct MyClaim {
     pub at: Epoch,
 }
 
-/// A running lease task.
+/// A lease task in the balance loop's task map. The loop inserts it when it starts the task and
+/// removes it when it drains the task's `Exited` report; in between, the task may already have
+/// ended (see [`LeaseTask::is_running`]).
 pub(crate) struct LeaseTask {
     pub epoch: Epoch,
     /// The task's per-shard metrics (the heartbeat loop refreshes their checkpoint age).
     pub metrics: Arc<crate::telemetry::LeaseMetrics>,
     pub stop: watch::Sender<Option<StopReason>>,
-    pub join: JoinHandle<super::lease_task::Ended>,
+    /// Ends the task at once (a fence past its deadline, a shutdown's stragglers, a crash).
+    pub abort: AbortHandle,
+    /// Cancelled when the task has ended, however it ended (an abort too): everything it was
+    /// going to write is written.
+    pub done: CancellationToken,
+}
+
+impl LeaseTask {
+    /// Whether the task is still running: not yet ended, whether or not the balance loop has
+    /// drained its report. A task that ended holds nothing any more.
+    pub(crate) fn is_running(&self) -> bool {
+        !self.done.is_cancelled()
+    }
 }
 
 /// Counters a worker keeps about itself (also exported through the `metrics` facade).
@@ -122,7 +137,14 @@ pub(crate) struct Shared {
     pub cancel: CancellationToken,
     /// Cancelled when taking new work must stop (start of a shutdown).
     pub stop_taking: CancellationToken,
+    /// The lease tasks this worker started. Only the balance loop inserts and removes (it starts
+    /// the tasks and drains their `Exited` reports); the heartbeat, the watchdog, a shutdown and
+    /// the handle read it, from other tasks and threads, hence the lock.
     pub tasks: Mutex<BTreeMap<LeaseKey, LeaseTask>>,
+    /// Where lease tasks report how they ended; the balance loop owns the receiving end.
+    pub exits: UnboundedSender<super::lease_task::Exited>,
+    /// Requests to the balance loop (a pass now, a shutdown's collection of the lease tasks).
+    pub requests: UnboundedSender<super::balance::Request>,
     pub liveness: Mutex<Liveness>,
     /// Claims this worker made. The claim timeout only runs while the lease record stands still
     /// (the owner writes nothing), so an owner that is alive, checkpointing or acknowledging a
@@ -134,13 +156,8 @@ pub(crate) struct Shared {
     /// the same id held it, or a listing predates a handoff): it is re-taken by compare-and-set
     /// with a new epoch, never resumed, so a peer taking it at the same moment cannot also win.
     pub granted: Mutex<BTreeMap<LeaseKey, Epoch>>,
-    /// Corrupt records already reported (reported once, then counted quietly).
-    pub reported_corrupt: Mutex<std::collections::BTreeSet<String>>,
     /// Wakes the balance loop for a pass now (it is the only one that runs passes).
     pub balance_now: Notify,
-    /// Callers of `WorkerHandle::balance_now` waiting for the loop's next listing pass; `None`
-    /// once the loop has ended (a request then returns at once).
-    pub pass_requests: Mutex<Option<Vec<tokio::sync::oneshot::Sender<()>>>>,
     /// Ownership changes this process made (see `WorkerRecord::changes`): published by every
     /// heartbeat, so peers know when to list the leases again.
     pub changes: AtomicU64,
@@ -163,18 +180,9 @@ pub(crate) struct Shared {
     /// application, so it is not created at `LATEST` (see `shard_sync::start_for_missing`).
     pub seen_running: AtomicBool,
     /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
-    /// repair a store that lost or rolled back writes (see `recovery`).
-    pub remembered: Mutex<BTreeMap<LeaseKey, crate::lease::Lease>>,
-    /// When each remembered lease was last updated from this worker's own writes: a listing
-    /// sent before that moment cannot show the write, so it is not compared (see `recovery`).
-    pub remembered_at: Mutex<BTreeMap<LeaseKey, Instant>>,
-    /// When the previous balance pass's listing was sent.
-    pub previous_listing: Mutex<Option<Instant>>,
-    /// Leases this worker owns that a peer claimed: the record version last listed, and the
-    /// earliest moment that version can have been written (see `yield_unanswered_claims`).
-    pub claims_on_mine: Mutex<BTreeMap<LeaseKey, (crate::lease::Version, Instant)>>,
-    /// Since when each lost lease has been found lost, in passes without a break.
-    pub lost_since: Mutex<BTreeMap<LeaseKey, Instant>>,
+    /// repair a store that lost or rolled back writes, and when its own write last updated each
+    /// entry (a listing sent before that moment cannot show the write; see `recovery`).
+    pub remembered: Mutex<super::recovery::Memory>,
     /// Until when this worker takes no lease that merely looks available: the store was seen
     /// going back in time (a worker's beat went backwards), so a lease may look free only because
     /// its owner's writes were lost; its running owner repairs it within a pass.
@@ -208,14 +216,17 @@ impl Shared {
         checkpointer: Arc<dyn Checkpointer>,
         default_checkpointer: Option<Arc<crate::checkpointer::StoreCheckpointer>>,
         balancer: Arc<dyn Balancer>,
-    ) -> Self {
+    ) -> (Self, super::balance::Inbox) {
+        let (exits, exits_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (requests, requests_rx) = tokio::sync::mpsc::unbounded_channel();
+        let inbox = super::balance::Inbox { exits: exits_rx, requests: requests_rx };
         let rng = match cfg.rng_seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_os_rng(),
         };
         let metrics =
             crate::telemetry::WorkerMetrics::new(cfg.namespace.as_str(), cfg.worker_id.as_str());
-        Shared {
+        let shared = Shared {
             id: Mutex::new(cfg.worker_id.clone()),
             former_ids: Mutex::new(Default::default()),
             liveness: Mutex::new(Liveness::new(cfg.failover_timeout)),
@@ -229,11 +240,11 @@ impl Shared {
             cancel: CancellationToken::new(),
             stop_taking: CancellationToken::new(),
             tasks: Mutex::new(BTreeMap::new()),
+            exits,
+            requests,
             my_claims: Mutex::new(BTreeMap::new()),
             granted: Mutex::new(BTreeMap::new()),
-            reported_corrupt: Mutex::new(Default::default()),
             balance_now: Notify::new(),
-            pass_requests: Mutex::new(Some(Vec::new())),
             changes: AtomicU64::new(0),
             listing_wanted: AtomicU64::new(0),
             publish_now: Notify::new(),
@@ -243,17 +254,14 @@ impl Shared {
             fenced: AtomicBool::new(false),
             seen_running: AtomicBool::new(false),
             remembered: Mutex::new(BTreeMap::new()),
-            remembered_at: Mutex::new(BTreeMap::new()),
-            lost_since: Mutex::new(BTreeMap::new()),
             last_sync: Mutex::new(None),
             sync_now: Notify::new(),
             hold_takes_until: Mutex::new(None),
-            previous_listing: Mutex::new(None),
-            claims_on_mine: Mutex::new(BTreeMap::new()),
             stats: Stats::default(),
             metrics,
             rng: Mutex::new(rng),
-        }
+        };
+        (shared, inbox)
     }
 
     /// This worker's current id.
@@ -283,18 +291,19 @@ impl Shared {
     /// `recovery`), so the memory does not wait for the next listing to know what this worker
     /// itself did: a store that loses the write is then repaired to it.
     pub(crate) fn remember(&self, lease: &crate::lease::Lease) {
-        lock(&self.remembered_at).insert(lease.key.clone(), Instant::now());
         let mut memory = lock(&self.remembered);
-        match memory.get_mut(&lease.key) {
-            Some(seen) if seen.epoch > lease.epoch => {}
-            Some(seen) if seen.checkpoint.would_regress_to(&lease.checkpoint) => {
-                let checkpoint = seen.checkpoint.clone();
-                *seen = crate::lease::Lease { checkpoint, ..lease.clone() };
-            }
-            Some(seen) => *seen = lease.clone(),
-            None => {
-                memory.insert(lease.key.clone(), lease.clone());
-            }
+        let entry = memory
+            .entry(lease.key.clone())
+            .or_insert_with(|| super::recovery::Remembered::listed(lease.clone()));
+        entry.written_at = Some(Instant::now());
+        let seen = &mut entry.lease;
+        if seen.epoch <= lease.epoch {
+            let checkpoint = if seen.checkpoint.would_regress_to(&lease.checkpoint) {
+                seen.checkpoint.clone()
+            } else {
+                lease.checkpoint.clone()
+            };
+            *seen = crate::lease::Lease { checkpoint, ..lease.clone() };
         }
     }
 
@@ -344,9 +353,10 @@ impl Shared {
         Backoff { next: self.cfg.retry_min_delay, max: self.cfg.retry_max_delay }
     }
 
-    /// The keys of the leases this worker is running.
+    /// The keys of the leases this worker is running (a task that ended is not counted, even
+    /// before the balance loop drained its report).
     pub(crate) fn held(&self) -> Vec<LeaseKey> {
-        lock(&self.tasks).keys().cloned().collect()
+        lock(&self.tasks).iter().filter(|(_, t)| t.is_running()).map(|(k, _)| k.clone()).collect()
     }
 
     pub(crate) fn bump(&self, counter: &AtomicU64, by: u64) {
@@ -365,9 +375,10 @@ impl crate::processor::CheckpointObserver for Shared {
         }
         let mut memory = lock(&self.remembered);
         if let Some(seen) = memory.get_mut(&token.key) {
-            if seen.epoch <= token.epoch && !seen.checkpoint.would_regress_to(position) {
-                lock(&self.remembered_at).insert(token.key.clone(), Instant::now());
-                seen.checkpoint = position.clone();
+            if seen.lease.epoch <= token.epoch && !seen.lease.checkpoint.would_regress_to(position)
+            {
+                seen.written_at = Some(Instant::now());
+                seen.lease.checkpoint = position.clone();
             }
         }
     }

@@ -50,4 +50,12 @@ impl ShutdownReport {
     pub fn leases(&self) -> usize {
         self.released.len() + self.abandoned.len() + self.not_released.len() + self.ended.len()
     }
+
+    /// Puts each list in key order (tasks report in the order they end).
+    pub(crate) fn sort(&mut self) {
+        self.released.sort_by(|a, b| a.key.cmp(&b.key));
+        self.abandoned.sort_by(|a, b| a.key.cmp(&b.key));
+        self.not_released.sort();
+        self.ended.sort();
+    }
 }
