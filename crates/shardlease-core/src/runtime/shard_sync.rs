@@ -298,6 +298,7 @@ async fn sync_shards_listed(
     // start, while the peers that remember more kept waiting for that owner to restore it.
     let lost_unfinished: BTreeSet<String> = lock(&shared.remembered)
         .values()
+        .map(|r| &r.lease)
         .filter(|l| !l.is_finished() && !stored.contains(l.key.as_str()))
         .map(|l| l.key.as_str().to_owned())
         .collect();
