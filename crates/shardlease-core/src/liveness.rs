@@ -83,6 +83,11 @@ impl Liveness {
         sent: Instant,
         received: Instant,
     ) -> LivenessChange {
+        if self.last_observed.is_some_and(|last| sent < last) {
+            // A listing sent before the one already applied (two tasks of the worker list the
+            // records): it would show beats going back. The newer view stands.
+            return LivenessChange::default();
+        }
         let (now, first_seen) = (sent, received.max(sent));
         self.last_observed = Some(now);
         let mut change = LivenessChange::default();
@@ -187,6 +192,20 @@ mod tests {
 
     fn rec(id: &str, beat: u64) -> WorkerRecord {
         WorkerRecord::new(WorkerId::new(id), beat)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_older_than_the_view_changes_nothing() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(Duration::from_secs(10));
+        l.observe(&[rec("a", 1)], t0, t0);
+        let newer = t0 + Duration::from_secs(2);
+        l.observe(&[rec("a", 3)], newer, newer);
+        // Sent before the view above, answered after it: beat 2 is not a beat going back.
+        let c = l.observe(&[rec("a", 2)], t0 + Duration::from_secs(1), newer);
+        assert_eq!(c, LivenessChange::default());
+        assert!(l.is_alive(&WorkerId::new("a")));
+        assert_eq!(l.workers[&WorkerId::new("a")].beat, 3);
     }
 
     #[tokio::test(start_paused = true)]

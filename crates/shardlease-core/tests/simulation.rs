@@ -72,10 +72,15 @@ fn simulated_fleets_keep_every_invariant() {
 /// records took the namespace for a new application and pinned the lost leases at `LATEST`),
 /// 15795 (the quiet-fleet window opened before a dead peer's record was removed), 3669 (a
 /// process that had seen the leases created them at `LATEST` after a wipe), 14424 (a lost lease
-/// created under an owner whose memory was out of date was never restored).
+/// created under an owner whose memory was out of date was never restored), 28549, 29025 and
+/// 36781 (no store accident: a worker back from a partition took a lease from an owner it had
+/// judged dead before the partition, which had come back meanwhile).
 #[test]
 fn seeds_that_once_failed_pass() {
-    run_seeds(&[649, 2433, 3215, 3460, 452, 17414, 14453, 2800, 11369, 14432, 15795, 3669, 14424]);
+    run_seeds(&[
+        649, 2433, 3215, 3460, 452, 17414, 14453, 2800, 11369, 14432, 15795, 3669, 14424, 28549,
+        29025, 36781,
+    ]);
 }
 
 fn run_seeds(seeds: &[u64]) {

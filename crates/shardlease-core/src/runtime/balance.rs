@@ -368,9 +368,14 @@ async fn list_and_act(
         let vanished = leases.is_empty() && listing.corrupt.is_empty();
         restore_lost(shared, state, lost, vanished).await;
     }
-    let now = Instant::now();
     let me = shared.id();
-    let live = live_set(shared, &me, &leases);
+    let fresh_view = look_again_at_owners_judged_dead(shared, &me, &leases).await;
+    let now = Instant::now();
+    let mut live = live_set(shared, &me, &leases);
+    if !fresh_view {
+        // No view of the workers newer than the listing: nobody's leases are taken this pass.
+        live.extend(leases.iter().filter_map(|v| v.lease.owner.clone()));
+    }
     // One index of the listing for the pass, and which leases are active decided once from it.
     let index: HashMap<&LeaseKey, &Lease> =
         leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
@@ -625,6 +630,54 @@ fn report_corrupt(shared: &Shared, state: &mut LoopState, corrupt: &[crate::stor
     for c in corrupt {
         if reported.insert(c.key.clone()) {
             warn!(shard = %c.key, reason = %c.reason, "corrupt lease record skipped; the other leases go on");
+        }
+    }
+}
+
+/// Lists the worker records again when the listing names an owner this worker judges dead, and
+/// returns whether the view of the workers is newer than the listing (always, when no such
+/// owner is named).
+///
+/// The judgement may be older than the listing: this worker's own listings of the workers failed
+/// for a while (a partition, store errors, a self-fence it just came back from), and the owner
+/// came back since, or a process restarted under its id took the lease again. Taking the lease
+/// from it then would run it twice until its owner's next fenced write. A process writes its
+/// heartbeat before it takes anything, so a listing of the workers started after this listing
+/// of the leases returned shows every owner named in it alive, if it is.
+async fn look_again_at_owners_judged_dead(
+    shared: &Shared,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+) -> bool {
+    let judged_dead = {
+        let former = lock(&shared.former_ids).clone();
+        let live = lock(&shared.liveness).live_workers();
+        leases
+            .iter()
+            .filter_map(|v| v.lease.owner.as_ref())
+            .any(|o| o != me && !former.contains(o) && !live.contains(o))
+    };
+    if !judged_dead {
+        return true;
+    }
+    let started = Instant::now();
+    match tokio::time::timeout(shared.cfg.heartbeat_interval, shared.store.list_workers()).await {
+        Ok(Ok(listing)) => {
+            let change = lock(&shared.liveness).observe(&listing.items, started, Instant::now());
+            for w in &change.newly_dead {
+                info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
+            }
+            true
+        }
+        Ok(Err(e)) => {
+            debug!(error = %crate::error::ErrorChain(&e), "listing workers before a take-over failed; taking nobody's leases this pass");
+            false
+        }
+        Err(_) => {
+            debug!(
+                "listing workers before a take-over timed out; taking nobody's leases this pass"
+            );
+            false
         }
     }
 }
