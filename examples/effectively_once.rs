@@ -127,7 +127,7 @@ async fn run(args: Args) -> Result<(), String> {
     let factory = transactional_fn(checkpointer.clone(), move |ctx, batch, tx| {
         let run_id = run_id.clone();
         Box::pin(async move {
-            for r in &batch.records {
+            for r in batch.records.iter() {
                 sqlx::query(
                     "INSERT INTO shardlease_demo_events (run, shard, seq, payload) \
                      VALUES ($1, $2, $3, $4)",

@@ -15,7 +15,7 @@ async fn main() -> shardlease::Result<()> {
         stream.put(&format!("user-{i}"), format!("event {i}"));
     }
     let processor = processor_fn(|ctx, batch| async move {
-        for record in &batch.records {
+        for record in batch.records.iter() {
             println!("{} #{}: {:?}", ctx.key(), record.seq, record.data);
         }
         Ok(()) // checkpointed after the batch, fenced by the lease's epoch

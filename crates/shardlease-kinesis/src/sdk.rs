@@ -216,7 +216,9 @@ impl Api for SdkApi {
 /// `AT_TIMESTAMP` built from that figure would then start before the record's true neighbour.
 /// Rounding to the nearest millisecond gives back the digits the service sent.
 fn nearest_millis(t: &DateTime) -> i64 {
-    t.secs().saturating_mul(1000).saturating_add(i64::from((t.subsec_nanos() + 500_000) / 1_000_000))
+    t.secs()
+        .saturating_mul(1000)
+        .saturating_add(i64::from((t.subsec_nanos() + 500_000) / 1_000_000))
 }
 
 #[cfg(test)]
@@ -301,7 +303,9 @@ mod tests {
     #[test]
     fn arrival_times_keep_the_millisecond_the_service_sent() {
         // What the SDK makes of `"ApproximateArrivalTimestamp": 1764763464.123` and friends.
-        for millis in [1_764_763_464_123_i64, 1_764_763_464_001, 1_764_763_464_999, 1_764_763_464_000] {
+        for millis in
+            [1_764_763_464_123_i64, 1_764_763_464_001, 1_764_763_464_999, 1_764_763_464_000]
+        {
             let secs = millis as f64 / 1000.0;
             let parsed = DateTime::from_secs_f64(secs);
             assert_eq!(nearest_millis(&parsed), millis, "{secs}");

@@ -44,7 +44,7 @@ impl Log {
             let log = log.clone();
             async move {
                 let mut events = log.events.lock().unwrap_or_else(|p| p.into_inner());
-                for r in &batch.records {
+                for r in batch.records.iter() {
                     let id = (ctx.key().as_str().to_owned(), r.seq.clone(), r.sub);
                     events.push((id, String::from_utf8_lossy(&r.data).into_owned()));
                 }
@@ -237,7 +237,7 @@ impl shardlease_core::RecordProcessor for Partial {
         batch: &shardlease_core::Batch,
         checkpointer: &shardlease_core::CheckpointHandle,
     ) -> Result<(), shardlease_core::BoxError> {
-        for r in &batch.records {
+        for r in batch.records.iter() {
             let done = self.processed.lock().unwrap_or_else(|p| p.into_inner()).len();
             if done >= 3 {
                 return Err("stopping here on purpose".into());
