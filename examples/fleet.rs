@@ -103,9 +103,8 @@ async fn run(args: Args) -> shardlease::Result<()> {
     for _ in 0..args.workers {
         // The store's namespace (the URL's `?namespace=`, "default" otherwise) is where the
         // leases live; the Config must name the same one.
-        let namespace = shardlease::LeaseStore::namespace(&*store)
-            .map_or_else(|| shardlease::DEFAULT_NAMESPACE.to_owned(), |n| n.as_str().to_owned());
-        let config = Config::new(namespace)
+        let namespace = shardlease::LeaseStore::namespace(&*store).unwrap_or_default();
+        let config = Config::new(namespace)?
             .with_heartbeat(Duration::from_millis(args.heartbeat_ms))
             .with_initial_position(Position::TrimHorizon);
         let worker =

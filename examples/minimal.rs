@@ -20,7 +20,7 @@ async fn main() -> shardlease::Result<()> {
         }
         Ok(()) // checkpointed after the batch, fenced by the lease's epoch
     });
-    let config = Config::new("default")
+    let config = Config::new("default")?
         .with_initial_position(Position::TrimHorizon)
         .with_heartbeat(Duration::from_millis(200));
     let worker = Worker::builder(config, store, stream, processor).build()?.start();

@@ -490,7 +490,7 @@ async fn run(args: Args) -> Result<(), Failure> {
     // The namespace the store was opened in (the URL's, read the way `connect` reads it).
     let namespace = shardlease::store_url::namespace_of(&args.store)
         .map_err(|e| Failure::Usage(format!("--store: {e}")))?;
-    let template = Config::new(namespace)
+    let template = Config::new(namespace)?
         .with_heartbeat(args.heartbeat)
         .with_initial_position(Position::TrimHorizon);
     template.validate().map_err(|e| Failure::Usage(e.to_string()))?;

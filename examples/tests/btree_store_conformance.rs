@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use shardlease::{async_trait, Lease, LeaseStore, Result, Version};
+use shardlease::{async_trait, Lease, LeaseStore, Namespace, Result, Version};
 use shardlease_examples::btree_store::BTreeBackend;
 use shardlease_testkit::StoreFactory;
 
@@ -17,7 +17,7 @@ struct BTreeFactory {
 #[async_trait]
 impl StoreFactory for BTreeFactory {
     async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(self.backend.store(namespace)))
+        Ok(Arc::new(self.backend.store(Namespace::new(namespace)?)))
     }
 
     fn name(&self) -> String {
@@ -32,7 +32,7 @@ impl StoreFactory for BTreeFactory {
         lease: &Lease,
         version: Version,
     ) -> Result<bool> {
-        self.backend.store(namespace).restore_raw(lease, version);
+        self.backend.store(Namespace::new(namespace)?).restore_raw(lease, version);
         Ok(true)
     }
 }

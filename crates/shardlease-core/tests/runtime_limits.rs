@@ -43,8 +43,10 @@ impl RecordProcessor for Stubborn {
 }
 
 fn config() -> Config {
-    let mut c =
-        Config::new("default").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut c = Config::new("default")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     c.rng_seed = Some(3);
     c
 }

@@ -56,8 +56,10 @@ async fn fleet_with_records(hang_on_shutdown: bool) -> (Cluster, Arc<MemoryStore
     let factory = Arc::new(move |_: &LeaseContext| -> Box<dyn RecordProcessor> {
         Box::new(Processor { hang_on_shutdown })
     });
-    let mut config =
-        Config::new("default").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut config = Config::new("default")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     config.rng_seed = Some(11);
     let shards: Arc<dyn ShardSource> = source.clone();
     let mut cluster = Cluster::new(store.clone(), shards, factory, config);

@@ -41,6 +41,7 @@ async fn workers_go_on_when_etcd_restarts() {
     put(0, 200);
     let rec = Recorder::new();
     let cfg = Config::new("restart")
+        .unwrap()
         .with_heartbeat(Duration::from_millis(300))
         .with_initial_position(Position::TrimHorizon);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());

@@ -77,8 +77,11 @@ async fn two_workers_read_everything_once_across_a_split_and_a_merge() {
     let Some(k) = emulator() else { return };
     let stream = k.create_stream(2).await;
     let source: Arc<dyn ShardSource> = Arc::new(k.source(&stream, fast_reads()).await);
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("kinesis-fleet"));
+    let store: Arc<dyn LeaseStore> = Arc::new(
+        MemoryBackend::new().store("kinesis-fleet".parse().unwrap_or_else(|e| panic!("{e}"))),
+    );
     let config = Config::new("kinesis-fleet")
+        .unwrap_or_else(|e| panic!("{e}"))
         .with_heartbeat(Duration::from_millis(100))
         .with_initial_position(Position::TrimHorizon);
     let log = Log::default();
@@ -174,8 +177,11 @@ async fn a_restarted_worker_resumes_inside_an_aggregate() {
     let mut read = fast_reads();
     read.max_records = 1; // one Kinesis record per batch
     let source: Arc<dyn ShardSource> = Arc::new(k.source(&stream, read).await);
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("kinesis-resume"));
+    let store: Arc<dyn LeaseStore> = Arc::new(
+        MemoryBackend::new().store("kinesis-resume".parse().unwrap_or_else(|e| panic!("{e}"))),
+    );
     let config = Config::new("kinesis-resume")
+        .unwrap_or_else(|e| panic!("{e}"))
         .with_heartbeat(Duration::from_millis(100))
         .with_initial_position(Position::TrimHorizon);
     let users: Vec<UserRecord> = (0..6)

@@ -204,6 +204,7 @@ async fn a_worker_processes_the_leases_around_a_corrupt_one() {
         let bad = shards[0].id.clone();
         let rec = Recorder::new();
         let cfg = Config::new(ns.as_str())
+            .unwrap()
             .with_heartbeat(Duration::from_millis(100))
             .with_initial_position(Position::TrimHorizon);
         let src: Arc<dyn ShardSource> = Arc::new(source.clone());

@@ -76,6 +76,7 @@ async fn restart_scenario(name: &str, down: Duration) {
     put(0, 200);
     let rec = Recorder::new();
     let mut cfg = Config::new("restart")
+        .unwrap()
         .with_heartbeat(Duration::from_millis(200))
         .with_initial_position(Position::TrimHorizon);
     cfg.shard_sync_interval = Duration::from_millis(600);
