@@ -21,6 +21,7 @@
 pub mod audit;
 pub mod cluster;
 pub mod counting;
+pub mod extensions;
 pub mod faults;
 pub mod logs;
 mod macros;
