@@ -117,8 +117,9 @@ pub async fn corrupt_leases_are_reported_per_record(f: &dyn CorruptRecords) {
         let good = ["good-1", "good-2", "good-3"];
         let mut versions = BTreeMap::new();
         for k in good.iter().copied().chain(damage.iter().map(|d| d.name)) {
-            let v =
-                created(store.create_lease(&Lease::new(k, Position::TrimHorizon)).await.unwrap());
+            let v = created(
+                store.create_lease(&Lease::new(k, Position::sequence(7u64))).await.unwrap(),
+            );
             versions.insert(k, v);
         }
         for d in &damage {
