@@ -14,16 +14,28 @@ use shardlease_core::{Error, LeaseKey, LeaseStore, Result};
 /// The hooks a store's test implements to run [`an_unreachable_server_hides_the_password`].
 #[async_trait]
 pub trait SecretUrl: Send + Sync {
-    /// A URL of this store carrying `secret` as its password (in the userinfo or a query
-    /// parameter), for a server on `127.0.0.1:port`, where nothing listens, with timeouts short
-    /// enough for a test.
-    fn url_with_password(&self, secret: &str, port: u16) -> String;
+    /// URLs of this store carrying `secret` as their password (in the userinfo, in a query
+    /// parameter, percent-encoded: every spelling the store accepts), for a server on
+    /// `127.0.0.1:port`, where nothing listens, with timeouts short enough for a test.
+    fn urls_with_password(&self, secret: &str, port: u16) -> Vec<String>;
 
     /// Opens a store from `url` the way the store's own `connect` does.
     async fn connect(&self, url: &str) -> Result<Arc<dyn LeaseStore>>;
 
     /// The `Debug` form of the store's builder (or options) for `url`, when it has one.
     fn builder_debug(&self, url: &str) -> Option<String>;
+
+    /// Other secrets the URLs carry besides the password (an access key id, a session token),
+    /// hidden everywhere the password is. Default none.
+    fn other_secrets(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
+    /// Whether the store's connection errors show the URL, redacted (`***` where the password
+    /// was): then the case checks they do. Default `false`.
+    fn errors_show_the_redacted_url(&self) -> bool {
+        false
+    }
 }
 
 /// Every rendering of `e` a log line might use: `Display` and `Debug` of the error and of each
@@ -59,23 +71,30 @@ pub fn free_port() -> u16 {
 pub async fn an_unreachable_server_hides_the_password(hooks: &dyn SecretUrl) {
     const SECRET: &str = "hunter2-s3cr3t-Pa55";
     let port = free_port();
-    let url = hooks.url_with_password(SECRET, port);
-    let secrets = [SECRET];
-    if let Some(debug) = hooks.builder_debug(&url) {
-        assert_hidden("the builder's Debug", &debug, &secrets);
-    }
-    let redacted = shardlease_core::store_url::redact_url(&url);
-    assert_hidden("redact_url", &redacted, &secrets);
-    assert!(redacted.contains("***"), "{redacted}");
-    let e = match hooks.connect(&url).await {
-        Err(e) => e,
-        Ok(store) => {
-            assert_hidden("the store's Debug", &format!("{store:?}"), &secrets);
-            store.get_lease(&LeaseKey::from("k")).await.expect_err("nothing listens there")
+    let urls = hooks.urls_with_password(SECRET, port);
+    assert!(!urls.is_empty(), "a store has at least one URL with a password");
+    let mut secrets = hooks.other_secrets();
+    secrets.push(SECRET);
+    for url in urls {
+        if let Some(debug) = hooks.builder_debug(&url) {
+            assert_hidden("the builder's Debug", &debug, &secrets);
         }
-    };
-    let shown = renderings(&e);
-    assert_hidden("the error", &shown, &secrets);
-    assert!(e.is_retryable(), "an unreachable server may come back: {shown}");
-    assert!(shown.contains(&format!("127.0.0.1:{port}")), "the address is named: {shown}");
+        let redacted = shardlease_core::store_url::redact_url(&url);
+        assert_hidden("redact_url", &redacted, &secrets);
+        assert!(redacted.contains("***"), "{redacted}");
+        let e = match hooks.connect(&url).await {
+            Err(e) => e,
+            Ok(store) => {
+                assert_hidden("the store's Debug", &format!("{store:?}"), &secrets);
+                store.get_lease(&LeaseKey::from("k")).await.expect_err("nothing listens there")
+            }
+        };
+        let shown = renderings(&e);
+        assert_hidden("the error", &shown, &secrets);
+        assert!(e.is_retryable(), "an unreachable server may come back: {shown}");
+        assert!(shown.contains(&format!("127.0.0.1:{port}")), "the address is named: {shown}");
+        if hooks.errors_show_the_redacted_url() {
+            assert!(shown.contains("***"), "the URL is shown redacted: {shown}");
+        }
+    }
 }
