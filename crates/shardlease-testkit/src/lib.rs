@@ -26,6 +26,7 @@ pub mod faults;
 pub mod logs;
 mod macros;
 mod memory_factory;
+pub mod processors;
 pub mod recorder;
 pub mod suite;
 
