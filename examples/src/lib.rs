@@ -5,6 +5,7 @@
 //! one.
 
 pub mod btree_store;
+pub mod cli;
 
 use shardlease::Epoch;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
