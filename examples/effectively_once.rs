@@ -17,7 +17,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease::{Config, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource, Worker};
+use shardlease::{
+    Config, LeaseStore, MemoryBackend, MemorySource, Namespace, Position, ShardSource, Worker,
+};
 use shardlease_examples::poll_until;
 use shardlease_sql::effectively_once::{transactional_fn, TxCheckpointer};
 use shardlease_sql::{redact_url, SqlStore};
@@ -102,6 +104,7 @@ async fn run(args: Args) -> Result<(), String> {
     // Every run has a namespace of its own, so runs never see each other's rows or positions.
     let millis = shardlease::worker_record::now_millis();
     let run = format!("demo-{millis}");
+    let namespace: Namespace = run.parse().map_err(|e: shardlease::Error| e.to_string())?;
 
     let (store, checkpointer): (Arc<dyn LeaseStore>, TxCheckpointer<sqlx::Postgres>) =
         if args.leases_in_postgres {
@@ -117,7 +120,7 @@ async fn run(args: Args) -> Result<(), String> {
             let cp = TxCheckpointer::in_checkpoints_table(pool.clone(), &run, PREFIX)
                 .await
                 .map_err(|e| e.to_string())?;
-            (Arc::new(MemoryBackend::new().store(run.as_str())), cp)
+            (Arc::new(MemoryBackend::new().store(namespace.clone())), cp)
         };
     let checkpointer = Arc::new(checkpointer);
 
@@ -127,7 +130,7 @@ async fn run(args: Args) -> Result<(), String> {
     let factory = transactional_fn(checkpointer.clone(), move |ctx, batch, tx| {
         let run_id = run_id.clone();
         Box::pin(async move {
-            for r in &batch.records {
+            for r in batch.records.iter() {
                 sqlx::query(
                     "INSERT INTO shardlease_demo_events (run, shard, seq, payload) \
                      VALUES ($1, $2, $3, $4)",
@@ -144,7 +147,8 @@ async fn run(args: Args) -> Result<(), String> {
     });
 
     let source = MemorySource::new(8);
-    let config = Config::new(run.as_str())
+    let config = Config::new(&namespace)
+        .map_err(|e| e.to_string())?
         .with_heartbeat(Duration::from_millis(200))
         .with_initial_position(Position::TrimHorizon);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());

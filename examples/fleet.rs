@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use shardlease::{processor_fn, Config, MemorySource, Position, Worker};
+use shardlease_examples::cli::FleetArgs;
 
 /// How often each process writes one record to every shard.
 const TICK: Duration = Duration::from_millis(100);
@@ -28,24 +29,15 @@ const TICK: Duration = Duration::from_millis(100);
 /// A long-running fleet member: run it in two terminals against the same --store; stop one with
 /// Ctrl-C.
 #[derive(Parser, Debug)]
-#[command(name = "fleet")]
+#[command(
+    name = "fleet",
+    mut_arg("store", |a| a.default_value("sqlite://fleet.db")
+        .help("Lease store shared by every process")),
+    mut_arg("heartbeat", |a| a.default_value("500")),
+)]
 struct Args {
-    /// Lease store shared by every process.
-    #[arg(long, value_name = "URL", default_value = "sqlite://fleet.db",
-          value_parser = clap::builder::NonEmptyStringValueParser::new())]
-    store: String,
-    /// Shards of the (per-process, in-memory) stream.
-    #[arg(long, value_name = "N", default_value_t = 32,
-          value_parser = clap::value_parser!(u16).range(1..=10_000))]
-    shards: u16,
-    /// Workers in this process.
-    #[arg(long, value_name = "W", default_value_t = 1,
-          value_parser = clap::value_parser!(u8).range(1..=64))]
-    workers: u8,
-    /// Heartbeat interval in milliseconds, 10 to 60000; other timings scale with it.
-    #[arg(long = "heartbeat-ms", value_name = "MS", default_value_t = 500,
-          value_parser = clap::value_parser!(u64).range(10..=60_000))]
-    heartbeat_ms: u64,
+    #[command(flatten)]
+    fleet: FleetArgs,
 }
 
 #[tokio::main]
@@ -68,8 +60,8 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> shardlease::Result<()> {
-    let store = shardlease::connect_namespace(&args.store, "fleet-demo").await?;
-    let source = Arc::new(MemorySource::new(usize::from(args.shards)));
+    let store = shardlease::connect_namespace(&args.fleet.store, "fleet-demo").await?;
+    let source = Arc::new(MemorySource::new(usize::from(args.fleet.shards)));
     let producer = {
         let source = source.clone();
         let shards: Vec<_> = source.shards().into_iter().map(|s| s.id).collect();
@@ -100,13 +92,12 @@ async fn run(args: Args) -> shardlease::Result<()> {
     };
     let processor = processor_fn(|_ctx, _batch| async move { Ok(()) });
     let mut handles = Vec::new();
-    for _ in 0..args.workers {
+    for _ in 0..args.fleet.workers {
         // The store's namespace (the URL's `?namespace=`, "default" otherwise) is where the
         // leases live; the Config must name the same one.
-        let namespace = shardlease::LeaseStore::namespace(&*store)
-            .map_or_else(|| shardlease::DEFAULT_NAMESPACE.to_owned(), |n| n.as_str().to_owned());
-        let config = Config::new(namespace)
-            .with_heartbeat(Duration::from_millis(args.heartbeat_ms))
+        let namespace = shardlease::LeaseStore::namespace(&*store).unwrap_or_default();
+        let config = Config::new(namespace)?
+            .with_heartbeat(args.fleet.heartbeat)
             .with_initial_position(Position::TrimHorizon);
         let worker =
             Worker::builder(config, store.clone(), source.clone(), processor.clone()).build()?;
@@ -116,7 +107,7 @@ async fn run(args: Args) -> shardlease::Result<()> {
     println!(
         "this process runs {} ({} shards); Ctrl-C to leave gracefully",
         mine.join(", "),
-        args.shards
+        args.fleet.shards
     );
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {

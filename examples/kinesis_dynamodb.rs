@@ -90,7 +90,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     });
     let mut handles = Vec::new();
     for _ in 0..workers {
-        let config = Config::new(namespace.as_str()).with_initial_position(Position::TrimHorizon);
+        let config = Config::new(namespace.as_str())?.with_initial_position(Position::TrimHorizon);
         let source: Arc<dyn ShardSource> = source.clone();
         handles.push(
             Worker::builder(config, store.clone(), source, processor.clone()).build()?.start(),

@@ -15,12 +15,12 @@ async fn main() -> shardlease::Result<()> {
         stream.put(&format!("user-{i}"), format!("event {i}"));
     }
     let processor = processor_fn(|ctx, batch| async move {
-        for record in &batch.records {
+        for record in batch.records.iter() {
             println!("{} #{}: {:?}", ctx.key(), record.seq, record.data);
         }
         Ok(()) // checkpointed after the batch, fenced by the lease's epoch
     });
-    let config = Config::new("default")
+    let config = Config::new("default")?
         .with_initial_position(Position::TrimHorizon)
         .with_heartbeat(Duration::from_millis(200));
     let worker = Worker::builder(config, store, stream, processor).build()?.start();

@@ -24,6 +24,7 @@ use shardlease::{
     Config, LeaseKey, LeaseStore, MemorySource, Position, ProcessorFactory, ShardSource, Worker,
     WorkerHandle, WorkerId,
 };
+use shardlease_examples::cli::FleetArgs;
 use shardlease_examples::{poll_until, DeliveryLog, Distribution};
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
@@ -38,33 +39,14 @@ const RECORDS_PER_TICK: u64 = 3;
 #[derive(Parser, Clone, Debug)]
 #[command(
     name = "quickstart",
-    after_help = "Logs go to stderr, filtered by RUST_LOG (default: warn)."
+    after_help = "Logs go to stderr, filtered by RUST_LOG (default: warn).",
+    mut_arg("store", |a| a.default_value("memory://?namespace=quickstart")),
+    mut_arg("workers", |a| a.default_value("4").help("Workers started at first")
+        .value_parser(clap::value_parser!(u8).range(2..=64))),
 )]
 struct Args {
-    /// Shards in the in-memory stream.
-    #[arg(long, value_name = "N", default_value_t = 32,
-          value_parser = clap::value_parser!(u16).range(1..=10_000))]
-    shards: u16,
-    /// Workers started at first.
-    #[arg(long, value_name = "W", default_value_t = 4,
-          value_parser = clap::value_parser!(u8).range(2..=64))]
-    workers: u8,
-    /// Lease store URL (anything `shardlease::connect` accepts).
-    #[arg(long, value_name = "URL", default_value = "memory://?namespace=quickstart",
-          value_parser = clap::builder::NonEmptyStringValueParser::new())]
-    store: String,
-    /// Heartbeat interval in milliseconds; every other timing scales with it (failover 5x,
-    /// balance every 2.5x, claim timeout 7.5x).
-    #[arg(long = "heartbeat-ms", value_name = "MS", default_value = "200",
-          value_parser = millis_10_to_10000)]
-    heartbeat: Duration,
-}
-
-fn millis_10_to_10000(s: &str) -> Result<Duration, String> {
-    match s.parse::<u64>() {
-        Ok(ms) if (10..=10_000).contains(&ms) => Ok(Duration::from_millis(ms)),
-        _ => Err("must be a whole number of milliseconds from 10 to 10000".to_owned()),
-    }
+    #[command(flatten)]
+    fleet: FleetArgs,
 }
 
 /// Why the demo stopped early.
@@ -263,10 +245,10 @@ impl Demo {
         println!("shardlease quickstart");
         println!(
             "  stream:  in-memory, {} shards, about {} records/s",
-            self.args.shards,
+            self.args.fleet.shards,
             RECORDS_PER_TICK * 100
         );
-        println!("  store:   {}", shardlease::redact_url(&self.args.store));
+        println!("  store:   {}", shardlease::redact_url(&self.args.fleet.store));
         println!(
             "  timing:  heartbeat {} ms, failover timeout {}, balance pass every {}, claim timeout {}",
             cfg.heartbeat_interval.as_millis(),
@@ -276,9 +258,9 @@ impl Demo {
         );
 
         let all_active_seen = |d: &Distribution| d.active > 0;
-        let n = usize::from(self.args.workers);
+        let n = usize::from(self.args.fleet.workers);
         self.step(
-            format!("start {n} workers on {} shards", self.args.shards),
+            format!("start {n} workers on {} shards", self.args.fleet.shards),
             "each takes its whole share in one pass; claims even out any excess",
             || async {
                 for _ in 0..n {
@@ -476,7 +458,7 @@ async fn interrupted() {
 }
 
 async fn run(args: Args) -> Result<(), Failure> {
-    let store = shardlease::connect(&args.store).await.map_err(|e| match e {
+    let store = shardlease::connect(&args.fleet.store).await.map_err(|e| match e {
         shardlease::Error::Config(m) => Failure::Usage(format!("--store: {m}")),
         other => Failure::Run(format!("connecting to the store failed: {other}")),
     })?;
@@ -484,19 +466,19 @@ async fn run(args: Args) -> Result<(), Failure> {
         return Err(Failure::Usage(format!(
             "the namespace of {} already holds leases (from an earlier run?); pick a fresh one \
              with ?namespace=NAME",
-            shardlease::redact_url(&args.store)
+            shardlease::redact_url(&args.fleet.store)
         )));
     }
     // The namespace the store was opened in (the URL's, read the way `connect` reads it).
-    let namespace = shardlease::store_url::namespace_of(&args.store)
+    let namespace = shardlease::store_url::namespace_of(&args.fleet.store)
         .map_err(|e| Failure::Usage(format!("--store: {e}")))?;
-    let template = Config::new(namespace)
-        .with_heartbeat(args.heartbeat)
+    let template = Config::new(namespace)?
+        .with_heartbeat(args.fleet.heartbeat)
         .with_initial_position(Position::TrimHorizon);
     template.validate().map_err(|e| Failure::Usage(e.to_string()))?;
-    let source = MemorySource::new(usize::from(args.shards));
+    let source = MemorySource::new(usize::from(args.fleet.shards));
     let log = DeliveryLog::new();
-    let hb = args.heartbeat;
+    let hb = args.fleet.heartbeat;
     let demo = Demo {
         factory: log.factory(),
         log,

@@ -36,8 +36,8 @@ impl BTreeBackend {
     }
 
     /// A store serving `namespace` on this backend.
-    pub fn store(&self, namespace: impl Into<Namespace>) -> BTreeStore {
-        BTreeStore { tables: self.tables.clone(), namespace: namespace.into() }
+    pub fn store(&self, namespace: Namespace) -> BTreeStore {
+        BTreeStore { tables: self.tables.clone(), namespace }
     }
 }
 

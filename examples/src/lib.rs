@@ -5,6 +5,7 @@
 //! one.
 
 pub mod btree_store;
+pub mod cli;
 
 use shardlease::Epoch;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -43,7 +44,7 @@ impl DeliveryLog {
     /// Counts one delivery of every record of `batch`, read from shard `shard`.
     pub fn record(&self, shard: &LeaseKey, batch: &Batch) {
         let mut d = self.lock();
-        for r in &batch.records {
+        for r in batch.records.iter() {
             *d.entry((shard.clone(), r.seq.clone(), r.sub)).or_insert(0) += 1;
         }
     }

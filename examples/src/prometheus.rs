@@ -94,7 +94,7 @@ impl Fleet {
         let store = shardlease::connect_namespace("memory://", namespace).await?;
         let source = MemorySource::new(options.shards);
         let log = DeliveryLog::new();
-        let template = Config::new(namespace)
+        let template = Config::new(namespace)?
             .with_heartbeat(options.heartbeat)
             .with_initial_position(Position::TrimHorizon);
         let mut workers = Vec::new();

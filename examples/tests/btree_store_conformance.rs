@@ -4,37 +4,22 @@
 
 use std::sync::Arc;
 
-use shardlease::{async_trait, Lease, LeaseStore, Result, Version};
+use shardlease::LeaseStore;
 use shardlease_examples::btree_store::BTreeBackend;
-use shardlease_testkit::StoreFactory;
+use shardlease_testkit::FnFactory;
 
-/// Opens namespaces of one shared backend, as a factory over a server opens them.
-#[derive(Default)]
-struct BTreeFactory {
-    backend: BTreeBackend,
+/// Opens namespaces of one shared backend, as a factory over a server opens them; the rollback
+/// case's hook goes through the store's test-only raw write.
+fn factory() -> FnFactory {
+    let backend = BTreeBackend::default();
+    let raw = backend.clone();
+    FnFactory::new("btree (example)", move |ns| {
+        Ok(Arc::new(backend.store(ns)) as Arc<dyn LeaseStore>)
+    })
+    .with_restore_raw(move |ns, lease, version| {
+        raw.store(ns).restore_raw(lease, version);
+        Ok(())
+    })
 }
 
-#[async_trait]
-impl StoreFactory for BTreeFactory {
-    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(self.backend.store(namespace)))
-    }
-
-    fn name(&self) -> String {
-        "btree (example)".to_owned()
-    }
-
-    /// The rollback case's hook, through the store's test-only raw write.
-    async fn restore_raw(
-        &self,
-        _store: &Arc<dyn LeaseStore>,
-        namespace: &str,
-        lease: &Lease,
-        version: Version,
-    ) -> Result<bool> {
-        self.backend.store(namespace).restore_raw(lease, version);
-        Ok(true)
-    }
-}
-
-shardlease_testkit::store_conformance_tests!(BTreeFactory::default());
+shardlease_testkit::store_conformance_tests!(factory());

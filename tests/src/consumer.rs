@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use shardlease::{
     async_trait, Batch, BoxError, CheckpointHandle, Config, LeaseContext, LeaseKey, Position,
-    RecordProcessor, ShardSource, Worker, WorkerHandle, DEFAULT_NAMESPACE,
+    RecordProcessor, ShardSource, Worker, WorkerHandle,
 };
 use shardlease_examples::DeliveryLog;
 
@@ -53,13 +53,12 @@ pub async fn run_consumer(
     heartbeat: Duration,
 ) -> shardlease::Result<WorkerHandle> {
     let store = shardlease::connect(store_url).await?;
-    let namespace =
-        store.namespace().map_or_else(|| DEFAULT_NAMESPACE.to_owned(), |n| n.as_str().to_owned());
+    let namespace = store.namespace().unwrap_or_default();
     // Failover and shutdown timeouts of 20 heartbeats (claim timeout 40) rather than the usual
     // 5 (7.5): the graceful steps must process nothing twice even when the test machine stalls for
     // a second or two, which at 5 heartbeats would cut a handoff's last batch short or get a live
     // worker judged dead. Only the crash step waits for the failover timeout.
-    let config = Config::new(namespace)
+    let config = Config::new(namespace)?
         .with_worker_id(worker_id)
         .with_heartbeat(heartbeat)
         .with_failover_timeout(heartbeat * 20)

@@ -229,7 +229,7 @@ fn validate(f: Flags) -> Result<Args, (ErrorKind, String)> {
         failover: Duration::from_millis(f.failover_ms),
     };
     // The runtime's own rules, checked now so no scenario starts with a configuration it refuses.
-    if let Err(e) = config_template("bench-flag-check", &timings, None).validate() {
+    if let Err(e) = config_template("bench-flag-check", &timings, None).and_then(|c| c.validate()) {
         let msg = match e {
             shardlease::Error::Config(m) => m,
             other => other.to_string(),

@@ -35,19 +35,24 @@ pub struct Timings {
 /// flags. A handoff may take as long as a failover (the shutdown timeout is the larger of the
 /// two): a loaded machine must not cut a handoff's last batch short and count its records twice.
 /// The claim timeout follows (`Config::with_claim_timeout` is left unset). Leases start at
-/// `TrimHorizon` so every record a scenario writes is delivered.
-pub fn config_template(namespace: &str, t: &Timings, seed: Option<u64>) -> Config {
-    let c = Config::new(namespace)
+/// `TrimHorizon` so every record a scenario writes is delivered. `Error::Config` when the
+/// namespace breaks the namespace rule.
+pub fn config_template(
+    namespace: &str,
+    t: &Timings,
+    seed: Option<u64>,
+) -> shardlease::Result<Config> {
+    let c = Config::new(namespace)?
         .with_heartbeat(t.heartbeat)
         .with_balance_interval(t.balance)
         .with_failover_timeout(t.failover)
         .with_initial_position(Position::TrimHorizon);
     let shutdown = c.shutdown_timeout.max(t.failover);
     let c = c.with_shutdown_timeout(shutdown);
-    match seed {
+    Ok(match seed {
         Some(seed) => c.with_rng_seed(seed),
         None => c,
-    }
+    })
 }
 
 /// The balancer of a policy.

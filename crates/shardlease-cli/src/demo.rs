@@ -39,6 +39,7 @@ pub async fn run(
     let mut handles = Vec::new();
     for _ in 0..workers {
         let config = Config::new(target.namespace.as_str())
+            .map_err(CliError::Store)?
             .with_heartbeat(Duration::from_millis(heartbeat_ms))
             .with_initial_position(Position::TrimHorizon);
         let worker =

@@ -105,6 +105,7 @@ fn start_worker(
         })
     };
     let config = Config::new(namespace)
+        .unwrap_or_else(|e| panic!("{e}"))
         .with_heartbeat(Duration::from_millis(200))
         .with_initial_position(Position::TrimHorizon);
     let processor = processor_fn(|_ctx, _batch| async move { Ok(()) });

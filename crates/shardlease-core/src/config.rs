@@ -91,11 +91,17 @@ struct Explicit {
 
 impl Config {
     /// Defaults for `namespace` (which must be the store's, see [`Config::namespace`]) with a
-    /// generated worker id.
-    pub fn new(namespace: impl Into<Namespace>) -> Self {
+    /// generated worker id. `Error::Config` when `namespace` breaks the [`Namespace`] rule
+    /// (empty, longer than [`Namespace::MAX_BYTES`], control characters).
+    pub fn new(namespace: impl AsRef<str>) -> Result<Self> {
+        Ok(Config::for_namespace(Namespace::new(namespace.as_ref())?))
+    }
+
+    /// Defaults for a namespace already checked.
+    fn for_namespace(namespace: Namespace) -> Self {
         let balance_interval = Duration::from_secs(5);
         Config {
-            namespace: namespace.into(),
+            namespace,
             worker_id: WorkerId::generate(),
             heartbeat_interval: Duration::from_secs(2),
             failover_timeout: Duration::from_secs(10),
@@ -275,7 +281,6 @@ impl Config {
 
     /// Checks every rule; the first violation is returned as `Error::Config`.
     pub fn validate(&self) -> Result<()> {
-        validate_name("namespace", self.namespace.as_str())?;
         validate_name("worker id", self.worker_id.as_str())?;
         if self.worker_id.as_str().contains(crate::runtime::INCARNATION_SEPARATOR) {
             return Err(Error::Config(format!(
@@ -366,6 +371,10 @@ impl Config {
 mod tests {
     use super::*;
 
+    fn app() -> Config {
+        Config::new("app").unwrap_or_else(|e| panic!("{e}"))
+    }
+
     fn err(c: Config) -> String {
         match c.validate() {
             Err(Error::Config(m)) => m,
@@ -375,38 +384,42 @@ mod tests {
 
     #[test]
     fn defaults_are_valid() {
-        assert!(Config::new("app").validate().is_ok());
-        assert!(Config::new("app").with_heartbeat(Duration::from_millis(50)).validate().is_ok());
+        assert!(app().validate().is_ok());
+        assert!(app().with_heartbeat(Duration::from_millis(50)).validate().is_ok());
     }
 
     #[test]
     fn violations_are_named() {
-        let mut c = Config::new("app");
+        let mut c = app();
         c.failover_timeout = c.heartbeat_interval * 2;
         assert!(err(c).contains("failover_timeout"));
-        let mut c = Config::new("app");
+        let mut c = app();
         c.max_leases_per_worker = Some(0);
         assert!(err(c).contains("max_leases_per_worker"));
-        assert!(err(Config::new("")).contains("namespace must not be empty"));
-        assert!(err(Config::new("app").with_worker_id("")).contains("worker id"));
-        assert!(err(Config::new("a\nb")).contains("control"));
-        let mut c = Config::new("app");
+        for (bad, why) in [("", "namespace must not be empty"), ("a\nb", "control")] {
+            match Config::new(bad) {
+                Err(Error::Config(m)) => assert!(m.contains(why), "{m}"),
+                other => panic!("expected a config error, got {other:?}"),
+            }
+        }
+        assert!(err(app().with_worker_id("")).contains("worker id"));
+        let mut c = app();
         c.heartbeat_interval = Duration::ZERO;
         assert!(err(c).contains("heartbeat_interval"));
-        let mut c = Config::new("app");
+        let mut c = app();
         c.jitter = 2.0;
         assert!(err(c).contains("jitter"));
-        let c = Config::new("app").with_initial_position(Position::ShardEnd);
+        let c = app().with_initial_position(Position::ShardEnd);
         assert!(err(c).contains("initial_position"));
-        let mut c = Config::new("app");
+        let mut c = app();
         c.max_claims_per_pass = Some(0);
         assert!(err(c).contains("max_claims_per_pass"));
-        assert!(err(Config::new("app").with_worker_id("w#1")).contains("must not contain '#'"));
+        assert!(err(app().with_worker_id("w#1")).contains("must not contain '#'"));
     }
 
     #[test]
     fn huge_durations_are_errors_not_panics() {
-        let e = err(Config::new("app").with_heartbeat(Duration::MAX));
+        let e = err(app().with_heartbeat(Duration::MAX));
         assert!(e.contains("at most 30 days"), "{e}");
         for set in [
             |c: &mut Config| c.heartbeat_interval = Duration::MAX,
@@ -414,7 +427,7 @@ mod tests {
             |c: &mut Config| c.idle_poll_interval = Duration::MAX,
             |c: &mut Config| c.retry_max_delay = Duration::MAX,
         ] {
-            let mut c = Config::new("app");
+            let mut c = app();
             set(&mut c);
             assert!(err(c).contains("at most 30 days"));
         }
@@ -426,12 +439,12 @@ mod tests {
         let hb = Duration::from_millis(100);
         let failover = Duration::from_secs(5);
         let shutdown = Duration::from_secs(3);
-        let a = Config::new("app")
+        let a = app()
             .with_worker_id("w")
             .with_failover_timeout(failover)
             .with_shutdown_timeout(shutdown)
             .with_heartbeat(hb);
-        let b = Config::new("app")
+        let b = app()
             .with_worker_id("w")
             .with_heartbeat(hb)
             .with_shutdown_timeout(shutdown)
@@ -449,17 +462,17 @@ mod tests {
         }
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         // An explicit claim timeout stays put whatever follows.
-        let c = Config::new("app").with_claim_timeout(Duration::from_secs(60)).with_heartbeat(hb);
+        let c = app().with_claim_timeout(Duration::from_secs(60)).with_heartbeat(hb);
         assert_eq!(c.claim_timeout, Duration::from_secs(60));
     }
 
     /// `Config::new` and `with_heartbeat` keep the ratios they always had.
     #[test]
     fn derived_defaults_are_unchanged() {
-        let c = Config::new("app");
+        let c = app();
         assert_eq!(c.claim_timeout, Duration::from_secs(15));
         assert_eq!(c.retry_max_delay, Duration::from_secs(5));
-        let c = Config::new("app").with_heartbeat(Duration::from_secs(2));
+        let c = app().with_heartbeat(Duration::from_secs(2));
         assert_eq!(c.claim_timeout, Duration::from_secs(15));
         assert_eq!(c.failover_timeout, Duration::from_secs(10));
         assert_eq!(c.balance_interval, Duration::from_secs(5));
@@ -468,11 +481,11 @@ mod tests {
 
     #[test]
     fn a_claim_timeout_shorter_than_a_handoff_is_rejected() {
-        let mut c = Config::new("app");
+        let mut c = app();
         c.shutdown_timeout = c.claim_timeout;
         let e = err(c);
         assert!(e.contains("claim_timeout") && e.contains("shutdown_timeout"), "{e}");
-        let mut c = Config::new("app");
+        let mut c = app();
         c.balance_interval = c.claim_timeout;
         assert!(err(c).contains("balance_interval"));
     }

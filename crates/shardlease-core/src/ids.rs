@@ -10,10 +10,12 @@ use crate::error::{Error, Result};
 /// definition every store and the facade share.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
+/// A string newtype with `as_str`, `Display`, `Debug` and `AsRef<str>`; the constructors are the
+/// caller's (see [`unchecked_from`] for the ones that accept any string).
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
         #[serde(transparent)]
         pub struct $name(String);
 
@@ -33,6 +35,17 @@ macro_rules! string_id {
                 write!(f, "{:?}", self.0)
             }
         }
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+/// `From<&str>`, `From<String>` and `Deserialize` for a newtype any string is a valid value of.
+macro_rules! unchecked_from {
+    ($name:ident) => {
         impl From<&str> for $name {
             fn from(s: &str) -> Self {
                 Self(s.to_owned())
@@ -43,9 +56,11 @@ macro_rules! string_id {
                 Self(s)
             }
         }
-        impl AsRef<str> for $name {
-            fn as_ref(&self) -> &str {
-                &self.0
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(
+                d: D,
+            ) -> std::result::Result<Self, D::Error> {
+                String::deserialize(d).map(Self)
             }
         }
     };
@@ -63,12 +78,21 @@ string_id!(
     /// The application name; every lease and worker record lives in one namespace.
     ///
     /// One rule for every store: 1 to [`Namespace::MAX_BYTES`] bytes, no control characters.
-    /// [`Namespace::new`] checks it (every store calls it when it opens a namespace);
-    /// `From<&str>` wraps without checking, for literals and [`Config`](crate::Config), whose
-    /// `validate` applies the same rule. A store whose native limit is stricter adds its own
-    /// check on top and says so where it is built.
+    /// Every way to make one checks it: [`Namespace::new`], `TryFrom<&str>`, `TryFrom<String>`,
+    /// [`str::parse`] and deserializing; there is no unchecked constructor. A store whose native
+    /// limit is stricter adds its own check on top and says so where it is built.
+    ///
+    /// ```
+    /// use shardlease_core::Namespace;
+    /// let ns: Namespace = "orders".parse()?;
+    /// assert_eq!(ns.as_str(), "orders");
+    /// assert!(Namespace::try_from("").is_err());
+    /// # Ok::<(), shardlease_core::Error>(())
+    /// ```
     Namespace
 );
+unchecked_from!(LeaseKey);
+unchecked_from!(WorkerId);
 
 impl LeaseKey {
     /// Wraps a string.
@@ -94,6 +118,44 @@ impl Namespace {
         let s = s.into();
         validate_name("namespace", &s)?;
         Ok(Namespace(s))
+    }
+}
+
+impl Default for Namespace {
+    /// [`DEFAULT_NAMESPACE`] (which follows the rule; a test checks it).
+    fn default() -> Self {
+        Namespace(DEFAULT_NAMESPACE.to_owned())
+    }
+}
+
+impl TryFrom<&str> for Namespace {
+    type Error = Error;
+    /// [`Namespace::new`].
+    fn try_from(s: &str) -> Result<Self> {
+        Namespace::new(s)
+    }
+}
+
+impl TryFrom<String> for Namespace {
+    type Error = Error;
+    /// [`Namespace::new`].
+    fn try_from(s: String) -> Result<Self> {
+        Namespace::new(s)
+    }
+}
+
+impl std::str::FromStr for Namespace {
+    type Err = Error;
+    /// [`Namespace::new`].
+    fn from_str(s: &str) -> Result<Self> {
+        Namespace::new(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Namespace {
+    /// Checked like [`Namespace::new`]: a stored or sent namespace breaking the rule is an error.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Namespace::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -171,10 +233,25 @@ mod tests {
             ("a\0b".to_owned(), "control characters"),
             ("a\nb".to_owned(), "control characters"),
         ] {
-            match Namespace::new(bad) {
-                Err(Error::Config(m)) => assert!(m.contains(why), "{m}"),
-                other => panic!("expected a config error, got {other:?}"),
+            for made in [
+                Namespace::new(bad.clone()),
+                Namespace::try_from(bad.as_str()),
+                Namespace::try_from(bad.clone()),
+                bad.parse(),
+                serde_json::from_value(serde_json::Value::String(bad.clone()))
+                    .map_err(|e| Error::Config(e.to_string())),
+            ] {
+                match made {
+                    Err(Error::Config(m)) => assert!(m.contains(why), "{m}"),
+                    other => panic!("expected a config error, got {other:?}"),
+                }
             }
         }
+        assert_eq!(Namespace::default(), Namespace::new(DEFAULT_NAMESPACE).unwrap());
+        let ok: Namespace = serde_json::from_str("\"orders\"").unwrap();
+        assert_eq!(
+            (ok.as_str(), serde_json::to_string(&ok).unwrap().as_str()),
+            ("orders", "\"orders\"")
+        );
     }
 }

@@ -4,6 +4,7 @@
 //! and learns at shard end which children continue the stream.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -113,11 +114,16 @@ impl Record {
 
 /// What one read of a shard returned. Built with [`Batch::new`] (or `Batch::default()` for an
 /// empty read) and the `with_*` methods.
+///
+/// The records are shared (`Arc<[Record]>`), so cloning a batch (as [`processor_fn`] does to hand
+/// the closure an owned batch) copies a pointer, not the records.
+///
+/// [`processor_fn`]: crate::processor::processor_fn
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct Batch {
-    /// The records, in order. May be empty.
-    pub records: Vec<Record>,
+    /// The records, in order. May be empty. Shared: a clone of the batch shares them.
+    pub records: Arc<[Record]>,
     /// How far behind the tip of the shard this read is, when known.
     pub millis_behind: Option<u64>,
     /// `Some(children)` when the shard is closed and fully read: the shards that continue it.
@@ -127,7 +133,7 @@ pub struct Batch {
 impl Batch {
     /// A batch of `records` (possibly none), lag unknown, shard not ended.
     pub fn new(records: Vec<Record>) -> Self {
-        Batch { records, millis_behind: None, end: None }
+        Batch { records: records.into(), millis_behind: None, end: None }
     }
 
     /// Sets how far behind the tip of the shard this read is.

@@ -47,8 +47,12 @@ impl Checkpointer for MapCheckpointer {
 }
 
 fn cluster(source: &MemorySource, rec: &Recorder, cp: Arc<MapCheckpointer>) -> Cluster {
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("custom"));
-    let cfg = Config::new("custom").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(MemoryBackend::new().store("custom".parse().unwrap()));
+    let cfg = Config::new("custom")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     Cluster::new(store, src, rec.factory(), cfg).with_checkpointer(cp)
 }

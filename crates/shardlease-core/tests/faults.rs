@@ -33,7 +33,7 @@ struct World {
 }
 
 fn world(shards: usize, records: usize, seed: u64) -> World {
-    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("faults"));
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("faults".parse().unwrap()));
     let faults = Faults::new(seed);
     let audit = AuditLog::new();
     let store_for = audited_faulty_views(base.clone(), faults.clone(), audit.clone());
@@ -42,8 +42,10 @@ fn world(shards: usize, records: usize, seed: u64) -> World {
         source.put(&format!("k{i}"), format!("r{i}"));
     }
     let rec = Recorder::new();
-    let mut cfg =
-        Config::new("faults").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut cfg = Config::new("faults")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     cfg.rng_seed = Some(seed);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let cluster = Cluster::with_store_per_worker(base, store_for, src, rec.factory(), cfg);
@@ -69,12 +71,12 @@ impl World {
 
 #[test]
 fn invalid_config_is_a_clear_error_when_the_worker_is_built() {
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("app"));
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("app".parse().unwrap()));
     let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(1));
     let cases: Vec<(Config, &str)> = vec![
         (
             {
-                let mut c = Config::new("app");
+                let mut c = Config::new("app").unwrap();
                 c.failover_timeout = c.heartbeat_interval * 2;
                 c
             },
@@ -82,17 +84,16 @@ fn invalid_config_is_a_clear_error_when_the_worker_is_built() {
         ),
         (
             {
-                let mut c = Config::new("app");
+                let mut c = Config::new("app").unwrap();
                 c.max_leases_per_worker = Some(0);
                 c
             },
             "max_leases_per_worker",
         ),
-        (Config::new(""), "namespace"),
-        (Config::new("app").with_worker_id(""), "worker id"),
-        (Config::new("app").with_worker_id("w#2"), "must not contain '#'"),
+        (Config::new("app").unwrap().with_worker_id(""), "worker id"),
+        (Config::new("app").unwrap().with_worker_id("w#2"), "must not contain '#'"),
         // The store is opened on "app": a Config naming another namespace is refused.
-        (Config::new("other"), "opened on namespace \"app\""),
+        (Config::new("other").unwrap(), "opened on namespace \"app\""),
     ];
     for (cfg, needle) in cases {
         let built =
@@ -485,10 +486,11 @@ async fn an_error_retrying_cannot_fix_marks_the_lease_stuck_and_backs_off() {
             Box::new(Stubborn { failing: failing.clone(), attempts: attempts.clone() })
         }
     };
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("stuck"));
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("stuck".parse().unwrap()));
     let source = MemorySource::new(1);
     source.put("k", "a record");
     let cfg = Config::new("stuck")
+        .unwrap()
         .with_heartbeat(Duration::from_secs(1))
         .with_initial_position(Position::TrimHorizon);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());

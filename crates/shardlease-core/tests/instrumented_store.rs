@@ -72,7 +72,7 @@ impl LeaseStore for Probe {
     }
     fn namespace(&self) -> Option<Namespace> {
         self.log("namespace");
-        Some(Namespace::from("probe-ns"))
+        Some(Namespace::new("probe-ns").unwrap())
     }
     async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
         self.log("subscribe_changes");
@@ -116,7 +116,7 @@ async fn every_method_is_forwarded_to_the_wrapped_store() {
     store.remove_worker(&me).await.unwrap();
     assert_eq!(probe.calls(), ["remove_worker"]);
 
-    assert_eq!(store.namespace(), Some(Namespace::from("probe-ns")));
+    assert_eq!(store.namespace(), Some(Namespace::new("probe-ns").unwrap()));
     assert_eq!(probe.calls(), ["namespace"]);
     let changes = store.subscribe_changes().await.unwrap().expect("the probe's stream");
     assert_eq!(changes.collect::<Vec<_>>().await.len(), 1);
@@ -130,7 +130,7 @@ fn calls_are_timed_and_errors_counted_by_operation_and_kind() {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     metrics::with_local_recorder(&recorder, || {
         rt.block_on(async {
-            let inner = MemoryBackend::new().store("instrumented");
+            let inner = MemoryBackend::new().store("instrumented".parse().unwrap());
             let store = InstrumentedStore::new(Arc::new(inner));
             let lease = Lease::new("k", Position::TrimHorizon);
             let CreateOutcome::Created(v1) = store.create_lease(&lease).await.unwrap() else {

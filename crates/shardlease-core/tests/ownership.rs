@@ -38,8 +38,10 @@ fn world(shards: usize, rec: Recorder, latency: Duration, tune: impl FnOnce(&mut
     let audit = AuditLog::new();
     let views = audited_faulty_views(base.clone(), faults, audit.clone());
     let source = MemorySource::new(shards);
-    let mut cfg =
-        Config::new("default").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut cfg = Config::new("default")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     cfg.rng_seed = Some(5);
     cfg.idle_poll_interval = HB / 10;
     tune(&mut cfg);

@@ -31,12 +31,14 @@ struct Fleet {
 }
 
 fn fleet(shards: usize, seed: u64) -> Fleet {
-    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("quiet"));
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("quiet".parse().unwrap()));
     let counting = Arc::new(CountingStore::new(base));
     let source = MemorySource::new(shards);
     let rec = Recorder::new();
-    let mut cfg =
-        Config::new("quiet").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut cfg = Config::new("quiet")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     cfg.rng_seed = Some(seed);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let store: Arc<dyn LeaseStore> = counting.clone();
@@ -222,7 +224,8 @@ impl shardlease_core::RecordProcessor for Checkpointing {
 /// stops processing that shard however its processor reports the refusal.
 async fn refused_checkpoint_stops_the_task(on_refusal: OnRefusal) {
     let (logs, _guard) = shardlease_testkit::logs::capture();
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("refused"));
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(MemoryBackend::new().store("refused".parse().unwrap()));
     let source = MemorySource::new(1);
     let batches = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let counted = batches.clone();
@@ -230,8 +233,10 @@ async fn refused_checkpoint_stops_the_task(on_refusal: OnRefusal) {
         move |_: &shardlease_core::LeaseContext| -> Box<dyn shardlease_core::RecordProcessor> {
             Box::new(Checkpointing { on_refusal, batches: counted.clone() })
         };
-    let mut cfg =
-        Config::new("refused").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut cfg = Config::new("refused")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     cfg.rng_seed = Some(3);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster = Cluster::new(store.clone(), src, Arc::new(factory), cfg);

@@ -11,11 +11,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use shardlease_core::store::CreateOutcome;
 use shardlease_core::{
-    Batch, BoxError, CheckpointHandle, Config, Error, Lease, LeaseContext, LeaseKey, LeaseStore,
-    Listing, MemorySource, MemoryStore, Position, RecordProcessor, Result, ShardSource, Version,
-    VersionedLease, WorkerId, WorkerRecord,
+    Config, Error, Lease, LeaseKey, LeaseStore, Listing, MemorySource, MemoryStore, Position,
+    Result, ShardSource, Version, VersionedLease, WorkerId, WorkerRecord,
 };
 use shardlease_testkit::cluster::{wait_until, Cluster};
+use shardlease_testkit::processors::Checkpointing;
 use shardlease_testkit::Faults;
 use shardlease_testkit::FaultyStore;
 use tokio::time::Instant;
@@ -23,28 +23,11 @@ use tokio::time::Instant;
 const HB: Duration = Duration::from_secs(1);
 const LONG: Duration = Duration::from_secs(600);
 
-/// A processor that never returns from `lease_lost`.
-struct Stubborn;
-
-#[async_trait]
-impl RecordProcessor for Stubborn {
-    async fn process_records(
-        &mut self,
-        batch: &Batch,
-        cp: &CheckpointHandle,
-    ) -> std::result::Result<(), BoxError> {
-        cp.checkpoint_batch(batch).await?;
-        Ok(())
-    }
-
-    async fn lease_lost(&mut self) {
-        std::future::pending::<()>().await;
-    }
-}
-
 fn config() -> Config {
-    let mut c =
-        Config::new("default").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut c = Config::new("default")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     c.rng_seed = Some(3);
     c
 }
@@ -63,7 +46,7 @@ async fn a_fence_is_bounded_as_a_whole() {
         })
     };
     let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(64));
-    let factory = Arc::new(|_: &LeaseContext| -> Box<dyn RecordProcessor> { Box::new(Stubborn) });
+    let factory = Checkpointing { hang_on_lease_lost: true, ..Default::default() }.factory();
     let mut cluster = Cluster::with_store_per_worker(base, views, source, factory, config());
     cluster.sync_shards().await.unwrap();
     let id = cluster.start_worker().unwrap();

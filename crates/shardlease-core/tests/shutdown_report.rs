@@ -8,43 +8,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use shardlease_core::{
-    Batch, BoxError, CheckpointHandle, Config, LeaseContext, MemorySource, MemoryStore, Position,
-    RecordProcessor, ShardSource,
-};
+use shardlease_core::{Config, MemorySource, MemoryStore, Position, ShardSource};
 use shardlease_testkit::cluster::{wait_until, Cluster};
+use shardlease_testkit::processors::Checkpointing;
 
 const HB: Duration = Duration::from_secs(1);
 const LONG: Duration = Duration::from_secs(600);
 const SHARDS: usize = 8;
-
-/// Checkpoints every batch; in `shutdown_requested` it either returns at once or never.
-struct Processor {
-    hang_on_shutdown: bool,
-}
-
-#[async_trait]
-impl RecordProcessor for Processor {
-    async fn process_records(
-        &mut self,
-        batch: &Batch,
-        cp: &CheckpointHandle,
-    ) -> std::result::Result<(), BoxError> {
-        cp.checkpoint_batch(batch).await?;
-        Ok(())
-    }
-
-    async fn shutdown_requested(
-        &mut self,
-        _cp: &CheckpointHandle,
-    ) -> std::result::Result<(), BoxError> {
-        if self.hang_on_shutdown {
-            std::future::pending::<()>().await;
-        }
-        Ok(())
-    }
-}
 
 /// One worker holding every lease of a stream with records in each shard, all processed.
 async fn fleet_with_records(hang_on_shutdown: bool) -> (Cluster, Arc<MemoryStore>) {
@@ -53,11 +23,11 @@ async fn fleet_with_records(hang_on_shutdown: bool) -> (Cluster, Arc<MemoryStore
     for i in 0..SHARDS * 4 {
         source.put(&format!("key-{i}"), vec![b'x'; 8]);
     }
-    let factory = Arc::new(move |_: &LeaseContext| -> Box<dyn RecordProcessor> {
-        Box::new(Processor { hang_on_shutdown })
-    });
-    let mut config =
-        Config::new("default").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let factory = Checkpointing { hang_on_shutdown, ..Default::default() }.factory();
+    let mut config = Config::new("default")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     config.rng_seed = Some(11);
     let shards: Arc<dyn ShardSource> = source.clone();
     let mut cluster = Cluster::new(store.clone(), shards, factory, config);

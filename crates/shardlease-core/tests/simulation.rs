@@ -177,7 +177,7 @@ fn draw(rng: &mut StdRng) -> Draw {
 async fn simulate(seed: u64) -> Result<String, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let d = draw(&mut rng);
-    let mem = MemoryBackend::new().store("sim");
+    let mem = MemoryBackend::new().store("sim".parse().unwrap());
     let base: Arc<dyn LeaseStore> = Arc::new(mem.clone());
     let faults = Faults::new(seed);
     faults.set_error_rate(d.error_rate);
@@ -189,8 +189,10 @@ async fn simulate(seed: u64) -> Result<String, String> {
     let rec = Recorder::new()
         .with_checkpoint_every(d.checkpoint_every)
         .with_shutdown_delay(d.shutdown_delay);
-    let mut cfg =
-        Config::new("sim").with_heartbeat(HEARTBEAT).with_initial_position(d.start.clone());
+    let mut cfg = Config::new("sim")
+        .unwrap()
+        .with_heartbeat(HEARTBEAT)
+        .with_initial_position(d.start.clone());
     cfg.rng_seed = Some(seed);
     cfg.idle_poll_interval = Duration::from_millis(200);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());

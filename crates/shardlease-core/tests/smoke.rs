@@ -10,13 +10,14 @@ use shardlease_testkit::recorder::Recorder;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_split_and_process_everything() {
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("smoke"));
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("smoke".parse().unwrap()));
     let source = MemorySource::new(8);
     for i in 0..400 {
         source.put(&format!("k{i}"), format!("v{i}"));
     }
     let rec = Recorder::new();
     let cfg = Config::new("smoke")
+        .unwrap()
         .with_heartbeat(Duration::from_millis(50))
         .with_initial_position(Position::TrimHorizon);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());

@@ -12,9 +12,11 @@ use shardlease_testkit::recorder::Recorder;
 
 #[tokio::test(start_paused = true)]
 async fn eight_workers_started_together_take_128_each_in_one_pass_without_churn() {
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("startup"));
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(MemoryBackend::new().store("startup".parse().unwrap()));
     let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(1024));
     let mut cfg = Config::new("startup")
+        .unwrap()
         .with_heartbeat(Duration::from_secs(1))
         .with_initial_position(Position::TrimHorizon);
     cfg.rng_seed = Some(7);

@@ -107,6 +107,7 @@ async fn throttled_heartbeats_and_listings_drop_no_lease() {
     let recorder = Recorder::new();
     // One-second heartbeats (the emulator is slow); failover after five.
     let config = Config::new("renewals")
+        .unwrap()
         .with_heartbeat(Duration::from_secs(1))
         .with_initial_position(Position::TrimHorizon);
     let mut cluster =

@@ -1,87 +1,90 @@
 //! Values that do not decode (not JSON, another format number, a document naming another record)
 //! are reported as `Error::Corrupt` / `Listing::corrupt` for that record only: nothing panics,
-//! and every other lease and worker keeps working, also across listing pages. Runs on the server
-//! named by `SHARDLEASE_TEST_ETCD_URL`.
+//! and every other lease and worker keeps working, also across listing pages and for a running
+//! worker. The cases live in `shardlease_testkit::extensions::corrupt`; this file says how to
+//! damage an etcd value. Runs on the server named by `SHARDLEASE_TEST_ETCD_URL`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use shardlease_core::{
-    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Position, Version, WorkerId, WorkerRecord,
-};
-use shardlease_etcd::EtcdStore;
-use shardlease_testkit::suite::with_scope;
+use std::sync::Arc;
 
-fn corrupt_reason<T: std::fmt::Debug>(r: shardlease_core::Result<T>, key: &str) -> String {
-    match r {
-        Err(Error::Corrupt { key: k, reason }) => {
-            assert_eq!(k, key);
-            reason
-        }
-        other => panic!("expected Error::Corrupt for {key}, got {other:?}"),
+use async_trait::async_trait;
+use shardlease_core::{Error, Lease, LeaseKey, LeaseStore, Position, Result, Version, WorkerId};
+use shardlease_etcd::EtcdStore;
+use shardlease_testkit::extensions::{CorruptRecords, Corruption};
+use shardlease_testkit::StoreFactory;
+
+/// The shared test server's factory, with pages of two so damaged records fall on several.
+struct Corrupting(common::EtcdFactory);
+
+impl Corrupting {
+    async fn open(&self, namespace: &str) -> Result<EtcdStore> {
+        Ok(self.0.open(namespace).await?.with_page_size(2))
     }
 }
 
-async fn put(store: &EtcdStore, key: String, value: &[u8]) {
-    store.client().kv_client().put(key, value.to_vec(), None).await.unwrap();
+async fn corrupting() -> Option<Corrupting> {
+    let url = common::factory().await?.url().to_owned();
+    Some(Corrupting(common::EtcdFactory::new(url, false)))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupt_records_are_reported_per_record() {
-    let Some(factory) = common::factory().await else { return };
-    let opener = common::EtcdFactory::new(factory.url().to_owned(), false);
-    with_scope(&factory, "corrupt_records", |scope| async move {
-        let (ns, _) = scope.fresh_store().await;
-        // Small pages, so corrupt entries fall on several pages.
-        let store = opener.open(&ns).await.unwrap().with_page_size(2);
-        for k in ["good-1", "good-2", "good-3", "garbled", "format-9", "elsewhere"] {
-            let created = store.create_lease(&Lease::new(k, Position::TrimHorizon)).await.unwrap();
-            assert!(matches!(created, CreateOutcome::Created(_)));
-        }
-        let key = |k: &str| store.lease_etcd_key(&LeaseKey::from(k));
-        put(&store, key("garbled"), b"{not json \xff").await;
-        let other_format = String::from_utf8(shardlease_etcd::codec::encode_lease(
-            &Lease::new("format-9", Position::Latest),
-            Version(5),
-        ))
-        .unwrap()
-        .replace("\"format\":1", "\"format\":9");
-        put(&store, key("format-9"), other_format.as_bytes()).await;
-        let misplaced = shardlease_etcd::codec::encode_lease(
-            &Lease::new("good-1", Position::Latest),
-            Version(5),
-        );
-        put(&store, key("elsewhere"), &misplaced).await;
-
-        assert!(corrupt_reason(store.get_lease(&"garbled".into()).await, "garbled")
-            .contains("not a lease"));
-        assert!(corrupt_reason(store.get_lease(&"format-9".into()).await, "format-9")
-            .contains("format 9"));
-        corrupt_reason(store.get_lease(&"elsewhere".into()).await, "elsewhere");
-        let listing = store.list_leases().await.unwrap();
-        let mut good: Vec<_> =
-            listing.items.iter().map(|v| v.lease.key.as_str().to_owned()).collect();
-        good.sort();
-        assert_eq!(good, ["good-1", "good-2", "good-3"]);
-        let mut bad: Vec<_> = listing.corrupt.iter().map(|c| c.key.clone()).collect();
-        bad.sort();
-        assert_eq!(bad, ["elsewhere", "format-9", "garbled"], "named by the lease key exactly");
-
-        // A compare-and-set on a corrupt record reports it, and changes nothing.
-        let r = store.update_lease(&Lease::new("garbled", Position::Latest), Version(1)).await;
-        corrupt_reason(r, "garbled");
-        let r = store.delete_lease(&"garbled".into(), Version(1)).await;
-        corrupt_reason(r, "garbled");
-
-        // Worker records too.
-        store.heartbeat(&WorkerRecord::new(WorkerId::new("w-good"), 1)).await.unwrap();
-        put(&store, store.worker_etcd_key(&WorkerId::new("w-bad")), b"[]").await;
-        let workers = store.list_workers().await.unwrap();
-        assert_eq!(workers.items.len(), 1);
-        assert_eq!(workers.corrupt.len(), 1);
-        assert_eq!(workers.corrupt[0].key, "w-bad");
-        assert!(!store.remove_worker_if(&WorkerId::new("w-bad"), 1).await.unwrap());
-    })
-    .await;
+async fn put(store: &EtcdStore, key: String, value: Vec<u8>) -> Result<()> {
+    let r = store.client().kv_client().put(key, value, None).await;
+    r.map(|_| ()).map_err(|e| Error::permanent(format!("raw put: {e}")))
 }
+
+#[async_trait]
+impl StoreFactory for Corrupting {
+    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+        Ok(Arc::new(self.open(namespace).await?))
+    }
+    async fn cleanup(&self, namespace: &str) -> Result<()> {
+        self.0.cleanup(namespace).await
+    }
+    fn name(&self) -> String {
+        "etcd".to_owned()
+    }
+}
+
+#[async_trait]
+impl CorruptRecords for Corrupting {
+    fn lease_corruptions(&self) -> Vec<Corruption> {
+        vec![
+            Corruption::new("garbled", "not a lease"),
+            Corruption::new("format-9", "format 9"),
+            // A document naming another record.
+            Corruption::new("elsewhere", ""),
+        ]
+    }
+
+    fn worker_corruptions(&self) -> Vec<Corruption> {
+        vec![Corruption::new("w-bad", "")]
+    }
+
+    async fn corrupt_lease(&self, ns: &str, key: &LeaseKey, damage: &Corruption) -> Result<()> {
+        let store = self.open(ns).await?;
+        let encode = |key: &str| {
+            shardlease_etcd::codec::encode_lease(&Lease::new(key, Position::Latest), Version(5))
+        };
+        let value = match damage.name {
+            "garbled" => b"{not json \xff".to_vec(),
+            "format-9" => String::from_utf8(encode(key.as_str()))
+                .unwrap()
+                .replace("\"format\":1", "\"format\":9")
+                .into_bytes(),
+            "elsewhere" => encode("someone-else"),
+            other => panic!("no such damage: {other}"),
+        };
+        put(&store, store.lease_etcd_key(key), value).await
+    }
+
+    async fn corrupt_worker(&self, ns: &str, id: &WorkerId, damage: &Corruption) -> Result<()> {
+        let store = self.open(ns).await?;
+        assert_eq!(damage.name, "w-bad");
+        put(&store, store.worker_etcd_key(id), b"[]".to_vec()).await
+    }
+}
+
+shardlease_testkit::corrupt_record_tests!(corrupting());

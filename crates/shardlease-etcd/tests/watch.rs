@@ -46,6 +46,7 @@ async fn a_graceful_leave_is_taken_over_before_the_takers_next_heartbeat() {
         let every = Duration::from_millis(20);
 
         let fast_cfg = Config::new(ns.as_str())
+            .unwrap()
             .with_heartbeat(Duration::from_millis(200))
             .with_worker_id("fast")
             .with_initial_position(Position::TrimHorizon);
@@ -58,6 +59,7 @@ async fn a_graceful_leave_is_taken_over_before_the_takers_next_heartbeat() {
 
         let hb = Duration::from_secs(30);
         let mut slow_cfg = Config::new(ns.as_str())
+            .unwrap()
             .with_heartbeat(hb)
             .with_worker_id("slow")
             .with_initial_position(Position::TrimHorizon);

@@ -44,7 +44,7 @@ impl Log {
             let log = log.clone();
             async move {
                 let mut events = log.events.lock().unwrap_or_else(|p| p.into_inner());
-                for r in &batch.records {
+                for r in batch.records.iter() {
                     let id = (ctx.key().as_str().to_owned(), r.seq.clone(), r.sub);
                     events.push((id, String::from_utf8_lossy(&r.data).into_owned()));
                 }
@@ -77,8 +77,11 @@ async fn two_workers_read_everything_once_across_a_split_and_a_merge() {
     let Some(k) = emulator() else { return };
     let stream = k.create_stream(2).await;
     let source: Arc<dyn ShardSource> = Arc::new(k.source(&stream, fast_reads()).await);
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("kinesis-fleet"));
+    let store: Arc<dyn LeaseStore> = Arc::new(
+        MemoryBackend::new().store("kinesis-fleet".parse().unwrap_or_else(|e| panic!("{e}"))),
+    );
     let config = Config::new("kinesis-fleet")
+        .unwrap_or_else(|e| panic!("{e}"))
         .with_heartbeat(Duration::from_millis(100))
         .with_initial_position(Position::TrimHorizon);
     let log = Log::default();
@@ -174,8 +177,11 @@ async fn a_restarted_worker_resumes_inside_an_aggregate() {
     let mut read = fast_reads();
     read.max_records = 1; // one Kinesis record per batch
     let source: Arc<dyn ShardSource> = Arc::new(k.source(&stream, read).await);
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("kinesis-resume"));
+    let store: Arc<dyn LeaseStore> = Arc::new(
+        MemoryBackend::new().store("kinesis-resume".parse().unwrap_or_else(|e| panic!("{e}"))),
+    );
     let config = Config::new("kinesis-resume")
+        .unwrap_or_else(|e| panic!("{e}"))
         .with_heartbeat(Duration::from_millis(100))
         .with_initial_position(Position::TrimHorizon);
     let users: Vec<UserRecord> = (0..6)
@@ -237,7 +243,7 @@ impl shardlease_core::RecordProcessor for Partial {
         batch: &shardlease_core::Batch,
         checkpointer: &shardlease_core::CheckpointHandle,
     ) -> Result<(), shardlease_core::BoxError> {
-        for r in &batch.records {
+        for r in batch.records.iter() {
             let done = self.processed.lock().unwrap_or_else(|p| p.into_inner()).len();
             if done >= 3 {
                 return Err("stopping here on purpose".into());

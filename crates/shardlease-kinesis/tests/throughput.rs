@@ -102,7 +102,9 @@ async fn through_runtime(k: &Emulator, stream: &str) {
     read.min_call_interval = Duration::ZERO;
     read.max_bytes_per_second = 1 << 40;
     let source: Arc<dyn ShardSource> = Arc::new(k.source(stream, read).await);
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("throughput"));
+    let store: Arc<dyn LeaseStore> = Arc::new(
+        MemoryBackend::new().store("throughput".parse().unwrap_or_else(|e| panic!("{e}"))),
+    );
     let count = Arc::new(AtomicUsize::new(0));
     let counter = count.clone();
     let processor = processor_fn(move |_ctx, batch| {
@@ -113,6 +115,7 @@ async fn through_runtime(k: &Emulator, stream: &str) {
         }
     });
     let config = Config::new("throughput")
+        .unwrap_or_else(|e| panic!("{e}"))
         .with_heartbeat(Duration::from_millis(50))
         .with_initial_position(Position::TrimHorizon);
     let worker = Worker::builder(config, store, source, processor)

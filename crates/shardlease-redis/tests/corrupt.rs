@@ -1,237 +1,149 @@
 //! Records that do not decode (a garbled or missing field, a value that is not text, a key of
 //! the wrong type) are reported as `Error::Corrupt` / `Listing::corrupt` for that record only:
 //! nothing panics, and every other lease and worker keeps working, for the store and for a
-//! running worker. Runs on the server named by `SHARDLEASE_TEST_REDIS_URL`.
+//! running worker. The cases live in `shardlease_testkit::extensions::corrupt`; this file says
+//! how to damage a Redis record. Runs on the server named by `SHARDLEASE_TEST_REDIS_URL`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use shardlease_core::VersionedLease;
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
+use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use shardlease_core::{
-    Config, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, MemorySource, Position, ShardSource,
-    Version, WorkerId, WorkerRecord,
+    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Position, Result, WorkerId,
 };
 use shardlease_redis::RedisStore;
-use shardlease_testkit::cluster::{wait_until, Cluster};
-use shardlease_testkit::recorder::Recorder;
+use shardlease_testkit::extensions::{CorruptRecords, Corruption};
 use shardlease_testkit::suite::with_scope;
+use shardlease_testkit::StoreFactory;
 
-async fn raw(conn: &mut ConnectionManager, args: &[&[u8]]) {
-    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap());
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    let _: redis::Value = cmd.query_async(conn).await.unwrap();
-}
+/// The shared test server's factory, with pages of two so damaged records fall on several.
+struct Corrupting(common::RedisFactory);
 
-fn created(o: CreateOutcome) -> Version {
-    match o {
-        CreateOutcome::Created(v) => v,
-        CreateOutcome::AlreadyExists => panic!("expected Created"),
-    }
-}
-
-fn corrupt_reason<T: std::fmt::Debug>(r: shardlease_core::Result<T>, key: &str) -> String {
-    match r {
-        Err(Error::Corrupt { key: k, reason }) => {
-            assert_eq!(k, key);
-            reason
-        }
-        other => panic!("expected Error::Corrupt for {key}, got {other:?}"),
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupt_records_are_reported_per_record() {
-    let Some(factory) = common::factory().await else { return };
-    let url = factory.url().to_owned();
-    with_scope(&factory, "corrupt_records", |scope| async move {
-        let (ns, _) = scope.fresh_store().await;
-        // Small pages, so corrupt entries fall on several pages.
-        let store = RedisStore::builder(&url)
-            .namespace(&ns)
+impl Corrupting {
+    async fn open(&self, namespace: &str) -> Result<RedisStore> {
+        RedisStore::builder(self.0.url())
+            .namespace(namespace)
             .key_prefix(common::TEST_PREFIX)
             .page_size(2)
             .connect()
             .await
-            .unwrap();
+    }
+}
+
+async fn corrupting() -> Option<Corrupting> {
+    common::factory().await.map(Corrupting)
+}
+
+async fn raw(conn: &mut ConnectionManager, args: &[&[u8]]) -> Result<()> {
+    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    let _: redis::Value =
+        cmd.query_async(conn).await.map_err(|e| Error::permanent(format!("raw command: {e}")))?;
+    Ok(())
+}
+
+#[async_trait]
+impl StoreFactory for Corrupting {
+    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+        Ok(Arc::new(self.open(namespace).await?))
+    }
+    async fn cleanup(&self, namespace: &str) -> Result<()> {
+        self.0.cleanup(namespace).await
+    }
+    fn name(&self) -> String {
+        "redis".to_owned()
+    }
+}
+
+#[async_trait]
+impl CorruptRecords for Corrupting {
+    fn lease_corruptions(&self) -> Vec<Corruption> {
+        vec![
+            Corruption::new("garbled", "checkpoint").repairable(),
+            Corruption::new("missing", "epoch"),
+            Corruption::new("binary", "UTF-8"),
+            Corruption::new("wrongtype", "WRONGTYPE"),
+        ]
+    }
+
+    fn worker_corruptions(&self) -> Vec<Corruption> {
+        vec![
+            Corruption::new("garbled-beat", "beat").repairable(),
+            Corruption::new("no-id", "`id`").beat_intact(),
+            Corruption::new("wrongtype", "WRONGTYPE"),
+        ]
+    }
+
+    async fn corrupt_lease(&self, ns: &str, key: &LeaseKey, damage: &Corruption) -> Result<()> {
+        let store = self.open(ns).await?;
+        let mut conn = store.manager();
+        let k = store.lease_redis_key(key);
+        let k = k.as_bytes();
+        match damage.name {
+            "garbled" => raw(&mut conn, &[b"HSET", k, b"checkpoint", b"{not json"]).await,
+            "missing" => raw(&mut conn, &[b"HDEL", k, b"epoch"]).await,
+            "binary" => raw(&mut conn, &[b"HSET", k, b"owner", &[0xff, 0xfe]]).await,
+            // A key of another type, still in the index.
+            "wrongtype" => {
+                raw(&mut conn, &[b"DEL", k]).await?;
+                raw(&mut conn, &[b"SET", k, b"not a hash"]).await
+            }
+            other => panic!("no such damage: {other}"),
+        }
+    }
+
+    async fn corrupt_worker(&self, ns: &str, id: &WorkerId, damage: &Corruption) -> Result<()> {
+        let store = self.open(ns).await?;
+        let mut conn = store.manager();
+        let k = store.worker_redis_key(id);
+        let k = k.as_bytes();
+        match damage.name {
+            "garbled-beat" => raw(&mut conn, &[b"HSET", k, b"beat", b"many"]).await,
+            "no-id" => raw(&mut conn, &[b"HDEL", k, b"id"]).await,
+            "wrongtype" => {
+                raw(&mut conn, &[b"DEL", k]).await?;
+                raw(&mut conn, &[b"SET", k, b"x"]).await
+            }
+            other => panic!("no such damage: {other}"),
+        }
+    }
+}
+
+shardlease_testkit::corrupt_record_tests!(corrupting());
+
+/// What only Redis has: an index entry whose hash vanished (a delete racing a listing looks like
+/// this) is no lease at all, and a create never turns a key of another type into a hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_entries_without_a_hash_and_keys_of_another_type() {
+    let Some(f) = corrupting().await else { return };
+    let f = &f;
+    with_scope(f, "redis_index_damage", |scope| async move {
+        let (ns, _) = scope.fresh_store().await;
+        let store = f.open(&ns).await.unwrap();
         let mut conn = store.manager();
         let index = format!("{}:leases", store.key_tag());
-        let key = |k: &str| store.lease_redis_key(&LeaseKey::from(k));
+        raw(&mut conn, &[b"ZADD", index.as_bytes(), b"0", b"ghost"]).await.unwrap();
+        let wrong = store.lease_redis_key(&"wrongtype".into());
+        raw(&mut conn, &[b"SET", wrong.as_bytes(), b"not a hash"]).await.unwrap();
+        raw(&mut conn, &[b"ZADD", index.as_bytes(), b"0", b"wrongtype"]).await.unwrap();
 
-        let mut versions = BTreeMap::new();
-        for k in ["good-1", "good-2", "good-3", "garbled", "missing", "binary"] {
-            let v =
-                created(store.create_lease(&Lease::new(k, Position::TrimHorizon)).await.unwrap());
-            versions.insert(k, v);
-        }
-        raw(&mut conn, &[b"HSET", key("garbled").as_bytes(), b"checkpoint", b"{not json"]).await;
-        raw(&mut conn, &[b"HDEL", key("missing").as_bytes(), b"epoch"]).await;
-        raw(&mut conn, &[b"HSET", key("binary").as_bytes(), b"owner", &[0xff, 0xfe]]).await;
-        raw(&mut conn, &[b"SET", key("wrongtype").as_bytes(), b"not a hash"]).await;
-        raw(&mut conn, &[b"ZADD", index.as_bytes(), b"0", b"wrongtype"]).await;
-        // An index entry whose hash vanished (a delete racing a listing looks like this).
-        raw(&mut conn, &[b"ZADD", index.as_bytes(), b"0", b"ghost"]).await;
-
-        let listing = store.list_leases().await.unwrap();
-        let items: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
-        assert_eq!(items, ["good-1", "good-2", "good-3"]);
-        let corrupt: BTreeMap<&str, &str> =
-            listing.corrupt.iter().map(|c| (c.key.as_str(), c.reason.as_str())).collect();
-        assert_eq!(
-            corrupt.keys().copied().collect::<Vec<_>>(),
-            ["binary", "garbled", "missing", "wrongtype"]
-        );
-        assert!(corrupt["garbled"].contains("checkpoint"), "{corrupt:?}");
-        assert!(corrupt["missing"].contains("epoch"), "{corrupt:?}");
-        assert!(corrupt["binary"].contains("UTF-8"), "{corrupt:?}");
-        assert!(corrupt["wrongtype"].contains("WRONGTYPE"), "{corrupt:?}");
-
-        // Reads and writes of a corrupt record report it; nothing is written.
-        assert!(corrupt_reason(store.get_lease(&"garbled".into()).await, "garbled")
-            .contains("checkpoint"));
-        assert!(
-            corrupt_reason(store.get_lease(&"missing".into()).await, "missing").contains("epoch")
-        );
-        assert!(corrupt_reason(store.get_lease(&"wrongtype".into()).await, "wrongtype")
-            .contains("WRONGTYPE"));
-        corrupt_reason(store.get_lease(&"binary".into()).await, "binary");
         assert_eq!(store.get_lease(&"ghost".into()).await.unwrap(), None);
-        let stale = Version(1);
-        let taken = Lease::new("garbled", Position::TrimHorizon).transferred_to(Some("w".into()));
-        corrupt_reason(store.update_lease(&taken, stale).await, "garbled");
-        let taken = Lease::new("wrongtype", Position::TrimHorizon).transferred_to(Some("w".into()));
-        corrupt_reason(store.update_lease(&taken, stale).await, "wrongtype");
-        corrupt_reason(store.delete_lease(&"missing".into(), stale).await, "missing");
-        corrupt_reason(store.delete_lease(&"wrongtype".into(), stale).await, "wrongtype");
+        let listing = store.list_leases().await.unwrap();
+        assert!(listing.items.is_empty(), "{:?}", listing.items);
+        let corrupt: Vec<&str> = listing.corrupt.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(corrupt, ["wrongtype"], "the ghost is not listed at all");
         assert_eq!(
             store.create_lease(&Lease::new("wrongtype", Position::TrimHorizon)).await.unwrap(),
-            CreateOutcome::AlreadyExists,
-            "create never overwrites a key of another type"
+            CreateOutcome::AlreadyExists
         );
-        let t: String =
-            redis::cmd("TYPE").arg(key("wrongtype")).query_async(&mut conn).await.unwrap();
-        assert_eq!(t, "string");
-
-        // The good leases keep working.
-        let good = Lease::new("good-1", Position::TrimHorizon).transferred_to(Some("w".into()));
-        let v = store.update_lease(&good, versions["good-1"]).await.unwrap();
-        assert_eq!(
-            store.get_lease(&"good-1".into()).await.unwrap(),
-            Some(VersionedLease::new(good, v))
-        );
-        store.delete_lease(&"good-2".into(), versions["good-2"]).await.unwrap();
-
-        // An operator who knows the version repairs a garbled record with a plain CAS.
-        let repaired = Lease::new("garbled", Position::Latest);
-        let v = store.update_lease(&repaired, versions["garbled"]).await.unwrap();
-        assert_eq!(
-            store.get_lease(&"garbled".into()).await.unwrap(),
-            Some(VersionedLease::new(repaired, v))
-        );
-
-        let listing = store.list_leases().await.unwrap();
-        let items: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
-        assert_eq!(items, ["garbled", "good-1", "good-3"]);
-        assert_eq!(listing.corrupt.len(), 3);
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupt_worker_records_are_reported_per_record() {
-    let Some(factory) = common::factory().await else { return };
-    let f = &factory;
-    with_scope(f, "corrupt_workers", |scope| async move {
-        let (ns, _) = scope.fresh_store().await;
-        let store = f.open(&ns).await.unwrap();
-        let mut conn = store.manager();
-        let w = |id: &str| store.worker_redis_key(&WorkerId::from(id));
-        let index = format!("{}:workers", store.key_tag());
-        for id in ["w1", "w2", "w4"] {
-            store.heartbeat(&WorkerRecord::new(id.into(), 1)).await.unwrap();
-        }
-        raw(&mut conn, &[b"HSET", w("w2").as_bytes(), b"beat", b"many"]).await;
-        raw(&mut conn, &[b"HDEL", w("w4").as_bytes(), b"id"]).await;
-        raw(&mut conn, &[b"SET", w("w3").as_bytes(), b"x"]).await;
-        raw(&mut conn, &[b"ZADD", index.as_bytes(), b"0", b"w3"]).await;
-
-        let listing = store.list_workers().await.unwrap();
-        let ids: Vec<&str> = listing.items.iter().map(|r| r.id.as_str()).collect();
-        assert_eq!(ids, ["w1"]);
-        let corrupt: BTreeMap<&str, &str> =
-            listing.corrupt.iter().map(|c| (c.key.as_str(), c.reason.as_str())).collect();
-        assert!(corrupt["w2"].contains("beat"), "{corrupt:?}");
-        assert!(corrupt["w3"].contains("WRONGTYPE"), "{corrupt:?}");
-        assert!(corrupt["w4"].contains("`id`"), "{corrupt:?}");
-
-        // A conditional removal never removes what it cannot compare: a garbled beat, a key
-        // that is not a hash.
-        assert!(!store.remove_worker_if(&"w2".into(), 1).await.unwrap());
-        assert!(!store.remove_worker_if(&"w3".into(), 1).await.unwrap());
-        assert_eq!(store.list_workers().await.unwrap().corrupt.len(), 3, "all still listed");
-
-        // A heartbeat rewrites the record whole, which repairs it.
-        store.heartbeat(&WorkerRecord::new("w2".into(), 2)).await.unwrap();
-        store.remove_worker(&"w3".into()).await.unwrap();
-        let listing = store.list_workers().await.unwrap();
-        let ids: Vec<&str> = listing.items.iter().map(|r| r.id.as_str()).collect();
-        assert_eq!(ids, ["w1", "w2"]);
-        assert_eq!(listing.corrupt.len(), 1);
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_processes_the_leases_around_a_corrupt_one() {
-    let Some(factory) = common::factory().await else { return };
-    let f = &factory;
-    with_scope(f, "worker_around_corrupt", |scope| async move {
-        let (ns, _) = scope.fresh_store().await;
-        let store = f.open(&ns).await.unwrap();
-        let shared: Arc<dyn LeaseStore> = Arc::new(store.clone());
-        let source = MemorySource::new(4);
-        for i in 0..100 {
-            source.put(&format!("k{i}"), format!("v{i}"));
-        }
-        let shards = source.shards();
-        let bad = shards[0].id.clone();
-        let rec = Recorder::new();
-        let cfg = Config::new(ns.as_str())
-            .with_heartbeat(Duration::from_millis(100))
-            .with_initial_position(Position::TrimHorizon);
-        let src: Arc<dyn ShardSource> = Arc::new(source.clone());
-        let mut cluster = Cluster::new(shared, src, rec.factory(), cfg);
-        cluster.sync_shards().await.unwrap();
-        let mut conn = store.manager();
-        raw(&mut conn, &[b"HSET", store.lease_redis_key(&bad).as_bytes(), b"epoch", b"NaN"]).await;
-
-        cluster.start_workers(1).unwrap();
-        let expected: usize = shards.iter().skip(1).map(|s| source.records(&s.id).len()).sum();
-        wait_until(
-            "the other shards' records",
-            Duration::from_secs(20),
-            Duration::from_millis(50),
-            || async { rec.distinct() == expected },
-        )
-        .await
-        .unwrap();
-        let listing = store.list_leases().await.unwrap();
-        assert_eq!(listing.corrupt.len(), 1);
-        assert_eq!(listing.corrupt[0].key, bad.as_str());
-        assert_eq!(listing.items.len(), 3);
-        assert!(listing.items.iter().all(|v| v
-            .lease
-            .owner
-            .as_ref()
-            .is_some_and(|o| o.as_str() == "w1")));
-        cluster.shutdown_all().await;
+        let t: String = redis::cmd("TYPE").arg(&wrong).query_async(&mut conn).await.unwrap();
+        assert_eq!(t, "string", "create never overwrites a key of another type");
     })
     .await;
 }

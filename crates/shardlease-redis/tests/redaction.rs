@@ -1,54 +1,49 @@
 //! The Redis password never shows up in an error (its message, its source chain or its `Debug`
-//! form) nor in the `Debug` output of a store or a builder: not when the server is unreachable,
-//! not when it refuses the password, not when a call fails after connecting.
+//! form) nor in the `Debug` output of a store or a builder: not when the server is unreachable
+//! (the testkit's case, `shardlease_testkit::extensions::redaction`), not when it refuses the
+//! password, not when a call fails after connecting, not for a malformed URL.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::error::Error as _;
+use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{Error, LeaseKey, LeaseStore};
+use async_trait::async_trait;
+use shardlease_core::{Error, LeaseKey, LeaseStore, Result};
 use shardlease_redis::RedisStore;
+use shardlease_testkit::extensions::redaction::{assert_hidden, renderings};
+use shardlease_testkit::extensions::SecretUrl;
 
-/// Every rendering of `e` a log line might use.
-fn renderings(e: &Error) -> String {
-    let mut out = format!("{e}\n{e:?}\n");
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!("{s}\n{s:?}\n"));
-        source = s.source();
+struct RedisUrls;
+
+#[async_trait]
+impl SecretUrl for RedisUrls {
+    fn urls_with_password(&self, secret: &str, port: u16) -> Vec<String> {
+        vec![
+            format!("redis://user:{secret}@127.0.0.1:{port}/0"),
+            // Percent-encoded passwords are hidden in both spellings.
+            format!("redis://:p%40ss-{secret}@127.0.0.1:{port}/"),
+        ]
     }
-    out
+    async fn connect(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {
+        let b = RedisStore::builder(url).namespace("ns");
+        Ok(Arc::new(b.connection_timeout(Duration::from_millis(300)).connect().await?))
+    }
+    fn builder_debug(&self, url: &str) -> Option<String> {
+        Some(format!("{:?}", RedisStore::builder(url).namespace("ns")))
+    }
 }
 
-fn assert_hidden(e: &Error, secret: &str) {
-    let all = renderings(e);
-    assert!(!all.contains(secret), "the password leaked:\n{all}");
-}
+shardlease_testkit::redaction_tests!(async { Some(RedisUrls) });
 
 #[tokio::test]
-async fn unreachable_server_errors_hide_the_password() {
+async fn malformed_urls_hide_the_password() {
     const SECRET: &str = "hunter2-s3cret";
-    let port = common::free_port();
-    let url = format!("redis://user:{SECRET}@127.0.0.1:{port}/0");
-    let builder =
-        RedisStore::builder(&url).namespace("ns").connection_timeout(Duration::from_millis(300));
-    assert!(!format!("{builder:?}").contains(SECRET));
-    let e = builder.connect().await.expect_err("nothing listens there");
-    assert_hidden(&e, SECRET);
-    assert!(e.is_retryable(), "an unreachable server may come back: {e}");
-    assert!(renderings(&e).contains(&format!("127.0.0.1:{port}")), "{}", renderings(&e));
-
-    // Percent-encoded passwords are hidden in both spellings.
-    let url = format!("redis://:p%40ss-{SECRET}@127.0.0.1:{port}/");
-    let e = RedisStore::connect(&url, "ns").await.expect_err("nothing listens there");
-    assert_hidden(&e, SECRET);
-
     for bad in [format!("redis://:{SECRET}@[bad-host/"), format!("gopher://:{SECRET}@h/")] {
         match RedisStore::connect(&bad, "ns").await {
-            Err(e @ Error::Config(_)) => assert_hidden(&e, SECRET),
+            Err(e @ Error::Config(_)) => assert_hidden(&bad, &renderings(&e), &[SECRET]),
             other => panic!("{bad}: expected a config error, got {other:?}"),
         }
     }
@@ -69,7 +64,7 @@ async fn refused_and_failed_calls_hide_the_password() {
     let e = RedisStore::connect(&format!("redis://:{WRONG}@127.0.0.1:{port}/"), "ns")
         .await
         .expect_err("a wrong password is refused");
-    assert_hidden(&e, WRONG);
+    assert_hidden("a refused password", &renderings(&e), &[WRONG]);
     assert!(!e.is_retryable(), "a wrong password stays wrong: {e}");
     eprintln!("wrong password: {e}");
 
@@ -92,6 +87,6 @@ async fn refused_and_failed_calls_hide_the_password() {
 
     server.kill();
     let e = store.get_lease(&LeaseKey::from("a")).await.expect_err("the server is gone");
-    assert_hidden(&e, RIGHT);
+    assert_hidden("a call after the server went away", &renderings(&e), &[RIGHT]);
     assert!(e.is_retryable(), "a dropped connection is retryable: {e}");
 }

@@ -114,7 +114,7 @@ async fn run(url: &str) -> Result<Vec<String>> {
 
     let source = MemorySource::new(SHARDS);
     let recorder = Recorder::new();
-    let mut config = Config::new(ns.as_str()).with_heartbeat(HEARTBEAT);
+    let mut config = Config::new(ns.as_str())?.with_heartbeat(HEARTBEAT);
     config.initial_position = Position::TrimHorizon;
     config.idle_poll_interval = Duration::from_millis(50);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());

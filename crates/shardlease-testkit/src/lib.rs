@@ -21,13 +21,17 @@
 pub mod audit;
 pub mod cluster;
 pub mod counting;
+pub mod extensions;
 pub mod faults;
+mod fn_factory;
 pub mod logs;
 mod macros;
 mod memory_factory;
+pub mod processors;
 pub mod recorder;
 pub mod suite;
 
 pub use faults::{Faults, FaultyStore};
+pub use fn_factory::FnFactory;
 pub use memory_factory::MemoryFactory;
 pub use suite::{fresh_namespace, StoreFactory};

@@ -108,3 +108,48 @@ macro_rules! store_conformance_tests {
         $crate::__conformance_cases!([$crate::__conformance_test_fns] (sync $factory));
     };
 }
+
+/// Expands to the `#[test]` of one extension case (see [`corrupt_record_tests!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __extension_test {
+    ($factory:expr, $module:ident :: $case:ident) => {
+        #[test]
+        fn $case() {
+            $crate::suite::__run_test(async {
+                let ::core::option::Option::Some(hooks) = $factory.await else { return };
+                $crate::extensions::$module::$case(&hooks).await;
+            });
+        }
+    };
+}
+
+/// Generates the corrupt-record cases of [`extensions::corrupt`](crate::extensions::corrupt) as
+/// tests, on the same runtime as [`store_conformance_tests!`]. `$factory` is an async expression
+/// giving an `Option` of a [`CorruptRecords`](crate::extensions::CorruptRecords) implementation
+/// (`None`: the store's server is not configured; the factory said so, as a skip).
+///
+/// ```text
+/// shardlease_testkit::corrupt_record_tests!(corrupting_factory());
+/// ```
+#[macro_export]
+macro_rules! corrupt_record_tests {
+    ($factory:expr) => {
+        $crate::__extension_test!($factory, corrupt::corrupt_leases_are_reported_per_record);
+        $crate::__extension_test!($factory, corrupt::corrupt_workers_are_reported_per_record);
+        $crate::__extension_test!(
+            $factory,
+            corrupt::a_worker_processes_the_leases_around_a_corrupt_one
+        );
+    };
+}
+
+/// Generates the redaction case of [`extensions::redaction`](crate::extensions::redaction) as a
+/// test. `$hooks` is an async expression giving an `Option` of a
+/// [`SecretUrl`](crate::extensions::SecretUrl) implementation.
+#[macro_export]
+macro_rules! redaction_tests {
+    ($hooks:expr) => {
+        $crate::__extension_test!($hooks, redaction::an_unreachable_server_hides_the_password);
+    };
+}

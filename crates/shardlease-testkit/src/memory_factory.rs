@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use shardlease_core::{Lease, LeaseStore, MemoryBackend, Result, Version};
+use shardlease_core::{Lease, LeaseStore, MemoryBackend, Namespace, Result, Version};
 
 use crate::suite::StoreFactory;
 
@@ -35,7 +35,7 @@ impl MemoryFactory {
 #[async_trait]
 impl StoreFactory for MemoryFactory {
     async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(self.backend.store(namespace)))
+        Ok(Arc::new(self.backend.store(Namespace::new(namespace)?)))
     }
 
     fn name(&self) -> String {
@@ -51,7 +51,7 @@ impl StoreFactory for MemoryFactory {
         lease: &Lease,
         version: Version,
     ) -> Result<bool> {
-        self.backend.store(namespace).restore_raw(lease, version);
+        self.backend.store(Namespace::new(namespace)?).restore_raw(lease, version);
         Ok(true)
     }
 }

@@ -225,7 +225,7 @@ impl RecordProcessor for RecordingProcessor {
                 return Err(format!("requested failure while processing {key}").into());
             }
             let epoch = cp.token().epoch.get();
-            for r in &batch.records {
+            for r in batch.records.iter() {
                 st.clock += 1;
                 let t = st.clock;
                 let span = st

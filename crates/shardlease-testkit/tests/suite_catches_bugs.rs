@@ -111,7 +111,10 @@ impl BrokenFactory {
 impl StoreFactory for BrokenFactory {
     async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
         let ns = if self.bug == Bug::SharedNamespace { "shared" } else { namespace };
-        Ok(Arc::new(Broken { inner: Arc::new(self.backend.store(ns)), bug: self.bug }))
+        Ok(Arc::new(Broken {
+            inner: Arc::new(self.backend.store(Namespace::new(ns)?)),
+            bug: self.bug,
+        }))
     }
     async fn cleanup(&self, namespace: &str) -> Result<()> {
         self.cleaned.lock().unwrap().push(namespace.to_owned());
@@ -243,7 +246,9 @@ struct CounterFactory {
 #[async_trait]
 impl StoreFactory for CounterFactory {
     async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(CounterVersions { inner: Arc::new(self.backend.store(namespace)) }))
+        Ok(Arc::new(CounterVersions {
+            inner: Arc::new(self.backend.store(Namespace::new(namespace)?)),
+        }))
     }
     fn name(&self) -> String {
         "counter-versions".to_owned()
@@ -256,7 +261,7 @@ impl StoreFactory for CounterFactory {
         version: Version,
     ) -> Result<bool> {
         let inner = CounterVersions::with_counter(lease, version.0);
-        self.backend.store(namespace).restore_raw(&inner, Version::random());
+        self.backend.store(Namespace::new(namespace)?).restore_raw(&inner, Version::random());
         Ok(true)
     }
 }

@@ -42,7 +42,7 @@ pub enum Event {
 pub async fn run(run: &Run<'_>, event: Event) -> Result<Report, BenchError> {
     let recorder = Recorder::new();
     let source = run.source();
-    let mut fleet = run.fleet(source.clone(), recorder.factory());
+    let mut fleet = run.fleet(source.clone(), recorder.factory())?;
     let producer = Producer::start(source.clone(), run.args.rate, run.args.seed);
     let measured = measure(run, &mut fleet, event, &recorder, producer, &source).await;
     finish(&mut fleet, measured).await

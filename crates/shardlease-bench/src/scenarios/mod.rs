@@ -111,10 +111,10 @@ impl Run<'_> {
     }
 
     /// The worker configuration template.
-    pub fn config(&self) -> Config {
-        let mut c = config_template(&self.namespace, &self.args.timings, self.args.seed);
+    pub fn config(&self) -> Result<Config, BenchError> {
+        let mut c = config_template(&self.namespace, &self.args.timings, self.args.seed)?;
         c.dedicated_heartbeat_thread = self.args.dedicated_heartbeat;
-        c
+        Ok(c)
     }
 
     /// An in-memory stream of `--shards` shards with the `--batch-limit`.
@@ -123,8 +123,12 @@ impl Run<'_> {
     }
 
     /// A fleet on this run's store and `source`, not started.
-    pub fn fleet(&self, source: MemorySource, factory: Arc<dyn ProcessorFactory>) -> Fleet {
-        Fleet::new(self.store.clone(), Arc::new(source), factory, self.config(), self.policy)
+    pub fn fleet(
+        &self,
+        source: MemorySource,
+        factory: Arc<dyn ProcessorFactory>,
+    ) -> Result<Fleet, BenchError> {
+        Ok(Fleet::new(self.store.clone(), Arc::new(source), factory, self.config()?, self.policy))
     }
 
     /// How often conditions are polled: `--poll-ms`, or derived from the timings and the size.

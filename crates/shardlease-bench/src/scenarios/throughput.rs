@@ -38,7 +38,7 @@ pub async fn run(run: &Run<'_>) -> Result<Report, BenchError> {
             source.records(&s.id).last().map(|r| (s.id.as_str().to_owned(), r.position()))
         })
         .collect();
-    let mut fleet = run.fleet(source, tally.factory());
+    let mut fleet = run.fleet(source, tally.factory())?;
     let measured = measure(run, &mut fleet, &tally, &last).await;
     finish(&mut fleet, measured).await
 }

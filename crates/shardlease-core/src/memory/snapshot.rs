@@ -101,8 +101,8 @@ mod tests {
     #[tokio::test]
     async fn restore_puts_back_exactly_the_snapshot() {
         let backend = MemoryBackend::new();
-        let store = backend.store("app");
-        let other = backend.store("other");
+        let store = backend.store("app".parse().unwrap());
+        let other = backend.store("other".parse().unwrap());
         let va = create(&store, "a").await;
         let vb = create(&store, "b").await;
         store.heartbeat(&WorkerRecord::new("w1".into(), 1)).await.unwrap();
@@ -121,7 +121,7 @@ mod tests {
         store.heartbeat(&WorkerRecord::new("w2".into(), 1)).await.unwrap();
 
         // Another handle on the namespace restores; everyone sees the snapshot again.
-        backend.store("app").restore(&snap);
+        backend.store("app".parse().unwrap()).restore(&snap);
         assert_eq!(store.list_leases().await.unwrap().items, before);
         let workers = store.list_workers().await.unwrap().items;
         let beats: Vec<(&str, u64)> = workers.iter().map(|w| (w.id.as_str(), w.beat)).collect();

@@ -439,13 +439,13 @@ impl ShardReader for MemoryReader {
         let available = shard.records.len().saturating_sub(self.cursor);
         if self.at_end || (available == 0 && shard.closed) {
             return Ok(Batch {
-                records: Vec::new(),
+                records: Default::default(),
                 millis_behind: Some(0),
                 end: Some(state.children_of(self.index)),
             });
         }
         let take = available.min(self.batch_limit);
-        let records = shard.records[self.cursor..self.cursor + take].to_vec();
+        let records: Arc<[Record]> = shard.records[self.cursor..self.cursor + take].into();
         self.cursor += take;
         let millis_behind = match records.last() {
             Some(last) if self.cursor < shard.records.len() => {
@@ -499,7 +499,7 @@ mod tests {
             if batch.records.is_empty() {
                 return (out, None);
             }
-            out.extend(batch.records);
+            out.extend(batch.records.iter().cloned());
         }
         panic!("reader never finished");
     }

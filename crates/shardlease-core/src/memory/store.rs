@@ -24,9 +24,6 @@ use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
 use crate::store::{CreateOutcome, LeaseStore, Listing};
 use crate::worker_record::WorkerRecord;
 
-/// The namespace [`MemoryStore::new`] uses.
-use crate::ids::DEFAULT_NAMESPACE;
-
 /// The records of one namespace.
 #[derive(Clone, Default)]
 pub(super) struct NamespaceState {
@@ -63,8 +60,8 @@ impl MemoryBackend {
 
     /// A store for `namespace` in this backend. Stores for the same namespace share their records;
     /// stores for different namespaces never see each other's.
-    pub fn store(&self, namespace: impl Into<Namespace>) -> MemoryStore {
-        let namespace = namespace.into();
+    /// `Namespace` is checked where it is made: `backend.store("orders".parse()?)`.
+    pub fn store(&self, namespace: Namespace) -> MemoryStore {
         let state = {
             let mut namespaces = lock(&self.inner.namespaces);
             Arc::clone(namespaces.entry(namespace.clone()).or_default())
@@ -111,7 +108,7 @@ pub struct MemoryStore {
 impl MemoryStore {
     /// The `"default"` namespace of a fresh, private backend.
     pub fn new() -> Self {
-        MemoryBackend::new().store(DEFAULT_NAMESPACE)
+        MemoryBackend::new().store(Namespace::default())
     }
 
     /// The namespace this store reads and writes.
@@ -332,7 +329,7 @@ mod tests {
             Err(Error::Conflict { current: Some(_), .. })
         ));
         // Versions are random, so they differ across namespaces and backends too.
-        let other = store.backend().store("other");
+        let other = store.backend().store("other".parse().unwrap());
         let v3 = created(other.create_lease(&lease("a")).await.unwrap());
         assert!(v3 != v1 && v3 != v2);
         assert!([v1, v2, v3].iter().all(|v| v.0 >= 1 && v.0 <= Version::MAX_RANDOM));
@@ -363,26 +360,29 @@ mod tests {
     #[tokio::test]
     async fn namespaces_are_isolated() {
         let backend = MemoryBackend::new();
-        let a = backend.store("app-a");
-        let b = backend.store("app-b");
-        let a2 = backend.store("app-a");
+        let a = backend.store("app-a".parse().unwrap());
+        let b = backend.store("app-b".parse().unwrap());
+        let a2 = backend.store("app-a".parse().unwrap());
         a.create_lease(&lease("shard")).await.unwrap();
         a.heartbeat(&WorkerRecord::new("w".into(), 1)).await.unwrap();
         assert_eq!(a2.lease_count(), 1, "same namespace, same records");
         assert_eq!(b.lease_count(), 0);
         assert!(b.list_workers().await.unwrap().items.is_empty());
         assert_eq!(a.namespace().as_str(), "app-a");
-        assert_eq!(backend.namespaces(), vec![Namespace::from("app-a"), "app-b".into()]);
+        assert_eq!(
+            backend.namespaces(),
+            vec![Namespace::new("app-a").unwrap(), Namespace::new("app-b").unwrap()]
+        );
         // A separate backend shares nothing.
-        assert_eq!(MemoryBackend::new().store("app-a").lease_count(), 0);
+        assert_eq!(MemoryBackend::new().store("app-a".parse().unwrap()).lease_count(), 0);
         assert_eq!(MemoryStore::new().namespace().as_str(), "default");
     }
 
     #[tokio::test]
     async fn global_backend_is_shared() {
         let ns = format!("global-test-{}", rand::random::<u64>());
-        MemoryBackend::global().store(ns.as_str()).create_lease(&lease("x")).await.unwrap();
-        assert_eq!(MemoryBackend::global().store(ns.as_str()).lease_count(), 1);
+        MemoryBackend::global().store(ns.parse().unwrap()).create_lease(&lease("x")).await.unwrap();
+        assert_eq!(MemoryBackend::global().store(ns.parse().unwrap()).lease_count(), 1);
         assert!(MemoryBackend::global().same_as(&MemoryBackend::global()));
         assert!(!MemoryBackend::new().same_as(&MemoryBackend::global()));
     }

@@ -180,7 +180,7 @@ pub async fn read_records(
     let read = async {
         loop {
             let batch = reader.next_batch().await.unwrap_or_else(|e| panic!("next_batch: {e}"));
-            out.extend(batch.records);
+            out.extend(batch.records.iter().cloned());
             if batch.end.is_some() || out.len() >= want {
                 return batch.end;
             }

@@ -30,7 +30,7 @@ use super::checkpointer::TxCheckpointer;
 /// let checkpointer = Arc::new(TxCheckpointer::in_checkpoints_table(pool, "orders", "app_").await?);
 /// let factory = transactional_fn(checkpointer.clone(), |ctx, batch, tx| {
 ///     Box::pin(async move {
-///         for r in &batch.records {
+///         for r in batch.records.iter() {
 ///             sqlx::query("INSERT INTO events (shard, seq, body) VALUES ($1, $2, $3)")
 ///                 .bind(ctx.key().as_str())
 ///                 .bind(r.seq.as_str())

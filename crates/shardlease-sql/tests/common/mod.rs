@@ -1,6 +1,7 @@
 //! Shared by the per-dialect test files: the conformance suite's factory over a [`SqlStore`],
 //! how each test finds its server, raw SQL for tests that break rows by hand, and the checks that
-//! every dialect runs (corrupt rows, hostile identifiers, concurrent migrations, redaction).
+//! every dialect runs (hostile identifiers, concurrent migrations, redaction) and how it damages
+//! rows for the testkit's corrupt-record cases.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unused_macros)]
 
@@ -13,20 +14,17 @@ use shardlease_core::{
     WorkerRecord,
 };
 use shardlease_sql::{Dialect, SqlPool, SqlStore};
+use shardlease_testkit::extensions::{CorruptRecords, Corruption, SecretUrl};
 use shardlease_testkit::{fresh_namespace, StoreFactory};
 
-/// The tests every dialect runs on its factory: the conformance suite, corrupt rows, random
-/// versions and conditional worker removal. `$factory` is an async expression giving
+/// The tests every dialect runs on its factory: the conformance suite, the corrupt-record cases
+/// of the testkit, random versions and conditional worker removal. `$factory` is an async expression giving
 /// `Option<SqlFactory>` (`None`: skipped).
 macro_rules! dialect_tests {
     ($factory:expr) => {
         shardlease_testkit::store_conformance_tests!(@async $factory);
 
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn corrupt_rows_are_reported() {
-            let Some(f) = $factory.await else { return };
-            common::corrupt_rows_are_reported(f.base()).await;
-        }
+        shardlease_testkit::corrupt_record_tests!($factory);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn versions_are_random_and_never_repeat() {
@@ -144,6 +142,64 @@ impl StoreFactory for SqlFactory {
     }
 }
 
+/// The damage: garbage written by hand in one column of a row, named after what it breaks.
+const VANDALISM: &[(&str, &str, &str)] = &[
+    ("kind", "checkpoint_kind", "'bogus'"),
+    ("seq", "checkpoint_seq", "'12abc'"),
+    ("parents", "parents", "'not json'"),
+    ("attrs", "attributes", "'{\"a\": 1'"),
+    ("epoch", "epoch", "-5"),
+    ("claim", "claim_by", "'w-half-a-claim'"),
+    ("sub", "checkpoint_sub", "-1"),
+];
+
+/// SQLite keeps whatever type a hand edit writes: two more kinds of damage there.
+const SQLITE_VANDALISM: &[(&str, &str, &str)] =
+    &[("typed", "epoch", "'garbage'"), ("blob", "parents", "x'00ff'")];
+
+impl SqlFactory {
+    fn vandalism(
+        &self,
+    ) -> impl Iterator<Item = &'static (&'static str, &'static str, &'static str)> {
+        let extra = if self.base.dialect() == Dialect::Sqlite { SQLITE_VANDALISM } else { &[] };
+        VANDALISM.iter().chain(extra)
+    }
+}
+
+/// Rows with garbage in a column: every row is repaired by a write at its real version.
+#[async_trait]
+impl CorruptRecords for SqlFactory {
+    fn lease_corruptions(&self) -> Vec<Corruption> {
+        self.vandalism().map(|(name, _, _)| Corruption::new(name, "").repairable()).collect()
+    }
+
+    fn worker_corruptions(&self) -> Vec<Corruption> {
+        vec![Corruption::new("w-bad", "").repairable().beat_intact()]
+    }
+
+    async fn corrupt_lease(&self, ns: &str, key: &LeaseKey, damage: &Corruption) -> Result<()> {
+        let (_, column, value) = self
+            .vandalism()
+            .find(|(name, _, _)| *name == damage.name)
+            .unwrap_or_else(|| panic!("no such damage: {}", damage.name));
+        vandalize(&self.base.with_namespace(ns)?, key.as_str(), column, value).await;
+        Ok(())
+    }
+
+    async fn corrupt_worker(&self, ns: &str, id: &WorkerId, _: &Corruption) -> Result<()> {
+        let store = self.base.with_namespace(ns)?;
+        let d = store.dialect();
+        let sql = format!(
+            "UPDATE {} SET lease_count = -1 WHERE namespace = {} AND worker_id = {}",
+            store.workers_table(),
+            ph(d, 1),
+            ph(d, 2)
+        );
+        assert_eq!(exec_raw(&store, &sql, &[store.namespace(), id.as_str()]).await, 1);
+        Ok(())
+    }
+}
+
 /// The PostgreSQL test server's URL, or `None` (the test says it is skipped).
 pub fn postgres_url() -> Option<String> {
     shardlease_testkit::suite::env_or_skip("SHARDLEASE_TEST_POSTGRES_URL")
@@ -241,93 +297,6 @@ fn created(outcome: Result<CreateOutcome>) -> Version {
         Ok(CreateOutcome::Created(v)) => v,
         other => panic!("expected Created, got {other:?}"),
     }
-}
-
-/// Rows with garbage in a column are `Corrupt` for that key (get, stale update, stale delete)
-/// and listed as corrupt, while the other leases keep working; nothing panics.
-pub async fn corrupt_rows_are_reported(base: &SqlStore) {
-    let store = base.with_namespace(&fresh_namespace("corrupt")).unwrap();
-    let d = store.dialect();
-    let mut vandalism: Vec<(&str, &str, &str)> = vec![
-        ("kind", "checkpoint_kind", "'bogus'"),
-        ("seq", "checkpoint_seq", "'12abc'"),
-        ("parents", "parents", "'not json'"),
-        ("attrs", "attributes", "'{\"a\": 1'"),
-        ("epoch", "epoch", "-5"),
-        ("claim", "claim_by", "'w-half-a-claim'"),
-        ("sub", "checkpoint_sub", "-1"),
-    ];
-    if d == Dialect::Sqlite {
-        // SQLite keeps whatever type a hand edit writes.
-        vandalism.push(("typed", "epoch", "'garbage'"));
-        vandalism.push(("blob", "parents", "x'00ff'"));
-    }
-    let good = ["good-1", "good-2"];
-    let mut versions = std::collections::HashMap::new();
-    for key in good.iter().copied().chain(vandalism.iter().map(|v| v.0)) {
-        let lease = Lease::new(key, Position::sequence(7u64));
-        versions.insert(key.to_owned(), created(store.create_lease(&lease).await));
-    }
-    let stale = versions["good-1"];
-    for (key, column, value) in &vandalism {
-        vandalize(&store, key, column, value).await;
-    }
-
-    for (key, column, _) in &vandalism {
-        let k = LeaseKey::from(*key);
-        match store.get_lease(&k).await {
-            Err(Error::Corrupt { key: got, reason }) => {
-                assert_eq!(got, *key);
-                assert!(!reason.is_empty(), "{column}");
-            }
-            other => panic!("{key} ({column}): expected Corrupt, got {other:?}"),
-        }
-        // A stale CAS re-reads the row for its Conflict: Corrupt again.
-        let err = store.update_lease(&Lease::new(*key, Position::Latest), stale).await;
-        assert!(matches!(err, Err(Error::Corrupt { .. })), "{key}: {err:?}");
-        let err = store.delete_lease(&k, stale).await;
-        assert!(matches!(err, Err(Error::Corrupt { .. })), "{key}: {err:?}");
-    }
-
-    let listing = store.list_leases().await.unwrap();
-    let mut items: Vec<&str> = listing.items.iter().map(|v| v.lease.key.as_str()).collect();
-    items.sort_unstable();
-    assert_eq!(items, good.to_vec(), "only the good leases decode");
-    let mut bad: Vec<&str> = listing.corrupt.iter().map(|c| c.key.as_str()).collect();
-    bad.sort_unstable();
-    let mut want: Vec<&str> = vandalism.iter().map(|v| v.0).collect();
-    want.sort_unstable();
-    assert_eq!(bad, want, "every vandalized row is listed as corrupt: {:?}", listing.corrupt);
-
-    // The good leases keep working.
-    for key in good {
-        let VersionedLease { lease, version: v } =
-            store.get_lease(&key.into()).await.unwrap().unwrap();
-        let moved = lease.transferred_to(Some(WorkerId::from("w1")));
-        store.update_lease(&moved, v).await.unwrap();
-    }
-    // Writing a corrupt row at its real version repairs it.
-    let key = vandalism[0].0;
-    let repaired = Lease::new(key, Position::ShardEnd);
-    store.update_lease(&repaired, versions[key]).await.unwrap();
-    assert_eq!(store.get_lease(&key.into()).await.unwrap().unwrap().lease, repaired);
-
-    // A corrupt worker record is listed as corrupt; the others are listed.
-    store.heartbeat(&WorkerRecord::new("w-good".into(), 1)).await.unwrap();
-    store.heartbeat(&WorkerRecord::new("w-bad".into(), 1)).await.unwrap();
-    let sql = format!(
-        "UPDATE {} SET lease_count = -1 WHERE namespace = {} AND worker_id = {}",
-        store.workers_table(),
-        ph(d, 1),
-        ph(d, 2)
-    );
-    assert_eq!(exec_raw(&store, &sql, &[store.namespace(), "w-bad"]).await, 1);
-    let workers = store.list_workers().await.unwrap();
-    assert_eq!(workers.items.len(), 1);
-    assert_eq!(workers.items[0].id.as_str(), "w-good");
-    assert_eq!(workers.corrupt.len(), 1);
-    assert_eq!(workers.corrupt[0].key, "w-bad");
-    store.delete_namespace().await.unwrap();
 }
 
 /// Identifiers built to break naive SQL either round-trip exactly or are rejected clearly.
@@ -500,17 +469,25 @@ pub async fn migrates_version_1_tables(url: &str) {
     }
 }
 
-/// Connection errors never show the password, in `Display` or `Debug`.
-pub async fn passwords_stay_secret(unreachable_url_with_password: &str, secret: &str) {
-    let err = SqlStore::connect(unreachable_url_with_password, "n")
-        .await
-        .expect_err("the URL points at a closed port");
-    let shown = format!("{err} / {err:?}");
-    assert!(!shown.contains(secret), "the password leaked: {shown}");
-    assert!(shown.contains("***"), "the URL is shown redacted: {shown}");
-    assert!(err.is_retryable(), "a refused connection is retryable: {shown}");
-    let builder = SqlStore::builder(unreachable_url_with_password);
-    assert!(!format!("{builder:?}").contains(secret));
+/// The URLs with a password of one dialect's scheme(s), for the testkit's redaction case:
+/// each `format` has `{secret}` and `{port}` in it.
+pub struct SqlUrls(pub &'static [&'static str]);
+
+#[async_trait]
+impl SecretUrl for SqlUrls {
+    fn urls_with_password(&self, secret: &str, port: u16) -> Vec<String> {
+        let fill = |f: &str| f.replace("{secret}", secret).replace("{port}", &port.to_string());
+        self.0.iter().map(|f| fill(f)).collect()
+    }
+    async fn connect(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {
+        Ok(Arc::new(SqlStore::connect(url, "n").await?))
+    }
+    fn builder_debug(&self, url: &str) -> Option<String> {
+        Some(format!("{:?}", SqlStore::builder(url)))
+    }
+    fn errors_show_the_redacted_url(&self) -> bool {
+        true
+    }
 }
 
 /// Creates and updates write random positive versions that never repeat, even when an update

@@ -97,7 +97,7 @@ where
     };
     let base: Arc<dyn LeaseStore> = match &sql_store {
         Some(s) => Arc::new(s.clone()),
-        None => Arc::new(MemoryBackend::new().store(ns.as_str())),
+        None => Arc::new(MemoryBackend::new().store(ns.parse().unwrap())),
     };
     let cp: Option<Arc<TxCheckpointer<DB>>> = match output {
         Output::Transactional => Some(Arc::new(match &sql_store {
@@ -139,8 +139,10 @@ where
         })
     };
     let source = MemorySource::new(4);
-    let mut cfg =
-        Config::new(ns.as_str()).with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let mut cfg = Config::new(ns.as_str())
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     cfg.rng_seed = Some(seed);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster = Cluster::with_store_per_worker(base.clone(), store_for, src, factory, cfg);

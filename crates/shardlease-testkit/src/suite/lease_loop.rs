@@ -55,6 +55,7 @@ impl Timings {
 /// however loaded the machine is. Only the crash cases wait for the failover timeout.
 fn config(ns: &str, t: Timings) -> Config {
     Config::new(ns)
+        .unwrap_or_else(|e| panic!("{e}"))
         .with_heartbeat(t.heartbeat)
         .with_failover_timeout(t.heartbeat * 50)
         .with_shutdown_timeout(t.heartbeat * 50)
