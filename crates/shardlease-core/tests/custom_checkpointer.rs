@@ -148,8 +148,12 @@ impl Checkpointer for PanicsOnce {
 async fn a_lease_task_that_panics_outside_the_processor_is_started_again() {
     let source = MemorySource::new(1);
     let rec = Recorder::new();
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("custom"));
-    let cfg = Config::new("custom").with_heartbeat(HB).with_initial_position(Position::TrimHorizon);
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(MemoryBackend::new().store("custom".parse().unwrap()));
+    let cfg = Config::new("custom")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let cp = Arc::new(PanicsOnce::default());
     let mut c = Cluster::new(store, src, rec.factory(), cfg).with_checkpointer(cp.clone());
