@@ -107,6 +107,10 @@ fn start_worker(
     let config = Config::new(namespace)
         .unwrap_or_else(|e| panic!("{e}"))
         .with_heartbeat(Duration::from_millis(200))
+        // A loaded CI machine can stall the worker's heartbeat for a second: with the derived
+        // failover timeout it would fence itself and re-take its leases at a new epoch in the
+        // middle of a check that expects the CLI's write to be the only one.
+        .with_failover_timeout(Duration::from_secs(20))
         .with_initial_position(Position::TrimHorizon);
     let processor = processor_fn(|_ctx, _batch| async move { Ok(()) });
     let worker =
@@ -341,7 +345,7 @@ async fn check_forced_writes(url: &str, namespace: &str) {
 
     // Refused while the owner is alive; nothing written.
     let out =
-        cli_async(url, &["--observe-ms", "1500", "reset-checkpoint", key, "TRIM_HORIZON"]).await;
+        cli_async(url, &["--observe-ms", "4000", "reset-checkpoint", key, "TRIM_HORIZON"]).await;
     assert_eq!(out.code, 4, "{}\n{}", out.stdout, out.stderr);
     assert!(out.stderr.contains("alive"), "{}", out.stderr);
     assert_eq!(lease(&*s, key).await.epoch, before.epoch, "nothing written");
@@ -361,7 +365,7 @@ async fn check_forced_writes(url: &str, namespace: &str) {
     eventually("the worker re-takes the reset lease", owned_after(reset_epoch)).await;
 
     // Release: refused, then forced, then re-taken.
-    let out = cli_async(url, &["--observe-ms", "1500", "release", key]).await;
+    let out = cli_async(url, &["--observe-ms", "4000", "release", key]).await;
     assert_eq!(out.code, 4, "{}\n{}", out.stdout, out.stderr);
     let out = cli_async(url, &["--json", "--observe-ms", "1500", "release", key, "--force"]).await;
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
@@ -371,7 +375,7 @@ async fn check_forced_writes(url: &str, namespace: &str) {
     eventually("the worker re-takes the released lease", owned_after(released_epoch)).await;
 
     // The live worker's record is not deleted without --force.
-    let out = cli_async(url, &["--observe-ms", "1500", "delete-worker", id.as_str()]).await;
+    let out = cli_async(url, &["--observe-ms", "4000", "delete-worker", id.as_str()]).await;
     assert_eq!(out.code, 4, "{}\n{}", out.stdout, out.stderr);
 
     producer.abort();
