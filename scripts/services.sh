@@ -117,7 +117,12 @@ start_etcd() {
     etcd_port=23790
     if etcd_up "$etcd_port" >/dev/null 2>&1; then return 0; fi
   fi
+  # Data in memory when the machine has a tmpfs: etcd syncs every write to disk, and on a busy
+  # machine (a build writing gigabytes beside the tests) one sync can take seconds, which stalls
+  # every test on the server. The shared server's data is scratch; the restart tests run an etcd
+  # of their own on disk.
   local data="$run_dir/etcd-$etcd_port"
+  if [ -d /dev/shm ] && [ -w /dev/shm ]; then data="/dev/shm/shardlease-etcd-$etcd_port"; fi
   mkdir -p "$data"
   # Revisions older than the last 10,000 are compacted away, so repeated test runs (checkpoints are
   # frequent writes) never fill etcd's backend quota.

@@ -214,6 +214,59 @@ async fn leases_and_workers_as_json() {
     assert_eq!(json(&out).as_array().map(Vec::len), Some(4));
 }
 
+/// `leases --watch N` keeps listing until it is stopped, and a later table shows a change made
+/// after the first one was drawn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_watch_redraws_what_changed() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("{}?namespace=watched", sqlite_url(dir.path()));
+    let s = store(&url).await;
+    s.create_lease(&Lease::new("first", Position::TrimHorizon))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardlease"))
+        .args(["--store", &url, "--json", "--observe-ms", "100", "leases", "--watch", "1"])
+        .env_remove("SHARDLEASE_STORE")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run the shardlease binary: {e}"));
+    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    // Each redraw is one JSON array: read them as a stream of values, a key list each.
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<String>>();
+    let reader = std::thread::spawn(move || {
+        for value in serde_json::Deserializer::from_reader(stdout).into_iter::<Value>() {
+            let Ok(Value::Array(rows)) = value else { return };
+            let keys = rows.iter().filter_map(|r| r["key"].as_str().map(str::to_owned)).collect();
+            if tx.send(keys).is_err() {
+                return;
+            }
+        }
+    });
+    let next = |what: &str| {
+        rx.recv_timeout(DEADLINE).unwrap_or_else(|e| panic!("no redraw ({what}): {e}"))
+    };
+    assert_eq!(next("first"), ["first"]);
+    s.create_lease(&Lease::new("second", Position::TrimHorizon))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let start = Instant::now();
+    let mut draws = 1;
+    loop {
+        let keys = next("after the change");
+        draws += 1;
+        if keys == ["first", "second"] {
+            break;
+        }
+        assert_eq!(keys, ["first"], "an earlier table, or the one after the change");
+        assert!(start.elapsed() < DEADLINE, "the change never showed in {draws} tables");
+    }
+    assert!(child.try_wait().unwrap_or_else(|e| panic!("{e}")).is_none(), "--watch keeps running");
+    child.kill().unwrap_or_else(|e| panic!("{e}"));
+    child.wait().unwrap_or_else(|e| panic!("{e}"));
+    reader.join().unwrap_or_else(|_| panic!("the reader thread panicked"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gives_clear_errors_without_secrets() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));

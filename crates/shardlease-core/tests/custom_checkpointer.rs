@@ -46,7 +46,8 @@ impl Checkpointer for MapCheckpointer {
     }
 }
 
-fn cluster(source: &MemorySource, rec: &Recorder, cp: Arc<MapCheckpointer>) -> Cluster {
+/// A cluster over a fresh memory store whose workers keep their positions in `cp`.
+fn cluster(source: &MemorySource, rec: &Recorder, cp: Arc<dyn Checkpointer>) -> Cluster {
     let store: Arc<dyn LeaseStore> =
         Arc::new(MemoryBackend::new().store("custom".parse().unwrap()));
     let cfg = Config::new("custom")
@@ -148,15 +149,8 @@ impl Checkpointer for PanicsOnce {
 async fn a_lease_task_that_panics_outside_the_processor_is_started_again() {
     let source = MemorySource::new(1);
     let rec = Recorder::new();
-    let store: Arc<dyn LeaseStore> =
-        Arc::new(MemoryBackend::new().store("custom".parse().unwrap()));
-    let cfg = Config::new("custom")
-        .unwrap()
-        .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon);
-    let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let cp = Arc::new(PanicsOnce::default());
-    let mut c = Cluster::new(store, src, rec.factory(), cfg).with_checkpointer(cp.clone());
+    let mut c = cluster(&source, &rec, cp.clone());
     c.sync_shards().await.unwrap();
     c.start_workers(1).unwrap();
     for i in 0..20 {

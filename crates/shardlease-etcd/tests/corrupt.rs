@@ -8,26 +8,17 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
-use shardlease_core::{Error, Lease, LeaseKey, LeaseStore, Position, Result, Version, WorkerId};
+use common::EtcdFactory;
+use shardlease_core::{Error, Lease, LeaseKey, Position, Result, Version, WorkerId};
 use shardlease_etcd::EtcdStore;
 use shardlease_testkit::extensions::{CorruptRecords, Corruption};
-use shardlease_testkit::StoreFactory;
 
-/// The shared test server's factory, with pages of two so damaged records fall on several.
-struct Corrupting(common::EtcdFactory);
-
-impl Corrupting {
-    async fn open(&self, namespace: &str) -> Result<EtcdStore> {
-        Ok(self.0.open(namespace).await?.with_page_size(2))
-    }
-}
-
-async fn corrupting() -> Option<Corrupting> {
+/// The shared test server's factory (no watch), with pages of two so damaged records fall on
+/// several.
+async fn corrupting() -> Option<EtcdFactory> {
     let url = common::factory().await?.url().to_owned();
-    Some(Corrupting(common::EtcdFactory::new(url, false)))
+    Some(EtcdFactory::new(url, false).with_page_size(2))
 }
 
 async fn put(store: &EtcdStore, key: String, value: Vec<u8>) -> Result<()> {
@@ -36,20 +27,7 @@ async fn put(store: &EtcdStore, key: String, value: Vec<u8>) -> Result<()> {
 }
 
 #[async_trait]
-impl StoreFactory for Corrupting {
-    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(self.open(namespace).await?))
-    }
-    async fn cleanup(&self, namespace: &str) -> Result<()> {
-        self.0.cleanup(namespace).await
-    }
-    fn name(&self) -> String {
-        "etcd".to_owned()
-    }
-}
-
-#[async_trait]
-impl CorruptRecords for Corrupting {
+impl CorruptRecords for EtcdFactory {
     fn lease_corruptions(&self) -> Vec<Corruption> {
         vec![
             Corruption::new("garbled", "not a lease"),

@@ -8,34 +8,18 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
+use common::RedisFactory;
 use redis::aio::ConnectionManager;
 use shardlease_core::{
     CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Position, Result, WorkerId,
 };
-use shardlease_redis::RedisStore;
 use shardlease_testkit::extensions::{CorruptRecords, Corruption};
 use shardlease_testkit::suite::with_scope;
-use shardlease_testkit::StoreFactory;
 
 /// The shared test server's factory, with pages of two so damaged records fall on several.
-struct Corrupting(common::RedisFactory);
-
-impl Corrupting {
-    async fn open(&self, namespace: &str) -> Result<RedisStore> {
-        RedisStore::builder(self.0.url())
-            .namespace(namespace)
-            .key_prefix(common::TEST_PREFIX)
-            .page_size(2)
-            .connect()
-            .await
-    }
-}
-
-async fn corrupting() -> Option<Corrupting> {
-    common::factory().await.map(Corrupting)
+async fn corrupting() -> Option<RedisFactory> {
+    common::factory().await.map(|f| f.with_page_size(2))
 }
 
 async fn raw(conn: &mut ConnectionManager, args: &[&[u8]]) -> Result<()> {
@@ -49,20 +33,7 @@ async fn raw(conn: &mut ConnectionManager, args: &[&[u8]]) -> Result<()> {
 }
 
 #[async_trait]
-impl StoreFactory for Corrupting {
-    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(self.open(namespace).await?))
-    }
-    async fn cleanup(&self, namespace: &str) -> Result<()> {
-        self.0.cleanup(namespace).await
-    }
-    fn name(&self) -> String {
-        "redis".to_owned()
-    }
-}
-
-#[async_trait]
-impl CorruptRecords for Corrupting {
+impl CorruptRecords for RedisFactory {
     fn lease_corruptions(&self) -> Vec<Corruption> {
         vec![
             Corruption::new("garbled", "checkpoint").repairable(),

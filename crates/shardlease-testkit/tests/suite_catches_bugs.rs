@@ -13,7 +13,7 @@ use shardlease_core::{
     CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, MemoryBackend, Namespace, Result,
     Version, VersionedLease, WorkerId, WorkerRecord,
 };
-use shardlease_testkit::{suite, StoreFactory};
+use shardlease_testkit::{suite, FnFactory, StoreFactory};
 
 /// A bug to plant in a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +152,7 @@ async fn each_bug_fails_its_case() {
     let f = BrokenFactory::new(Bug::RemoveIfIgnoresBeat);
     must_fail("remove_if ignores the beat", suite::remove_worker_if_checks_the_beat(&f)).await;
 
-    let f = CounterFactory { backend: MemoryBackend::new() };
+    let f = counter_factory();
     suite::update_is_compare_and_set(&f).await; // a counter passes the plain CAS case ...
     must_fail(
         "counter versions", // ... but hands out versions again after a rollback
@@ -239,31 +239,18 @@ impl LeaseStore for CounterVersions {
     }
 }
 
-struct CounterFactory {
-    backend: MemoryBackend,
-}
-
-#[async_trait]
-impl StoreFactory for CounterFactory {
-    async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(CounterVersions {
-            inner: Arc::new(self.backend.store(Namespace::new(namespace)?)),
-        }))
-    }
-    fn name(&self) -> String {
-        "counter-versions".to_owned()
-    }
-    async fn restore_raw(
-        &self,
-        _store: &Arc<dyn LeaseStore>,
-        namespace: &str,
-        lease: &Lease,
-        version: Version,
-    ) -> Result<bool> {
-        let inner = CounterVersions::with_counter(lease, version.0);
-        self.backend.store(Namespace::new(namespace)?).restore_raw(&inner, Version::random());
-        Ok(true)
-    }
+/// Stores whose versions are [`CounterVersions`], over one memory backend.
+fn counter_factory() -> FnFactory {
+    let backend = MemoryBackend::new();
+    let raw = backend.clone();
+    FnFactory::new("counter-versions", move |ns| {
+        Ok(Arc::new(CounterVersions { inner: Arc::new(backend.store(ns)) }) as Arc<dyn LeaseStore>)
+    })
+    .with_restore_raw(move |ns, lease, version| {
+        raw.store(ns)
+            .restore_raw(&CounterVersions::with_counter(lease, version.0), Version::random());
+        Ok(())
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

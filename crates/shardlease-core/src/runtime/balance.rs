@@ -663,10 +663,7 @@ async fn look_again_at_owners_judged_dead(
     let started = Instant::now();
     match tokio::time::timeout(shared.cfg.heartbeat_interval, shared.store.list_workers()).await {
         Ok(Ok(listing)) => {
-            let change = lock(&shared.liveness).observe(&listing.items, started, Instant::now());
-            for w in &change.newly_dead {
-                info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
-            }
+            shared.observe_workers(&listing.items, started);
             true
         }
         Ok(Err(e)) => {

@@ -58,14 +58,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 for c in &listing.corrupt {
                     warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
                 }
-                let change =
-                    lock(&shared.liveness).observe(&listing.items, list_started, Instant::now());
-                for w in &change.newly_dead {
-                    info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
-                }
-                for w in &change.vanished {
-                    info!(worker = %w, "peer left");
-                }
+                let change = shared.observe_workers(&listing.items, list_started);
                 if !change.went_back.is_empty() {
                     // A running owner repairs what it runs within a (jittered) pass; give it that
                     // and a heartbeat before taking anything that only looks available.

@@ -333,6 +333,24 @@ impl Shared {
         self.balance_now.notify_one();
     }
 
+    /// Updates the liveness view from a listing of the worker records sent at `sent`, and logs
+    /// the peers judged dead or gone since the last view. The heartbeat loop and a take-over's
+    /// fresh look at the workers both observe through here.
+    pub(crate) fn observe_workers(
+        &self,
+        records: &[crate::worker_record::WorkerRecord],
+        sent: Instant,
+    ) -> crate::liveness::LivenessChange {
+        let change = lock(&self.liveness).observe(records, sent, Instant::now());
+        for w in &change.newly_dead {
+            tracing::info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
+        }
+        for w in &change.vanished {
+            tracing::info!(worker = %w, "peer left");
+        }
+        change
+    }
+
     /// A random u64 from the worker's RNG.
     pub(crate) fn random(&self) -> u64 {
         lock(&self.rng).random()

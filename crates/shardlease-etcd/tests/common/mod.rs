@@ -27,12 +27,18 @@ pub const TEST_PREFIX: &str = "shardlease-test";
 pub struct EtcdFactory {
     url: String,
     watch: bool,
+    page_size: Option<usize>,
 }
 
 impl EtcdFactory {
     /// A factory over the server at `url`, with change notification on or off.
     pub fn new(url: String, watch: bool) -> Self {
-        EtcdFactory { url, watch }
+        EtcdFactory { url, watch, page_size: None }
+    }
+
+    /// The same, listing `n` records per page (so a test's few records fall on several pages).
+    pub fn with_page_size(self, n: usize) -> Self {
+        EtcdFactory { page_size: Some(n), ..self }
     }
 
     /// The server's URL.
@@ -44,7 +50,11 @@ impl EtcdFactory {
     pub async fn open(&self, namespace: &str) -> Result<EtcdStore> {
         let sep = if self.url.contains('?') { '&' } else { '?' };
         let url = format!("{}{sep}prefix={TEST_PREFIX}", self.url);
-        Ok(EtcdStore::connect(&url, namespace).await?.with_watch(self.watch))
+        let store = EtcdStore::connect(&url, namespace).await?.with_watch(self.watch);
+        Ok(match self.page_size {
+            Some(n) => store.with_page_size(n),
+            None => store,
+        })
     }
 }
 

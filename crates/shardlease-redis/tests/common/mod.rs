@@ -28,12 +28,18 @@ pub const TEST_PREFIX: &str = "shardlease-test";
 /// The conformance suite's factory: one store per namespace on the shared test server.
 pub struct RedisFactory {
     url: String,
+    page_size: Option<usize>,
 }
 
 impl RedisFactory {
     /// A factory over the server at `url`.
     pub fn new(url: String) -> Self {
-        RedisFactory { url }
+        RedisFactory { url, page_size: None }
+    }
+
+    /// The same, listing `n` records per page (so a test's few records fall on several pages).
+    pub fn with_page_size(self, n: usize) -> Self {
+        RedisFactory { page_size: Some(n), ..self }
     }
 
     /// The server's URL.
@@ -43,7 +49,11 @@ impl RedisFactory {
 
     /// A store for `namespace`, as a concrete type.
     pub async fn open(&self, namespace: &str) -> Result<RedisStore> {
-        RedisStore::builder(&self.url).namespace(namespace).key_prefix(TEST_PREFIX).connect().await
+        let builder = RedisStore::builder(&self.url).namespace(namespace).key_prefix(TEST_PREFIX);
+        match self.page_size {
+            Some(n) => builder.page_size(n).connect().await,
+            None => builder.connect().await,
+        }
     }
 }
 
