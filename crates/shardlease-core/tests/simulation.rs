@@ -74,12 +74,14 @@ fn simulated_fleets_keep_every_invariant() {
 /// process that had seen the leases created them at `LATEST` after a wipe), 14424 (a lost lease
 /// created under an owner whose memory was out of date was never restored), 28549, 29025 and
 /// 36781 (no store accident: a worker back from a partition took a lease from an owner it had
-/// judged dead before the partition, which had come back meanwhile).
+/// judged dead before the partition, which had come back meanwhile), 27842 and 36934 (a lease a
+/// rollback brought back unfinished after it had ended was left to its owner for a grace, and a
+/// wipe within it caught it unfinished).
 #[test]
 fn seeds_that_once_failed_pass() {
     run_seeds(&[
         649, 2433, 3215, 3460, 452, 17414, 14453, 2800, 11369, 14432, 15795, 3669, 14424, 28549,
-        29025, 36781,
+        29025, 36781, 27842, 36934,
     ]);
 }
 
