@@ -496,8 +496,8 @@ async fn lost_leases(
 /// Writes back leases the store lost (see `recovery`): created again when they vanished,
 /// replaced by compare-and-set when they were rolled back or re-created at the initial position.
 /// A lease this worker runs is kept (its task goes on); one another live worker owned is left to
-/// that worker for a pass. A restore that loses a race is retried at the next pass, which finds
-/// the lease lost again.
+/// that worker for a pass, unless this worker saw it finished (nothing to wait for). A restore
+/// that loses a race is retried at the next pass, which finds the lease lost again.
 async fn restore_lost(
     shared: &Arc<Shared>,
     state: &mut LoopState,

@@ -15,7 +15,9 @@
 //! task goes on undisturbed); the owner it remembers, if that is itself and it no longer runs it,
 //! writes it back unowned at once; any other worker first gives the owner time for a balance pass
 //! (its memory may be out of date), then writes it back to the remembered owner if that one is
-//! alive (which re-takes it by compare-and-set), unowned otherwise. A restore races a fresh create and wins:
+//! alive (which re-takes it by compare-and-set), unowned otherwise. A lease a worker saw finished
+//! is written back at once by any worker that remembers it: nobody can know a checkpoint past its
+//! end, so there is nothing to wait for. A restore races a fresh create and wins:
 //! a fresh lease starts at the initial position, behind the remembered checkpoint, so the next
 //! listing finds it lost again until the restore lands.
 //!
@@ -128,9 +130,12 @@ impl Lost {
             return Some(Lease { owner: Some(at.me.clone()), epoch, ..base });
         }
         let mine = seen.owner.as_ref() == Some(at.me);
-        if !mine && !at.owner_had_time {
+        if !mine && !at.owner_had_time && !seen.is_finished() {
             // What this worker remembers may be out of date: whoever runs the lease now repairs
-            // it first, under its own name.
+            // it first, under its own name. Not a lease this worker saw finished: nothing is
+            // further along than its end and nobody runs it, so there is nothing to wait for,
+            // and for as long as it stays unfinished in the store a worker that never saw it end
+            // may take it and read the shard again.
             return None;
         }
         let epoch = next_epoch(now_epoch.max(seen.epoch));
@@ -406,6 +411,33 @@ mod tests {
         assert!(gone.restoration(&standing(&x, None, false, true)).unwrap().epoch > Epoch(8));
         // The remembered owner that no longer runs it restores it unowned at once.
         assert_eq!(rolled.restoration(&standing(&w, None, true, false)).unwrap().owner, None);
+    }
+
+    /// A lease this worker saw finished that the store shows unfinished again (a rollback to a
+    /// copy taken before it ended, or before it was collected) is written back finished at once,
+    /// by any worker that remembers it: nothing is further along than its end, so there is no
+    /// owner to wait for. Before, every worker gave the remembered owner a balance interval and a
+    /// heartbeat, and the lease stood in the store unfinished meanwhile, takeable by a worker
+    /// that never saw it end (soak seeds 27842 and 36934: a second accident came first, and the
+    /// fleet, rightly, never brought the finished lease back).
+    #[test]
+    fn a_finished_lease_that_comes_back_unfinished_is_restored_at_once() {
+        let x = WorkerId::new("x");
+        let back = Lost {
+            seen: lease("p", 7, Position::ShardEnd),
+            now: Some(VersionedLease::new(lease("p", 5, seq(3)), Version(9))),
+        };
+        for alive in [true, false] {
+            let r = back.restoration(&standing(&x, None, alive, false)).unwrap();
+            assert!(r.is_finished(), "{r:?}");
+            assert!(r.epoch > Epoch(7));
+        }
+        // An unfinished lease still waits for its owner, which may know a further checkpoint.
+        let rolled = Lost {
+            seen: lease("q", 7, seq(8)),
+            now: Some(VersionedLease::new(lease("q", 5, seq(3)), Version(9))),
+        };
+        assert_eq!(rolled.restoration(&standing(&x, None, true, false)), None);
     }
 
     #[test]
