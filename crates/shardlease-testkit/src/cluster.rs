@@ -90,6 +90,9 @@ pub struct Cluster {
     balancer: Option<Arc<dyn Balancer>>,
     checkpointer: Option<Arc<dyn Checkpointer>>,
     workers: BTreeMap<WorkerId, WorkerHandle>,
+    /// The last counters of workers shut down or crashed, by the id they started with, so a
+    /// failing test can print what every worker did.
+    departed: BTreeMap<WorkerId, WorkerStats>,
     started: u32,
 }
 
@@ -123,6 +126,7 @@ impl Cluster {
             balancer: None,
             checkpointer: None,
             workers: BTreeMap::new(),
+            departed: BTreeMap::new(),
             started: 0,
         }
     }
@@ -218,7 +222,11 @@ impl Cluster {
     /// Shuts a worker down gracefully; what became of its leases (empty for an unknown id).
     pub async fn shutdown(&mut self, id: &WorkerId) -> Result<ShutdownReport> {
         match self.workers.remove(id) {
-            Some(h) => h.shutdown().await,
+            Some(h) => {
+                let report = h.shutdown().await;
+                self.departed.insert(id.clone(), h.stats());
+                report
+            }
             None => Ok(ShutdownReport::default()),
         }
     }
@@ -227,6 +235,7 @@ impl Cluster {
     pub fn crash(&mut self, id: &WorkerId) {
         if let Some(h) = self.workers.remove(id) {
             h.crash();
+            self.departed.insert(id.clone(), h.stats());
         }
     }
 
@@ -237,8 +246,9 @@ impl Cluster {
 
     /// Shuts every worker down, all at once; the first error, if any.
     pub async fn try_shutdown_all(&mut self) -> Result<()> {
-        let all: Vec<_> = std::mem::take(&mut self.workers).into_values().collect();
-        let results = futures::future::join_all(all.iter().map(|h| h.shutdown())).await;
+        let all: Vec<_> = std::mem::take(&mut self.workers).into_iter().collect();
+        let results = futures::future::join_all(all.iter().map(|(_, h)| h.shutdown())).await;
+        self.departed.extend(all.iter().map(|(id, h)| (id.clone(), h.stats())));
         results.into_iter().try_for_each(|r| r.map(drop))
     }
 
@@ -294,6 +304,14 @@ impl Cluster {
     /// Every running worker's counters, by the id it started with.
     pub fn stats(&self) -> BTreeMap<WorkerId, WorkerStats> {
         self.workers.iter().map(|(id, h)| (id.clone(), h.stats())).collect()
+    }
+
+    /// Every worker's counters, running or departed (shut down or crashed: their last counters),
+    /// a line each, by the id it started with: what a failing test prints.
+    pub fn stats_report(&self) -> Vec<String> {
+        let running = self.workers.iter().map(|(id, h)| (id, "running", h.stats()));
+        let departed = self.departed.iter().map(|(id, s)| (id, "departed", s.clone()));
+        running.chain(departed).map(|(id, state, s)| format!("{id} ({state}): {s:?}")).collect()
     }
 
     /// Shuts every worker down, then deletes every lease and worker record of the namespace (a

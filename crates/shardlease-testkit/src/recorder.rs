@@ -23,6 +23,11 @@ struct State {
     clock: u64,
     /// (shard, seq) → (deliveries, first delivery time, last delivery time)
     deliveries: BTreeMap<(LeaseKey, SequenceNumber), (u32, u64, u64)>,
+    /// (shard, seq) → the processor instances that delivered it, in order (kept only for records
+    /// delivered more than once, so a failure can say who read what again).
+    again: BTreeMap<(LeaseKey, SequenceNumber), Vec<u64>>,
+    /// (shard, seq) → the processor instance that delivered it first.
+    first_by: BTreeMap<(LeaseKey, SequenceNumber), u64>,
     /// shard → processor instance → (epoch, first delivery time, last delivery time)
     spans: BTreeMap<LeaseKey, BTreeMap<u64, (u64, u64, u64)>>,
     /// Processor instances created so far.
@@ -34,6 +39,7 @@ struct State {
     lost: u64,
     shard_ends: u64,
     shutdowns: u64,
+    checkpoint_failures: u64,
 }
 
 /// Shared log of deliveries; clone it freely.
@@ -107,6 +113,42 @@ impl Recorder {
         self.lock().deliveries.values().map(|(n, _, _)| u64::from(n.saturating_sub(1))).sum()
     }
 
+    /// Who processed what twice, a line per shard: how many records, their sequence numbers'
+    /// range, and each processor instance involved with its epoch and the logical times of its
+    /// first and last delivery (empty when nothing was processed twice). Printed by tests when
+    /// a duplicate assertion fails, so a run on a loaded CI machine says what happened.
+    pub fn duplicate_report(&self) -> Vec<String> {
+        let st = self.lock();
+        let mut by_shard: BTreeMap<&LeaseKey, Vec<(&SequenceNumber, &Vec<u64>)>> = BTreeMap::new();
+        for ((shard, seq), who) in &st.again {
+            by_shard.entry(shard).or_default().push((seq, who));
+        }
+        let mut out = Vec::new();
+        for (shard, recs) in by_shard {
+            let mut instances: Vec<u64> =
+                recs.iter().flat_map(|(_, w)| w.iter().copied()).collect();
+            instances.sort_unstable();
+            instances.dedup();
+            let spans = st.spans.get(shard);
+            let who: Vec<String> = instances
+                .iter()
+                .map(|i| match spans.and_then(|s| s.get(i)) {
+                    Some((epoch, first, last)) => {
+                        format!("instance {i} at epoch {epoch} delivered t={first}..{last}")
+                    }
+                    None => format!("instance {i}"),
+                })
+                .collect();
+            let (lo, hi) = (recs[0].0, recs[recs.len() - 1].0);
+            out.push(format!(
+                "{shard}: {} records again (seq {lo} to {hi}); {}",
+                recs.len(),
+                who.join("; ")
+            ));
+        }
+        out
+    }
+
     /// Errors returned by processors on request.
     pub fn errors_returned(&self) -> u64 {
         self.lock().errors_returned
@@ -120,6 +162,12 @@ impl Recorder {
     /// `lease_lost` calls seen.
     pub fn lost(&self) -> u64 {
         self.lock().lost
+    }
+
+    /// Checkpoints after a batch that failed (the processor returned the error, so the runtime
+    /// delivered the batch again).
+    pub fn checkpoint_failures(&self) -> u64 {
+        self.lock().checkpoint_failures
     }
 
     /// `shutdown_requested` calls seen.
@@ -235,14 +283,26 @@ impl RecordProcessor for RecordingProcessor {
                     .entry(self.instance)
                     .or_insert((epoch, t, t));
                 span.2 = t;
-                let e = st.deliveries.entry((key.clone(), r.seq.clone())).or_insert((0, t, t));
+                let k = (key.clone(), r.seq.clone());
+                let e = st.deliveries.entry(k.clone()).or_insert((0, t, t));
                 e.0 += 1;
                 e.2 = t;
+                if e.0 == 1 {
+                    st.first_by.insert(k, self.instance);
+                } else {
+                    let first = st.first_by.get(&k).copied().unwrap_or_default();
+                    st.again.entry(k).or_insert_with(|| vec![first]).push(self.instance);
+                }
             }
         }
         self.batches += 1;
         if self.batches.is_multiple_of(self.rec.checkpoint_every) {
-            cp.checkpoint_batch(batch).await?;
+            if let Err(e) = cp.checkpoint_batch(batch).await {
+                // Returned to the runtime, which delivers the batch again: counted, so a test
+                // that finds records processed twice can tell a retry from a second owner.
+                self.rec.lock().checkpoint_failures += 1;
+                return Err(e.into());
+            }
             self.pending = None;
         } else if let Some(p) = batch.last_position() {
             self.pending = Some(p);

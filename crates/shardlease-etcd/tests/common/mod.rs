@@ -47,9 +47,17 @@ impl EtcdFactory {
     }
 
     /// A store for `namespace`, as a concrete type.
+    ///
+    /// Requests wait up to 30 s (the default is 5 s) unless the URL says otherwise: on a busy CI
+    /// machine the test server can stall for seconds, and a checkpoint that times out is returned
+    /// to the processor, which has the batch delivered again. The lease-loop cases count that as
+    /// a record processed twice, so a stall must delay a request, not fail it.
     pub async fn open(&self, namespace: &str) -> Result<EtcdStore> {
         let sep = if self.url.contains('?') { '&' } else { '?' };
-        let url = format!("{}{sep}prefix={TEST_PREFIX}", self.url);
+        let mut url = format!("{}{sep}prefix={TEST_PREFIX}", self.url);
+        if !url.contains("?timeout_ms=") && !url.contains("&timeout_ms=") {
+            url.push_str("&timeout_ms=30000");
+        }
         let store = EtcdStore::connect(&url, namespace).await?.with_watch(self.watch);
         Ok(match self.page_size {
             Some(n) => store.with_page_size(n),

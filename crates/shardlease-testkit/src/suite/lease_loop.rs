@@ -127,6 +127,23 @@ impl World {
         );
     }
 
+    /// Fails, saying who read what again and what every worker did (self-fences, lost leases,
+    /// handoffs, ...), when any record was processed more than once. `context` is added to the
+    /// message (the leaver's shutdown report, say).
+    fn assert_no_duplicates(&self, what: &str, context: &str) {
+        let twice = self.recorder.duplicates();
+        if twice > 0 {
+            panic!(
+                "{what}: {twice} records processed twice ({} failed checkpoints, {} lost leases \
+                 seen by processors)\n{}\nworkers:\n{}\n{context}",
+                self.recorder.checkpoint_failures(),
+                self.recorder.lost(),
+                self.recorder.duplicate_report().join("\n"),
+                self.cluster.stats_report().join("\n"),
+            );
+        }
+    }
+
     async fn balanced(&self, what: &str) -> crate::cluster::Coverage {
         match self.cluster.wait_balanced(self.t.deadline, self.t.poll).await {
             Ok(c) => c,
@@ -187,7 +204,7 @@ pub async fn a_joining_worker_gets_its_share_without_duplicates(factory: &dyn St
         let cov = w.balanced("after the join").await;
         assert_eq!(cov.shares.get(&newcomer), Some(&6), "{cov:?}");
         w.stop_producing_and_drain().await;
-        assert_eq!(w.recorder.duplicates(), 0, "a graceful handoff processes nothing twice");
+        w.assert_no_duplicates("a graceful handoff processes nothing twice", "");
         w.cluster.shutdown_all().await;
     })
     .await;
@@ -245,7 +262,7 @@ pub async fn a_graceful_leave_releases_leases_and_keeps_checkpoints(factory: &dy
             );
             let leaver = ids[1].clone();
             let before = ok(w.cluster.leases().await, "list");
-            ok(w.cluster.shutdown(&leaver).await, "graceful shutdown");
+            let report = ok(w.cluster.shutdown(&leaver).await, "graceful shutdown");
             let after = ok(w.cluster.leases().await, "list");
             for old in before.iter().filter(|l| l.owner.as_ref() == Some(&leaver)) {
                 let new = after
@@ -266,7 +283,10 @@ pub async fn a_graceful_leave_releases_leases_and_keeps_checkpoints(factory: &dy
             );
             w.balanced("after the leave").await;
             w.stop_producing_and_drain().await;
-            assert_eq!(w.recorder.duplicates(), 0, "a graceful leave processes nothing twice");
+            w.assert_no_duplicates(
+                "a graceful leave processes nothing twice",
+                &format!("the leaver's shutdown report: {report:?}"),
+            );
             w.cluster.shutdown_all().await;
         },
     )
