@@ -123,7 +123,12 @@ impl LeaseStore for BTreeStore {
 
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
         let id = self.id(record.id.as_str());
-        self.lock().workers.insert(id, record.clone());
+        let mut t = self.lock();
+        // Never over a later (or the same) beat of the same process: a late write is dropped.
+        if t.workers.get(&id).is_none_or(|w| WorkerRecord::heartbeat_replaces(w.beat, record.beat))
+        {
+            t.workers.insert(id, record.clone());
+        }
         Ok(())
     }
 

@@ -111,7 +111,21 @@ pub trait LeaseStore: Send + Sync + Debug {
     /// Deletes the lease if its version is still `expected`; `Error::Conflict` otherwise.
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()>;
 
-    /// Upserts the worker's heartbeat record.
+    /// Upserts the worker's heartbeat record, **unless the stored record is a later (or the same)
+    /// heartbeat of the same process**: a record whose beat comes from the same process
+    /// ([`WorkerRecord::same_process`]: same `beat >> 24`) and is greater than or equal to
+    /// `record.beat` is left as it is, and the call returns `Ok(())` (the write is one that lost
+    /// a race with its own successor, not an error). A missing record, and a record of another
+    /// process under the same id (a restart draws a new random base), whatever its beat, are
+    /// always replaced; so is a stored record whose beat cannot be read. The whole rule is
+    /// [`WorkerRecord::heartbeat_replaces`].
+    ///
+    /// The check and the write are one atomic step (the store's native conditional write). A
+    /// process writes each beat value once, counting up, so the rule only ever refuses a write
+    /// that landed late: a heartbeat the worker stopped waiting for (it timed out) but which the
+    /// store or its client still carried out after the next one. Written over the newer record,
+    /// it would show peers the worker's beat going back, which they take for a store that lost
+    /// writes ([`WorkerRecord::beat_went_back`]), holding every take for a while.
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()>;
 
     /// Lists every worker record of the namespace.

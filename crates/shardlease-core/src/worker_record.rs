@@ -64,6 +64,25 @@ impl WorkerRecord {
         before >> BEAT_COUNT_BITS == now >> BEAT_COUNT_BITS && now < before
     }
 
+    /// The last beat value the process that wrote `beat` can write: the top of its range of
+    /// 2^24 beats. Two beats `a` and `b` come from the same process exactly when
+    /// `a >> 24 == b >> 24`, which is `a` lying in `b`'s range
+    /// `[b >> 24 << 24, WorkerRecord::last_beat_of_process(b)]`: stores whose conditional
+    /// writes can compare but not shift (Redis scripts on strings, DynamoDB conditions) use
+    /// that form.
+    pub fn last_beat_of_process(beat: u64) -> u64 {
+        beat | ((1 << BEAT_COUNT_BITS) - 1)
+    }
+
+    /// Whether a heartbeat writing beat `new` may replace a stored record whose beat is
+    /// `stored` (the rule of [`LeaseStore::heartbeat`](crate::LeaseStore::heartbeat)): yes,
+    /// unless both come from the same process and the stored beat is not lower. A process writes
+    /// each beat value once, counting up, so a stored beat at or above `new` is this write's
+    /// own later heartbeat (or this very write, landed already), and the write is a late one.
+    pub fn heartbeat_replaces(stored: u64, new: u64) -> bool {
+        !Self::same_process(stored, new) || stored < new
+    }
+
     /// A record for `id` at beat `beat`, stamped with the current wall-clock time.
     pub fn new(id: WorkerId, beat: u64) -> Self {
         WorkerRecord {
@@ -101,5 +120,20 @@ mod tests {
         assert!(!WorkerRecord::beat_went_back(a + 3, a + 5), "counting up");
         let other_process = if b < a { b + 7 } else { b };
         assert!(!WorkerRecord::beat_went_back(a + 5, other_process), "a restart is not a rollback");
+    }
+
+    #[test]
+    fn a_heartbeat_replaces_older_beats_and_other_processes_only() {
+        let a = 5 << BEAT_COUNT_BITS;
+        assert!(WorkerRecord::heartbeat_replaces(a + 1, a + 2), "counting up");
+        assert!(!WorkerRecord::heartbeat_replaces(a + 2, a + 1), "a late write of an older beat");
+        assert!(!WorkerRecord::heartbeat_replaces(a + 2, a + 2), "the same write again");
+        let (older_base, newer_base) = (3 << BEAT_COUNT_BITS, 9 << BEAT_COUNT_BITS);
+        assert!(WorkerRecord::heartbeat_replaces(a + 7, older_base), "a restart, lower base");
+        assert!(WorkerRecord::heartbeat_replaces(a + 7, newer_base), "a restart, higher base");
+        let top = WorkerRecord::last_beat_of_process(a + 7);
+        assert_eq!(top, (6 << BEAT_COUNT_BITS) - 1);
+        assert!(WorkerRecord::same_process(a, top) && !WorkerRecord::same_process(a, top + 1));
+        assert_eq!(WorkerRecord::last_beat_of_process(top), top);
     }
 }

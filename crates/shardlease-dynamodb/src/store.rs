@@ -256,6 +256,9 @@ impl DynamoDbStore {
         if condition.contains("#v") {
             request = request.expression_attribute_names("#v", codec::VERSION);
         }
+        if condition.contains("#b") {
+            request = request.expression_attribute_names("#b", codec::BEAT);
+        }
         for (name, value) in values {
             request = request.expression_attribute_values(name, value);
         }
@@ -401,16 +404,24 @@ impl LeaseStore for DynamoDbStore {
         }
     }
 
+    /// A conditional `PutItem`: it replaces the item unless that holds a beat of the same process
+    /// at least as high (see [`LeaseStore::heartbeat`]), that is a number between the new beat
+    /// and the last beat of its process (`WorkerRecord::last_beat_of_process`). A missing item, or
+    /// one whose beat is missing or not a number, is replaced.
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
         let item = codec::worker_item(self.inner.layout.workers(), record);
-        self.client
-            .put_item()
-            .table_name(self.table())
-            .set_item(Some(item))
-            .send()
-            .await
-            .map_err(|e| self.err(&format!("heartbeat of worker {}", record.id), e))?;
-        Ok(())
+        let what = format!("heartbeat of worker {}", record.id);
+        let condition = "attribute_not_exists(#b) OR NOT attribute_type(#b, :number) \
+                         OR #b < :beat OR #b > :last";
+        let values = vec![
+            (":number", AttributeValue::S("N".to_owned())),
+            (":beat", codec::n(record.beat)),
+            (":last", codec::n(WorkerRecord::last_beat_of_process(record.beat))),
+        ];
+        match self.put_if(&what, item, condition, values).await {
+            Ok(()) | Err(Failed::Condition(_)) => Ok(()),
+            Err(Failed::Other(e)) => Err(e),
+        }
     }
 
     async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {

@@ -40,7 +40,14 @@ pub struct EtcdStore {
     redactor: Redactor,
     /// Per lease key, the version this store last read or wrote and the value bytes it had.
     seen: Arc<Mutex<Seen>>,
+    /// Per worker key, the `mod_revision` and beat this store last wrote or read, so that a
+    /// heartbeat is one transaction when nothing else wrote the record since.
+    beats: Arc<Mutex<HashMap<String, (i64, u64)>>>,
 }
+
+/// Transactions a heartbeat tries before it gives up: each failure means the record changed
+/// between two of its round trips (another process writing under the same id, a removal).
+const HEARTBEAT_ATTEMPTS: usize = 4;
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -89,6 +96,7 @@ impl EtcdStore {
             watch: true,
             redactor: Redactor::default(),
             seen: Arc::new(Mutex::new(HashMap::new())),
+            beats: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -144,6 +152,10 @@ impl EtcdStore {
 
     fn forget(&self, key: &str) {
         self.cache().remove(key);
+    }
+
+    fn beats(&self) -> std::sync::MutexGuard<'_, HashMap<String, (i64, u64)>> {
+        self.beats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Every key-value under `prefix`, in pages of `page_size`, all read at the revision of the
@@ -322,13 +334,58 @@ impl LeaseStore for EtcdStore {
         Ok(())
     }
 
+    /// A `Txn` that puts the record if it is still at the `mod_revision` this store last wrote or
+    /// read it at (absent, when it knows none) and reads it otherwise. A record read that way
+    /// which holds a beat of the same process at least as high is kept (see
+    /// [`LeaseStore::heartbeat`]); any other is replaced by a `Txn` on the revision just read.
+    /// An etcd comparison cannot shift a beat, so the rule is applied here, on a record read
+    /// after the call began, and the revision compare makes the write that follows atomic with
+    /// it. A remembered record the rule would keep is read again first: it may have changed.
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
-        self.client
-            .kv_client()
-            .put(self.keys.worker(record.id.as_str()), codec::encode_worker(record), None)
-            .await
-            .map_err(|e| backend(&self.redactor, "heartbeat", e))?;
-        Ok(())
+        let k = self.keys.worker(record.id.as_str());
+        let bytes = codec::encode_worker(record);
+        let mut kv = self.client.kv_client();
+        let remembered = self.beats().get(&k).copied();
+        let mut expected = remembered
+            .filter(|&(_, beat)| WorkerRecord::heartbeat_replaces(beat, record.beat))
+            .map(|(revision, _)| revision);
+        for _ in 0..HEARTBEAT_ATTEMPTS {
+            let unchanged = match expected {
+                Some(revision) => Compare::mod_revision(k.clone(), CompareOp::Equal, revision),
+                None => Compare::create_revision(k.clone(), CompareOp::Equal, 0),
+            };
+            let txn = Txn::new()
+                .when([unchanged])
+                .and_then([TxnOp::put(k.clone(), bytes.clone(), None)])
+                .or_else([TxnOp::get(k.clone(), None)]);
+            let resp = kv.txn(txn).await.map_err(|e| backend(&self.redactor, "heartbeat", e))?;
+            if resp.succeeded() {
+                match resp.header() {
+                    Some(header) => self.beats().insert(k, (header.revision(), record.beat)),
+                    None => self.beats().remove(&k),
+                };
+                return Ok(());
+            }
+            let Some(TxnOpResponse::Get(get)) = resp.op_responses().into_iter().next() else {
+                return Err(unexpected("heartbeat"));
+            };
+            let found = get.kvs().first();
+            expected = found.map(KeyValue::mod_revision);
+            let stored = found.and_then(|kv| {
+                let beat = codec::decode_worker(record.id.as_str(), kv.value()).ok()?.beat;
+                Some((kv.mod_revision(), beat))
+            });
+            if let Some((revision, beat)) = stored {
+                if !WorkerRecord::heartbeat_replaces(beat, record.beat) {
+                    self.beats().insert(k, (revision, beat));
+                    return Ok(());
+                }
+            }
+        }
+        Err(Error::retryable(format!(
+            "etcd: heartbeat: the record of worker {} kept changing",
+            record.id
+        )))
     }
 
     async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {

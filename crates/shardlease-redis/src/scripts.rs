@@ -78,10 +78,31 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return {'deleted'}
 "#;
 
-/// KEYS: worker hash, worker index. ARGV: worker id, then field/value pairs.
+/// KEYS: worker hash, worker index. ARGV: worker id, the new beat, the last beat of its process
+/// (`WorkerRecord::last_beat_of_process`), then field/value pairs. Replaces the record unless
+/// it holds a beat of the same process (between the new beat and that last one, both included):
+/// then it replies `kept` and writes nothing (see `LeaseStore::heartbeat`). Beats go up to 2^56,
+/// beyond the integers Lua's doubles hold exactly, so they are compared as decimal strings
+/// (longer is greater, then byte by byte); a stored beat that is not a plain decimal number is
+/// replaced.
 const HEARTBEAT: &str = r#"
+local function ge(a, b)
+  if #a ~= #b then return #a > #b end
+  for i = 1, #a do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x > y end
+  end
+  return true
+end
+if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
+  local stored = redis.call('HGET', KEYS[1], 'beat')
+  if stored and (stored == '0' or string.match(stored, '^[1-9]%d*$'))
+      and ge(stored, ARGV[2]) and ge(ARGV[3], stored) then
+    return {'kept'}
+  end
+end
 local args = {}
-for i = 2, #ARGV do args[#args + 1] = ARGV[i] end
+for i = 4, #ARGV do args[#args + 1] = ARGV[i] end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(args))
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
@@ -109,7 +130,7 @@ pub(crate) struct Scripts {
     pub update: Script,
     /// Compare-and-delete.
     pub delete: Script,
-    /// Worker record upsert with its index entry.
+    /// Worker record upsert with its index entry, never over a later beat of the same process.
     pub heartbeat: Script,
     /// Removal of a worker record while its beat is unchanged.
     pub remove_worker_if: Script,

@@ -647,7 +647,9 @@ impl LeaseStore for RedisStore {
         invocation
             .key(keys.worker(record.id.as_str()))
             .key(keys.worker_index())
-            .arg(record.id.as_str());
+            .arg(record.id.as_str())
+            .arg(record.beat.to_string())
+            .arg(WorkerRecord::last_beat_of_process(record.beat).to_string());
         for a in flatten(codec::worker_fields(record)) {
             invocation.arg(a);
         }

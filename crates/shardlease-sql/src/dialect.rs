@@ -130,17 +130,37 @@ impl Queries {
                 " ON CONFLICT (namespace, lease_key) DO NOTHING".to_owned()
             }
         };
+        // A heartbeat never replaces a later (or the same) beat of the same process (the rule of
+        // `LeaseStore::heartbeat`): the stored row is kept when its beat has the same process
+        // base (`beat >> 24`) and is not lower. Beats are non-negative `BIGINT`s, so the shift is
+        // exact in every dialect.
         let worker_upsert = match d {
-            Dialect::MySql => " ON DUPLICATE KEY UPDATE beat = VALUES(beat), \
-                 updated_at_millis = VALUES(updated_at_millis), lease_count = VALUES(lease_count), \
-                 load_figure = VALUES(load_figure), capacity = VALUES(capacity), \
-                 changes = VALUES(changes)"
-                .to_owned(),
-            Dialect::Postgres | Dialect::Sqlite => " ON CONFLICT (namespace, worker_id) DO UPDATE \
+            // MySQL's upsert has no `WHERE`: each column keeps its old value unless the row is
+            // replaced. Assignments run left to right and later ones see the new values, so
+            // `beat`, which the condition reads, is assigned last.
+            Dialect::MySql => {
+                let replace = "((beat >> 24) <> (VALUES(beat) >> 24) OR beat < VALUES(beat))";
+                let set: Vec<String> = [
+                    "updated_at_millis",
+                    "lease_count",
+                    "load_figure",
+                    "capacity",
+                    "changes",
+                    "beat",
+                ]
+                .iter()
+                .map(|c| format!("{c} = IF({replace}, VALUES({c}), {c})"))
+                .collect();
+                format!(" ON DUPLICATE KEY UPDATE {}", set.join(", "))
+            }
+            Dialect::Postgres | Dialect::Sqlite => format!(
+                " ON CONFLICT (namespace, worker_id) DO UPDATE \
                  SET beat = excluded.beat, updated_at_millis = excluded.updated_at_millis, \
                  lease_count = excluded.lease_count, load_figure = excluded.load_figure, \
-                 capacity = excluded.capacity, changes = excluded.changes"
-                .to_owned(),
+                 capacity = excluded.capacity, changes = excluded.changes \
+                 WHERE ({workers}.beat >> 24) <> (excluded.beat >> 24) \
+                 OR {workers}.beat < excluded.beat"
+            ),
         };
         let n = LEASE_WRITE_COLUMNS.len();
         let write_columns = LEASE_WRITE_COLUMNS.join(", ");

@@ -25,6 +25,7 @@ macro_rules! __conformance_cases {
             namespaces_are_isolated
             worker_records
             remove_worker_if_checks_the_beat
+            a_heartbeat_never_moves_the_beat_back
             one_worker_takes_every_lease_in_one_pass
             workers_share_leases_evenly
             a_joining_worker_gets_its_share_without_duplicates

@@ -30,6 +30,11 @@ enum Bug {
     RemoveMissingFails,
     /// Conditional removal ignores the beat.
     RemoveIfIgnoresBeat,
+    /// A heartbeat overwrites whatever is stored (a plain upsert, last writer wins).
+    HeartbeatOverwrites,
+    /// A heartbeat never replaces a greater beat, even of another process (compares the beats
+    /// but not the processes).
+    HeartbeatIgnoresProcess,
 }
 
 #[derive(Debug)]
@@ -69,6 +74,17 @@ impl LeaseStore for Broken {
         self.inner.delete_lease(key, expected).await
     }
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        match self.bug {
+            Bug::HeartbeatOverwrites => self.inner.remove_worker(&record.id).await?,
+            Bug::HeartbeatIgnoresProcess => {
+                let listed = self.inner.list_workers().await?;
+                if listed.items.iter().any(|w| w.id == record.id && w.beat >= record.beat) {
+                    return Ok(());
+                }
+                self.inner.remove_worker(&record.id).await?;
+            }
+            _ => {}
+        }
         self.inner.heartbeat(record).await
     }
     async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
@@ -151,6 +167,16 @@ async fn each_bug_fails_its_case() {
 
     let f = BrokenFactory::new(Bug::RemoveIfIgnoresBeat);
     must_fail("remove_if ignores the beat", suite::remove_worker_if_checks_the_beat(&f)).await;
+
+    for bug in [Bug::HeartbeatOverwrites, Bug::HeartbeatIgnoresProcess] {
+        let f = BrokenFactory::new(bug);
+        suite::worker_records(&f).await; // a plain upsert passes the upsert case ...
+        must_fail(
+            "heartbeat moves the beat back",
+            suite::a_heartbeat_never_moves_the_beat_back(&f),
+        )
+        .await; // ... but lets a late heartbeat move the beat back, or a restart be ignored
+    }
 
     let f = counter_factory();
     suite::update_is_compare_and_set(&f).await; // a counter passes the plain CAS case ...

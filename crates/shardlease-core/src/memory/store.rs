@@ -210,7 +210,14 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
-        self.lock().workers.insert(record.id.clone(), record.clone());
+        let mut state = self.lock();
+        let stale = state
+            .workers
+            .get(&record.id)
+            .is_some_and(|w| !WorkerRecord::heartbeat_replaces(w.beat, record.beat));
+        if !stale {
+            state.workers.insert(record.id.clone(), record.clone());
+        }
         Ok(())
     }
 

@@ -43,7 +43,9 @@ pub use rollback::a_rolled_back_record_never_accepts_a_stale_version;
 pub use scope::{with_scope, Scope};
 pub use skip::{env_or_skip, skip, MaybeFactory};
 pub use update::{concurrent_increments, delete_is_compare_and_set, update_is_compare_and_set};
-pub use workers::{remove_worker_if_checks_the_beat, worker_records};
+pub use workers::{
+    a_heartbeat_never_moves_the_beat_back, remove_worker_if_checks_the_beat, worker_records,
+};
 
 #[doc(hidden)]
 pub use lifecycle::__run_test;
@@ -212,5 +214,6 @@ mod tests {
         assert!(STORE_CASES.contains(&"concurrent_increments"));
         assert!(STORE_CASES.contains(&"a_rolled_back_record_never_accepts_a_stale_version"));
         assert!(STORE_CASES.contains(&"remove_worker_if_checks_the_beat"));
+        assert!(STORE_CASES.contains(&"a_heartbeat_never_moves_the_beat_back"));
     }
 }

@@ -101,3 +101,58 @@ pub async fn remove_worker_if_checks_the_beat(factory: &dyn StoreFactory) {
     })
     .await;
 }
+
+/// A heartbeat never moves a worker record's beat backwards within one process: with beat
+/// `b + 2` stored, a late write of beat `b + 1` of the same process (same `beat >> 24`) returns
+/// `Ok` and leaves the record exactly as it was; so does the same beat written again. A record of
+/// another process under the same id (a restart draws a new random base, here a lower one, so its
+/// beat is numerically smaller) replaces it, and so does the first beat of the next base up.
+pub async fn a_heartbeat_never_moves_the_beat_back(factory: &dyn StoreFactory) {
+    with_scope(factory, "a_heartbeat_never_moves_the_beat_back", |scope| async move {
+        let (ns, store) = scope.fresh_store().await;
+        let id = WorkerId::from("worker-late-write");
+        let base: u64 = 0x40 << 24;
+        let other = WorkerRecord::new(WorkerId::from("worker-bystander"), base + 9);
+        ok(store.heartbeat(&other).await, "heartbeat of another worker");
+
+        let mut newer = WorkerRecord::new(id.clone(), base + 2);
+        newer.lease_count = 2;
+        newer.changes = 20;
+        ok(store.heartbeat(&newer).await, "heartbeat at beat b + 2");
+        let mut late = WorkerRecord::new(id.clone(), base + 1);
+        late.lease_count = 1;
+        late.changes = 10;
+        late.updated_at_millis = newer.updated_at_millis.saturating_sub(1_000);
+        ok(store.heartbeat(&late).await, "a late heartbeat at beat b + 1 is not an error");
+        let mut again = newer.clone();
+        again.lease_count = 3;
+        ok(store.heartbeat(&again).await, "beat b + 2 written again is not an error");
+        let mut listed = ok(scope.store(&ns).await.list_workers().await, "list workers").items;
+        listed.sort_by(|x, y| x.id.cmp(&y.id));
+        assert_eq!(
+            listed,
+            [other.clone(), newer.clone()],
+            "a heartbeat must never replace a record of the same process (same beat >> 24) \
+             whose beat is greater or equal: beat b + 2 must stay"
+        );
+
+        let restarted = WorkerRecord::new(id.clone(), (0x10 << 24) + 1);
+        ok(store.heartbeat(&restarted).await, "heartbeat of a process restarted under the id");
+        let mut listed = ok(store.list_workers().await, "list after the restart").items;
+        listed.sort_by(|x, y| x.id.cmp(&y.id));
+        assert_eq!(
+            listed,
+            [other.clone(), restarted.clone()],
+            "a record of another process (another beat >> 24) is always replaced, whatever its beat"
+        );
+
+        let top = WorkerRecord::last_beat_of_process(restarted.beat);
+        ok(store.heartbeat(&WorkerRecord::new(id.clone(), top)).await, "last beat of a process");
+        let next = WorkerRecord::new(id.clone(), top + 1);
+        ok(store.heartbeat(&next).await, "first beat of the next base");
+        let mut listed = ok(store.list_workers().await, "list at the end").items;
+        listed.sort_by(|x, y| x.id.cmp(&y.id));
+        assert_eq!(listed, [other, next], "the next base up is another process too");
+    })
+    .await;
+}
