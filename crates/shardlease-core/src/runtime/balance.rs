@@ -917,13 +917,16 @@ async fn execute(
             let me = me.clone();
             async move {
                 let listed = Some(VersionedLease::new(lease.clone(), version));
-                // One attempt: a claim dropped on a conflict (often the owner's checkpoint) is
-                // made again at a later pass. Re-deciding on the current record would also claim
-                // again right after the owner cleared the claim, and the owner, settled, would not
-                // look again (a fleet then listed on every pass, found by the simulation).
+                // A conflict that is only the owner's checkpoint (most of them on a store as slow
+                // as SQLite: the owner checkpoints between this listing and the claim) is retried
+                // against the current record, so all of a pass's claims land in that pass. Any
+                // other move (a new owner or epoch, a claim written or cleared, the shard ended)
+                // drops the claim: the next pass decides again from a new listing. Re-deciding on
+                // any record would claim again right after an owner cleared a claim and moved on
+                // (a fleet then listed on every pass, found by the simulation).
                 let outcome =
-                    cas::write(shared, &lease.key, listed, cas::Policy::ONCE, "claim", |l| {
-                        Some(Lease {
+                    cas::write(shared, &lease.key, listed, cas::Policy::PERSIST, "claim", |l| {
+                        only_checkpoint_moved(&lease, l).then(|| Lease {
                             claim: Some(Claim { by: me.clone(), at: l.epoch }),
                             ..l.clone()
                         })
@@ -997,6 +1000,17 @@ async fn execute(
         }
     }
     answered
+}
+
+/// Whether `now` differs from the `listed` record a claim was decided on by its checkpoint (and
+/// attributes) only: same owner, same epoch, same parents, the same claim (none, or a stale one),
+/// and not finished since. A claim meeting such a record is still the claim its pass decided.
+fn only_checkpoint_moved(listed: &Lease, now: &Lease) -> bool {
+    now.owner == listed.owner
+        && now.epoch == listed.epoch
+        && now.claim == listed.claim
+        && now.parents == listed.parents
+        && !now.is_finished()
 }
 
 /// Clears a claim on a lease this worker owns. The owner checkpoints all the time, so the listed
