@@ -162,3 +162,36 @@ async fn claims_that_meet_a_checkpoint_are_all_made_in_the_first_pass() {
         w.cluster.shutdown_all().await;
     }
 }
+
+/// With a balance interval far longer than the heartbeat, the owners answer the newcomer's claims
+/// as soon as its published change reaches them (no sooner than half a balance interval after
+/// their last listing), and the newcomer resumes what they handed over as soon as their change
+/// reaches it: the join settles within one balance interval. Before, each side waited for its next
+/// regular pass, one to two balance intervals.
+#[tokio::test(start_paused = true)]
+async fn owners_answer_claims_as_soon_as_they_hear_of_them() {
+    let balance = HB * 30;
+    for seed in 1..=4 {
+        let mut w = world(24, seed, |c| {
+            *c = c.clone().with_balance_interval(balance);
+        });
+        w.cluster.sync_shards().await.unwrap();
+        w.cluster.start_workers(3).unwrap();
+        w.balanced().await;
+        // Long settled: every worker's passes are quiet.
+        tokio::time::sleep(balance * 3).await;
+        let joined = Instant::now();
+        let newcomer = w.cluster.start_worker().unwrap();
+        let c = &w.cluster;
+        wait_until("the join to settle", LONG, HB / 10, || async {
+            c.coverage().await.is_ok_and(|cov| cov.is_balanced() && cov.shares.len() == 4)
+        })
+        .await
+        .unwrap();
+        let took = joined.elapsed();
+        assert!(took < balance, "seed {seed}: the join took {took:?}");
+        let (claims, passes) = w.claims_of(&newcomer);
+        assert_eq!((claims, passes.len()), (6, 1), "seed {seed}: claims at {passes:?}");
+        w.cluster.shutdown_all().await;
+    }
+}

@@ -161,6 +161,18 @@ async fn run(shared: &Arc<Shared>, inbox: &mut Inbox, state: &mut LoopState) -> 
                 biased;
                 _ = tokio::time::sleep_until(wake) => break,
                 _ = shared.balance_now.notified() => break,
+                _ = shared.peer_changed.notified() => {
+                    // A peer's change (a claim on a lease of mine, a lease handed to me) is
+                    // answered at once rather than at the regular pass, but no sooner than half
+                    // an interval after the last listing, so a fleet changing owners together does
+                    // not list back to back. The deadline only comes closer: a stream of signals
+                    // never puts the pass off.
+                    let soonest = listed_at.map(|(_, at)| at + shared.cfg.balance_interval / 2);
+                    match soonest {
+                        Some(at) if at > Instant::now() => wake = wake.min(at),
+                        _ => break,
+                    }
+                }
                 _ = shared.stop_taking.cancelled() => return None,
                 Some(exited) = inbox.exits.recv() => on_exit(shared, state, exited),
                 Some(request) = inbox.requests.recv() => match request {
