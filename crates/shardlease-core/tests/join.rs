@@ -123,8 +123,7 @@ fn world(shards: usize, seed: u64, tune: impl FnOnce(&mut Config)) -> World {
     cfg.idle_poll_interval = HB / 10;
     tune(&mut cfg);
     let src: Arc<dyn ShardSource> = Arc::new(source);
-    let cluster =
-        Cluster::with_store_per_worker(base, views, src, Recorder::new().factory(), cfg);
+    let cluster = Cluster::with_store_per_worker(base, views, src, Recorder::new().factory(), cfg);
     World { cluster, log }
 }
 
@@ -190,6 +189,41 @@ async fn owners_answer_claims_as_soon_as_they_hear_of_them() {
         .unwrap();
         let took = joined.elapsed();
         assert!(took < balance, "seed {seed}: the join took {took:?}");
+        let (claims, passes) = w.claims_of(&newcomer);
+        assert_eq!((claims, passes.len()), (6, 1), "seed {seed}: claims at {passes:?}");
+        w.cluster.shutdown_all().await;
+    }
+}
+
+/// A worker joins right after a crash whose leases the survivors already took over: the crashed
+/// worker's record (established, never seen beating by the newcomer, owning and claiming
+/// nothing) does not count toward the newcomer's share, so it claims its whole share in its first
+/// pass. Before, the newcomer counted the dead worker for a failover timeout, claimed a smaller
+/// share, and claimed the rest in a second round once it judged the record dead.
+#[tokio::test(start_paused = true)]
+async fn a_join_after_a_crash_aims_at_the_share_of_the_live_fleet() {
+    for seed in 1..=4 {
+        let mut w = world(24, seed, |c| c.failover_timeout = HB * 10);
+        w.cluster.sync_shards().await.unwrap();
+        let ids = w.cluster.start_workers(4).unwrap();
+        w.balanced().await;
+        // Long enough for its record to be established (a record first listed on its first
+        // beats is a process that just started, and counts at once).
+        tokio::time::sleep(HB * 5).await;
+        w.cluster.crash(&ids[0]);
+        let c = &w.cluster;
+        wait_until("the survivors to take the crashed worker's leases", LONG, HB / 10, || async {
+            c.coverage().await.is_ok_and(|cov| cov.is_balanced() && cov.max_share() == 8)
+        })
+        .await
+        .unwrap();
+        let newcomer = w.cluster.start_worker().unwrap();
+        let c = &w.cluster;
+        wait_until("the join to settle", LONG, HB / 10, || async {
+            c.coverage().await.is_ok_and(|cov| cov.is_balanced() && cov.max_share() == 6)
+        })
+        .await
+        .unwrap();
         let (claims, passes) = w.claims_of(&newcomer);
         assert_eq!((claims, passes.len()), (6, 1), "seed {seed}: claims at {passes:?}");
         w.cluster.shutdown_all().await;

@@ -704,6 +704,21 @@ fn live_set(shared: &Shared, me: &WorkerId, leases: &[VersionedLease]) -> BTreeS
             live.insert((*owner).clone());
         }
     }
+    // Records never seen beating that own and claim nothing are left out of the shares: most
+    // often a worker that crashed a moment ago, whose leases its peers took over already, which
+    // would otherwise count for a whole failover timeout (a newcomer then aims at too small a
+    // share and needs a second round of claims). Leaving them out makes no lease available and
+    // answers no claim (they own and claim nothing in this listing, and every write is a
+    // compare-and-set against it); a live one is counted again once its beat moves, within
+    // about a heartbeat (docs/algorithm.md, "Records never seen beating").
+    let unproven = liveness.unproven();
+    if !unproven.is_empty() {
+        let named: BTreeSet<&WorkerId> = leases
+            .iter()
+            .flat_map(|v| v.lease.owner.iter().chain(v.lease.claim.iter().map(|c| &c.by)))
+            .collect();
+        live.retain(|w| w == me || named.contains(w) || !unproven.contains(w));
+    }
     liveness.retain_absent(&owners);
     live
 }
