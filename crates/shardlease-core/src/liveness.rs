@@ -27,6 +27,9 @@ struct Seen {
     /// starts a new one), if it saw the process start; `None` for a process already running when
     /// this observer first listed it.
     process_since: Option<Instant>,
+    /// Whether this observer has seen the worker beat: its beat moved between two of its
+    /// listings, or it was first listed on its first beats (a process that just started).
+    beating: bool,
 }
 
 /// What changed in one observation of the worker records.
@@ -113,15 +116,16 @@ impl Liveness {
                     } else {
                         Some(first_seen)
                     };
-                    *seen = Seen { beat: r.beat, since: first_seen, process_since };
+                    *seen = Seen { beat: r.beat, since: first_seen, process_since, beating: true };
                     self.dead.remove(&r.id);
                 }
                 None => {
                     let process_since =
                         (r.beats_written() < WorkerRecord::ESTABLISHED_BEATS).then_some(first_seen);
+                    let beating = process_since.is_some();
                     self.workers.insert(
                         r.id.clone(),
-                        Seen { beat: r.beat, since: first_seen, process_since },
+                        Seen { beat: r.beat, since: first_seen, process_since, beating },
                     );
                     change.appeared.push(r.id.clone());
                 }
@@ -178,6 +182,20 @@ impl Liveness {
     /// The workers with a record that were alive at the last observation.
     pub fn live_workers(&self) -> BTreeSet<WorkerId> {
         self.workers.keys().filter(|id| !self.dead.contains(*id)).cloned().collect()
+    }
+
+    /// Workers alive by their record that this observer has never seen beat: first listed with
+    /// [`WorkerRecord::ESTABLISHED_BEATS`] or more beats written, and the same beat ever since.
+    /// Such a record may be a worker that crashed a moment ago (its record stands still until
+    /// the failover timeout judges it dead) as well as a live one whose next beat is on its way;
+    /// the balance pass leaves out of the share computation those of them that own and claim
+    /// nothing (docs/algorithm.md, "Records never seen beating").
+    pub fn unproven(&self) -> BTreeSet<WorkerId> {
+        self.workers
+            .iter()
+            .filter(|(id, seen)| !seen.beating && !self.dead.contains(*id))
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Forgets absent owners that no lease names any more.
@@ -269,6 +287,38 @@ mod tests {
         // A worker first listed on its first beats just started.
         l.observe(&[rec("w", other + 41), rec("n", 3 << 24 | 1)], t0 + s(41), t0 + s(41));
         assert!(l.started_within(&WorkerId::new("n"), s(30)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_established_record_is_unproven_until_its_beat_moves() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut l = Liveness::new(s(10));
+        let base = 7u64 << 24;
+        // First listed: one worker well established, one on its first beat.
+        l.observe(&[rec("old", base + 40), rec("new", (3 << 24) + 1)], t0, t0);
+        let old = WorkerId::new("old");
+        assert_eq!(l.unproven(), [old.clone()].into());
+        assert!(l.is_alive(&old));
+        // Its beat stands still: still unproven (and alive, until the failover timeout).
+        l.observe(&[rec("old", base + 40), rec("new", (3 << 24) + 2)], t0 + s(1), t0 + s(1));
+        assert_eq!(l.unproven(), [old.clone()].into());
+        // It beats: counted from now on, whatever its beat does later.
+        l.observe(&[rec("old", base + 41), rec("new", (3 << 24) + 3)], t0 + s(2), t0 + s(2));
+        assert!(l.unproven().is_empty());
+        l.observe(&[rec("old", base + 41), rec("new", (3 << 24) + 4)], t0 + s(3), t0 + s(3));
+        assert!(l.unproven().is_empty());
+        // One that never beats is judged dead after the failover timeout, and is no longer
+        // unproven: it is out of the live set altogether.
+        let mut l = Liveness::new(s(10));
+        l.observe(&[rec("gone", base + 40)], t0, t0);
+        assert_eq!(l.unproven().len(), 1);
+        l.observe(&[rec("gone", base + 40)], t0 + s(10), t0 + s(10));
+        assert!(l.unproven().is_empty());
+        assert!(!l.is_alive(&WorkerId::new("gone")));
+        // A record that left and came back under a new process is seen starting: counted.
+        l.observe(&[rec("gone", (9 << 24) + 1)], t0 + s(11), t0 + s(11));
+        assert!(l.unproven().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

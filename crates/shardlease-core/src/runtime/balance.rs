@@ -161,6 +161,18 @@ async fn run(shared: &Arc<Shared>, inbox: &mut Inbox, state: &mut LoopState) -> 
                 biased;
                 _ = tokio::time::sleep_until(wake) => break,
                 _ = shared.balance_now.notified() => break,
+                _ = shared.peer_changed.notified() => {
+                    // A peer's change (a claim on a lease of mine, a lease handed to me) is
+                    // answered at once rather than at the regular pass, but no sooner than half
+                    // an interval after the last listing, so a fleet changing owners together does
+                    // not list back to back. The deadline only comes closer: a stream of signals
+                    // never puts the pass off.
+                    let soonest = listed_at.map(|(_, at)| at + shared.cfg.balance_interval / 2);
+                    match soonest {
+                        Some(at) if at > Instant::now() => wake = wake.min(at),
+                        _ => break,
+                    }
+                }
                 _ = shared.stop_taking.cancelled() => return None,
                 Some(exited) = inbox.exits.recv() => on_exit(shared, state, exited),
                 Some(request) = inbox.requests.recv() => match request {
@@ -692,6 +704,21 @@ fn live_set(shared: &Shared, me: &WorkerId, leases: &[VersionedLease]) -> BTreeS
             live.insert((*owner).clone());
         }
     }
+    // Records never seen beating that own and claim nothing are left out of the shares: most
+    // often a worker that crashed a moment ago, whose leases its peers took over already, which
+    // would otherwise count for a whole failover timeout (a newcomer then aims at too small a
+    // share and needs a second round of claims). Leaving them out makes no lease available and
+    // answers no claim (they own and claim nothing in this listing, and every write is a
+    // compare-and-set against it); a live one is counted again once its beat moves, within
+    // about a heartbeat (docs/algorithm.md, "Records never seen beating").
+    let unproven = liveness.unproven();
+    if !unproven.is_empty() {
+        let named: BTreeSet<&WorkerId> = leases
+            .iter()
+            .flat_map(|v| v.lease.owner.iter().chain(v.lease.claim.iter().map(|c| &c.by)))
+            .collect();
+        live.retain(|w| w == me || named.contains(w) || !unproven.contains(w));
+    }
     liveness.retain_absent(&owners);
     live
 }
@@ -739,7 +766,6 @@ fn reconcile(
     let former = lock(&shared.former_ids).clone();
     let tasks = lock(&shared.tasks);
     let granted = lock(&shared.granted).clone();
-    let claims = lock(&shared.my_claims).clone();
     // A lease claimed by a peer is not restarted here: the plan hands it over or clears the claim.
     let idle = leases.iter().filter(|VersionedLease { lease, .. }| {
         lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))
@@ -747,10 +773,12 @@ fn reconcile(
             && !tasks.contains_key(&lease.key)
             && lease.live_claim().is_none_or(|c| &c.by == me)
     });
+    // Only a lease this process was granted (took itself, at this epoch) is resumed as it stands.
+    // One handed to this id is re-taken by compare-and-set: two processes under one id can hold
+    // the same claim, and the write lets exactly one of them run it (docs/algorithm.md, "Why a
+    // handed-over lease is re-taken").
     let (resume, retake) = idle.cloned().partition(|VersionedLease { lease: l, .. }| {
-        l.is_owned_by(me)
-            && (granted.get(&l.key) == Some(&l.epoch)
-                || claims.get(&l.key).is_some_and(|c| c.at.next() == l.epoch))
+        l.is_owned_by(me) && granted.get(&l.key) == Some(&l.epoch)
     });
     (resume, retake, stopped)
 }
@@ -917,13 +945,16 @@ async fn execute(
             let me = me.clone();
             async move {
                 let listed = Some(VersionedLease::new(lease.clone(), version));
-                // One attempt: a claim dropped on a conflict (often the owner's checkpoint) is
-                // made again at a later pass. Re-deciding on the current record would also claim
-                // again right after the owner cleared the claim, and the owner, settled, would not
-                // look again (a fleet then listed on every pass, found by the simulation).
+                // A conflict that is only the owner's checkpoint (most of them on a store as slow
+                // as SQLite: the owner checkpoints between this listing and the claim) is retried
+                // against the current record, so all of a pass's claims land in that pass. Any
+                // other move (a new owner or epoch, a claim written or cleared, the shard ended)
+                // drops the claim: the next pass decides again from a new listing. Re-deciding on
+                // any record would claim again right after an owner cleared a claim and moved on
+                // (a fleet then listed on every pass, found by the simulation).
                 let outcome =
-                    cas::write(shared, &lease.key, listed, cas::Policy::ONCE, "claim", |l| {
-                        Some(Lease {
+                    cas::write(shared, &lease.key, listed, cas::Policy::PERSIST, "claim", |l| {
+                        only_checkpoint_moved(&lease, l).then(|| Lease {
                             claim: Some(Claim { by: me.clone(), at: l.epoch }),
                             ..l.clone()
                         })
@@ -997,6 +1028,17 @@ async fn execute(
         }
     }
     answered
+}
+
+/// Whether `now` differs from the `listed` record a claim was decided on by its checkpoint (and
+/// attributes) only: same owner, same epoch, same parents, the same claim (none, or a stale one),
+/// and not finished since. A claim meeting such a record is still the claim its pass decided.
+fn only_checkpoint_moved(listed: &Lease, now: &Lease) -> bool {
+    now.owner == listed.owner
+        && now.epoch == listed.epoch
+        && now.claim == listed.claim
+        && now.parents == listed.parents
+        && !now.is_finished()
 }
 
 /// Clears a claim on a lease this worker owns. The owner checkpoints all the time, so the listed

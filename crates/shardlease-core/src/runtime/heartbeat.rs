@@ -3,8 +3,8 @@
 //! One write per worker per interval (never one per lease), then one listing of worker records to
 //! update the liveness view; a peer that died or left triggers a balance pass at once. The record
 //! carries the worker's count of ownership changes: a peer whose count moved (or a worker that
-//! came, went or died) is the signal to list the leases again, so a quiet fleet reads worker
-//! records, not leases. A worker that just changed something beats early (no sooner than a
+//! came) is the signal to list the leases again soon (no sooner than half a balance interval after
+//! the last listing), so a quiet fleet reads worker records, not leases. A worker that just changed something beats early (no sooner than a
 //! quarter interval after its last beat) so that peers hear of it within about a heartbeat. The watchdog
 //! fences this worker when no heartbeat has succeeded for `failover_timeout − heartbeat_interval`
 //! since the last successful one was *sent*: every lease task stops before any peer can judge this
@@ -90,10 +90,12 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 if change.needs_balance() || !change.went_back.is_empty() {
                     shared.want_listing();
                 } else if moved {
-                    // Listed at the next regular pass, not at once: with many workers changing
+                    // Listed soon (a claim on this worker's leases is answered, a lease handed to
+                    // it resumed, without waiting for the regular pass), but no sooner than half
+                    // a balance interval after the last listing: with many workers changing
                     // owners together (a fleet starting, a rolling deploy), a pass per signal
                     // would list the leases back to back on every worker.
-                    shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
+                    shared.peer_moved();
                 }
             }
             Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), "listing workers failed"),

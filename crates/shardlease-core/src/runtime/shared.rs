@@ -165,6 +165,9 @@ pub(crate) struct Shared {
     /// a worker that came, went or died, a lease task that ended, a refused write); a pass that
     /// starts listing records the value it saw, so a bump during the pass is never lost.
     pub listing_wanted: AtomicU64,
+    /// A peer published a change (or a worker came): the balance loop lists the leases soon, no
+    /// sooner than half a balance interval after its last listing.
+    pub peer_changed: Notify,
     /// Wakes the heartbeat loop to publish this worker's changes without waiting an interval.
     pub publish_now: Notify,
     /// Wakes the heartbeat loop to beat and list the worker records now: the store notified
@@ -247,6 +250,7 @@ impl Shared {
             balance_now: Notify::new(),
             changes: AtomicU64::new(0),
             listing_wanted: AtomicU64::new(0),
+            peer_changed: Notify::new(),
             publish_now: Notify::new(),
             workers_changed: Notify::new(),
             heartbeat_ok: watch::channel(None).0,
@@ -325,6 +329,14 @@ impl Shared {
             self.changed(n);
             self.publish_now.notify_one();
         }
+    }
+
+    /// A peer's published change count moved, or a worker came: the balance loop lists the
+    /// leases soon (see `balance::run`), no sooner than half a balance interval after its last
+    /// listing.
+    pub(crate) fn peer_moved(&self) {
+        self.listing_wanted.fetch_add(1, Ordering::SeqCst);
+        self.peer_changed.notify_one();
     }
 
     /// Asks for a balance pass that lists the leases, now.

@@ -1,0 +1,231 @@
+//! A worker joining a balanced fleet settles in one round of handoffs (issue 9): the newcomer
+//! makes all its claims in its first pass, even when the owners checkpoint between its listing
+//! and its claims; the owners answer them as soon as they hear of them, not at their next regular
+//! pass; and the record of a worker that crashed a moment ago does not make the newcomer aim at a
+//! share too small.
+//!
+//! Paused time, so the passes' timing is the configuration's, not the machine's. Each worker's
+//! store view records when each of its claims was written: one pass writes all its claims at one
+//! instant of paused time (the memory store answers without advancing the clock).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shardlease_core::{
+    Config, CreateOutcome, Lease, LeaseKey, LeaseStore, Listing, MemorySource, MemoryStore,
+    Position, Result, ShardSource, Version, VersionedLease, WorkerId, WorkerRecord,
+};
+use shardlease_testkit::cluster::{wait_until, Cluster, Coverage};
+use shardlease_testkit::recorder::Recorder;
+use tokio::time::Instant;
+
+const HB: Duration = Duration::from_secs(1);
+const LONG: Duration = Duration::from_secs(600);
+
+/// What the views saw, shared by all of them.
+#[derive(Debug, Default)]
+struct Log {
+    /// Every claim written: who claimed, which lease, when.
+    claims: Vec<(WorkerId, LeaseKey, Instant)>,
+    /// Workers whose claims meet a fresh checkpoint: the record moves (same owner, same epoch,
+    /// no claim) between their listing and the claim's first attempt on each key.
+    checkpoint_first: BTreeSet<WorkerId>,
+    /// Keys already moved that way (once per key).
+    moved: BTreeSet<LeaseKey>,
+}
+
+/// One worker's view of the shared memory store.
+#[derive(Debug)]
+struct View {
+    inner: Arc<dyn LeaseStore>,
+    me: WorkerId,
+    log: Arc<Mutex<Log>>,
+}
+
+impl View {
+    fn is_my_claim(&self, lease: &Lease) -> bool {
+        lease.claim.as_ref().is_some_and(|c| c.by == self.me) && !lease.is_owned_by(&self.me)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for View {
+    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        self.inner.create_lease(lease).await
+    }
+    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+        self.inner.get_lease(key).await
+    }
+    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+        self.inner.list_leases().await
+    }
+    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        let claim = self.is_my_claim(lease);
+        if claim {
+            let move_first = {
+                let mut log = self.log.lock().unwrap();
+                log.checkpoint_first.contains(&self.me) && log.moved.insert(lease.key.clone())
+            };
+            if move_first {
+                // The owner checkpoints just before the claim arrives: the record gets a new
+                // version, with the same owner, epoch and (no) claim.
+                if let Some(now) = self.inner.get_lease(&lease.key).await? {
+                    if now.lease.claim.is_none() {
+                        self.inner.update_lease(&now.lease, now.version).await?;
+                    }
+                }
+            }
+        }
+        let v = self.inner.update_lease(lease, expected).await?;
+        if claim {
+            let at = Instant::now();
+            self.log.lock().unwrap().claims.push((self.me.clone(), lease.key.clone(), at));
+        }
+        Ok(v)
+    }
+    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        self.inner.delete_lease(key, expected).await
+    }
+    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        self.inner.heartbeat(record).await
+    }
+    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+        self.inner.list_workers().await
+    }
+    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        self.inner.remove_worker(id).await
+    }
+}
+
+struct World {
+    cluster: Cluster,
+    log: Arc<Mutex<Log>>,
+}
+
+fn world(shards: usize, seed: u64, tune: impl FnOnce(&mut Config)) -> World {
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let log = Arc::new(Mutex::new(Log::default()));
+    let views = {
+        let (base, log) = (base.clone(), log.clone());
+        Arc::new(move |w: &WorkerId| -> Arc<dyn LeaseStore> {
+            Arc::new(View { inner: base.clone(), me: w.clone(), log: log.clone() })
+        })
+    };
+    let source = MemorySource::new(shards);
+    let mut cfg = Config::new("default")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(Position::TrimHorizon);
+    cfg.rng_seed = Some(seed);
+    cfg.idle_poll_interval = HB / 10;
+    tune(&mut cfg);
+    let src: Arc<dyn ShardSource> = Arc::new(source);
+    let cluster = Cluster::with_store_per_worker(base, views, src, Recorder::new().factory(), cfg);
+    World { cluster, log }
+}
+
+impl World {
+    /// The claims `w` wrote, and the distinct instants at which it wrote them.
+    fn claims_of(&self, w: &WorkerId) -> (usize, BTreeSet<Instant>) {
+        let log = self.log.lock().unwrap();
+        let mine: Vec<_> = log.claims.iter().filter(|(by, _, _)| by == w).collect();
+        (mine.len(), mine.iter().map(|(_, _, at)| *at).collect())
+    }
+
+    async fn balanced(&self) -> Coverage {
+        self.cluster.wait_balanced(LONG, HB / 10).await.unwrap()
+    }
+}
+
+/// The newcomer's claims meet a checkpoint each (the owner checkpointed after the newcomer's
+/// listing): each is made against the current record, so all of them land in the first pass.
+/// Before, every claim that met a checkpoint was dropped until a later pass (on SQLite most of
+/// them), and the join took several rounds.
+#[tokio::test(start_paused = true)]
+async fn claims_that_meet_a_checkpoint_are_all_made_in_the_first_pass() {
+    for seed in 1..=4 {
+        let mut w = world(24, seed, |_| {});
+        w.cluster.sync_shards().await.unwrap();
+        w.cluster.start_workers(3).unwrap();
+        w.balanced().await;
+        let newcomer = WorkerId::new("w4");
+        w.log.lock().unwrap().checkpoint_first.insert(newcomer.clone());
+        assert_eq!(w.cluster.start_worker().unwrap(), newcomer);
+        let cov = w.balanced().await;
+        assert_eq!(cov.shares[&newcomer], 6, "seed {seed}: {cov:?}");
+        let (claims, passes) = w.claims_of(&newcomer);
+        assert_eq!((claims, passes.len()), (6, 1), "seed {seed}: claims at {passes:?}");
+        w.cluster.shutdown_all().await;
+    }
+}
+
+/// With a balance interval far longer than the heartbeat, the owners answer the newcomer's claims
+/// as soon as its published change reaches them (no sooner than half a balance interval after
+/// their last listing), and the newcomer resumes what they handed over as soon as their change
+/// reaches it: the join settles within one balance interval. Before, each side waited for its next
+/// regular pass, one to two balance intervals.
+#[tokio::test(start_paused = true)]
+async fn owners_answer_claims_as_soon_as_they_hear_of_them() {
+    let balance = HB * 30;
+    for seed in 1..=4 {
+        let mut w = world(24, seed, |c| {
+            *c = c.clone().with_balance_interval(balance);
+        });
+        w.cluster.sync_shards().await.unwrap();
+        w.cluster.start_workers(3).unwrap();
+        w.balanced().await;
+        // Long settled: every worker's passes are quiet.
+        tokio::time::sleep(balance * 3).await;
+        let joined = Instant::now();
+        let newcomer = w.cluster.start_worker().unwrap();
+        let c = &w.cluster;
+        wait_until("the join to settle", LONG, HB / 10, || async {
+            c.coverage().await.is_ok_and(|cov| cov.is_balanced() && cov.shares.len() == 4)
+        })
+        .await
+        .unwrap();
+        let took = joined.elapsed();
+        assert!(took < balance, "seed {seed}: the join took {took:?}");
+        let (claims, passes) = w.claims_of(&newcomer);
+        assert_eq!((claims, passes.len()), (6, 1), "seed {seed}: claims at {passes:?}");
+        w.cluster.shutdown_all().await;
+    }
+}
+
+/// A worker joins right after a crash whose leases the survivors already took over: the crashed
+/// worker's record (established, never seen beating by the newcomer, owning and claiming
+/// nothing) does not count toward the newcomer's share, so it claims its whole share in its first
+/// pass. Before, the newcomer counted the dead worker for a failover timeout, claimed a smaller
+/// share, and claimed the rest in a second round once it judged the record dead.
+#[tokio::test(start_paused = true)]
+async fn a_join_after_a_crash_aims_at_the_share_of_the_live_fleet() {
+    for seed in 1..=4 {
+        let mut w = world(24, seed, |c| c.failover_timeout = HB * 10);
+        w.cluster.sync_shards().await.unwrap();
+        let ids = w.cluster.start_workers(4).unwrap();
+        w.balanced().await;
+        // Long enough for its record to be established (a record first listed on its first
+        // beats is a process that just started, and counts at once).
+        tokio::time::sleep(HB * 5).await;
+        w.cluster.crash(&ids[0]);
+        let c = &w.cluster;
+        wait_until("the survivors to take the crashed worker's leases", LONG, HB / 10, || async {
+            c.coverage().await.is_ok_and(|cov| cov.is_balanced() && cov.max_share() == 8)
+        })
+        .await
+        .unwrap();
+        let newcomer = w.cluster.start_worker().unwrap();
+        let c = &w.cluster;
+        wait_until("the join to settle", LONG, HB / 10, || async {
+            c.coverage().await.is_ok_and(|cov| cov.is_balanced() && cov.max_share() == 6)
+        })
+        .await
+        .unwrap();
+        let (claims, passes) = w.claims_of(&newcomer);
+        assert_eq!((claims, passes.len()), (6, 1), "seed {seed}: claims at {passes:?}");
+        w.cluster.shutdown_all().await;
+    }
+}
