@@ -108,8 +108,8 @@ where
                     // The write may have landed all the same. A change nobody publishes is seen
                     // by settled peers only at the safety net: a claim applied with its answer
                     // lost was counted by its claimant toward its share while the owner never
-                    // listed to answer it, and a release applied that way left a lease nobody
-                    // took (docs/algorithm.md, "Listing only when something changed").
+                    // listed to answer it (docs/algorithm.md, "Listing only when something
+                    // changed").
                     uncertain = true;
                     shared.changed(1);
                 }
