@@ -360,3 +360,100 @@ async fn balance_now_is_answered_by_the_loop_and_never_hangs() {
     tokio::time::timeout(HB, h.balance_now()).await.expect("a stopped worker answers at once");
     f.cluster.shutdown_all().await;
 }
+
+/// How the wrapped store answers `victim`'s claim writes.
+#[derive(Debug, Default)]
+struct ClaimAnswers {
+    /// Claim writes fail before being applied.
+    refuse: std::sync::atomic::AtomicBool,
+    /// The next claim write is applied and its answer lost (an error), then writes are normal.
+    lose_next: std::sync::atomic::AtomicBool,
+    /// Claim writes whose answer was lost.
+    lost: std::sync::atomic::AtomicU64,
+}
+
+/// A store whose answers to one worker's claim writes can be refused or lost.
+#[derive(Debug)]
+struct LosesClaimAnswers {
+    inner: Arc<dyn LeaseStore>,
+    claimant: WorkerId,
+    answers: Arc<ClaimAnswers>,
+}
+
+#[async_trait::async_trait]
+impl shardlease_core::store_decorator::StoreDecorator for LosesClaimAnswers {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
+    }
+
+    async fn update_lease(
+        &self,
+        lease: &shardlease_core::Lease,
+        expected: shardlease_core::Version,
+    ) -> shardlease_core::Result<shardlease_core::Version> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let claims = lease.claim.as_ref().is_some_and(|c| c.by == self.claimant)
+            && lease.owner.as_ref() != Some(&self.claimant);
+        if claims && self.answers.refuse.load(SeqCst) {
+            return Err(shardlease_core::Error::retryable("claim refused (test)"));
+        }
+        if claims && self.answers.lose_next.swap(false, SeqCst) {
+            self.inner.update_lease(lease, expected).await?;
+            self.answers.lost.fetch_add(1, SeqCst);
+            return Err(shardlease_core::Error::retryable("claim applied, answer lost (test)"));
+        }
+        self.inner.update_lease(lease, expected).await
+    }
+}
+
+/// A claim whose write was applied but whose answer was lost (a timeout on a loaded store) is
+/// still a change the owner must hear of. The claimant counted it toward its share (it sees its
+/// own claim in the listing) and stopped claiming, while the owner, settled and told nothing,
+/// did not list the leases again until the safety net: the fleet stayed unbalanced (with an
+/// available lease, uncovered) for the safety-net interval, 1,000 s at 10,000 leases.
+#[tokio::test(start_paused = true)]
+async fn a_claim_whose_answer_was_lost_is_still_answered() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("quiet".parse().unwrap()));
+    let source = MemorySource::new(3);
+    let rec = Recorder::new();
+    let mut cfg = Config::new("quiet")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_shard_sync_interval(Duration::from_secs(3600))
+        .with_initial_position(Position::TrimHorizon);
+    cfg.rng_seed = Some(9);
+    let answers = Arc::new(ClaimAnswers::default());
+    let store: Arc<dyn LeaseStore> = Arc::new(LosesClaimAnswers {
+        inner: base,
+        claimant: WorkerId::new("w2"),
+        answers: answers.clone(),
+    });
+    let src: Arc<dyn ShardSource> = Arc::new(source.clone());
+    let mut cluster = Cluster::new(store, src, rec.factory(), cfg.clone());
+    cluster.sync_shards().await.unwrap();
+    let a = cluster.start_worker().unwrap();
+    cluster.wait_balanced(LONG, HB / 10).await.unwrap();
+    // The second worker's claims fail at first, so the owner lists once after it appeared, sees
+    // no claim, and settles.
+    answers.refuse.store(true, SeqCst);
+    let b = cluster.start_worker().unwrap();
+    assert_eq!(b, WorkerId::new("w2"));
+    tokio::time::sleep(HB * 15).await;
+    answers.lose_next.store(true, SeqCst);
+    answers.refuse.store(false, SeqCst);
+    wait_until("the claim applied with its answer lost", LONG, HB / 10, || async {
+        answers.lost.load(SeqCst) == 1
+    })
+    .await
+    .unwrap();
+    // Heard within about a heartbeat and a balance interval, answered, and handed over; far
+    // sooner than the safety net (an hour here).
+    let jittered = |d: Duration| d.mul_f64(1.0 + cfg.jitter);
+    let bound = jittered(HB) * 3 + jittered(cfg.balance_interval) * 2 + cfg.shutdown_timeout;
+    let cov = cluster.wait_balanced(bound, HB / 10).await.unwrap_or_else(|e| {
+        panic!("{e}; {:?}", cluster.stats_report());
+    });
+    assert_eq!((cov.shares[&a], cov.shares[&b]), (2, 1));
+    cluster.shutdown_all().await;
+}

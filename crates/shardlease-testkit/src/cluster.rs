@@ -51,6 +51,8 @@ pub struct Coverage {
     pub shares: BTreeMap<WorkerId, usize>,
     /// The owner of each active lease as the store names it (`None` when unowned).
     pub owners: BTreeMap<LeaseKey, Option<WorkerId>>,
+    /// The uncovered active leases themselves, as listed (what a stuck run prints).
+    pub uncovered_leases: Vec<Lease>,
 }
 
 impl Coverage {
@@ -280,7 +282,10 @@ impl Cluster {
             match l.owner.as_ref().and_then(|o| current.get(o)).and_then(|b| cov.shares.get_mut(*b))
             {
                 Some(n) => *n += 1,
-                None => cov.uncovered += 1,
+                None => {
+                    cov.uncovered += 1;
+                    cov.uncovered_leases.push(l.clone());
+                }
             }
         }
         Ok(cov)

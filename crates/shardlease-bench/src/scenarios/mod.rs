@@ -178,10 +178,13 @@ impl Run<'_> {
                 Check::Done(c)
             } else {
                 Check::NotYet(format!(
-                    "{} of {} active leases uncovered, shares {:?}",
+                    "{} of {} active leases uncovered, shares {:?}, tasks match: {}, first \
+                     uncovered: {:?}",
                     c.uncovered,
                     c.active,
-                    c.shares.values().collect::<Vec<_>>()
+                    c.shares.values().collect::<Vec<_>>(),
+                    fleet.tasks_match(&c),
+                    c.uncovered_leases.iter().take(3).collect::<Vec<_>>()
                 ))
             })
         })

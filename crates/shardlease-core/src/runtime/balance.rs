@@ -424,6 +424,30 @@ async fn list_and_act(
         seed: shared.random(),
     };
     let mut plan = shared.balancer.plan(&snapshot);
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let available: Vec<&LeaseKey> = leases
+            .iter()
+            .filter(|v| active.contains(&v.lease.key))
+            .filter(|v| v.lease.owner.as_ref().is_none_or(|o| !snapshot.live_workers.contains(o)))
+            .map(|v| &v.lease.key)
+            .take(3)
+            .collect();
+        let mine = leases
+            .iter()
+            .filter(|v| active.contains(&v.lease.key) && v.lease.is_owned_by(&me))
+            .count();
+        debug!(
+            listed = leases.len(),
+            active = active.len(),
+            withheld = snapshot.withheld.len(),
+            live = ?snapshot.live_workers,
+            mine,
+            ?available,
+            take = plan.take_count,
+            claims = plan.claims.len(),
+            "pass view"
+        );
+    }
     if holding && (plan.take_count > 0 || !plan.take_over.is_empty()) {
         debug!(take = plan.take_count, "the store went back in time: no takes this pass");
         plan.take_count = 0;
@@ -865,17 +889,25 @@ fn expired_claims(
     now: Instant,
 ) -> BTreeSet<LeaseKey> {
     // A claim on a lease that finished since is moot: nothing is left to hand over.
-    let standing: BTreeMap<&LeaseKey, Version> = leases
+    let standing: BTreeMap<&LeaseKey, (Version, Epoch)> = leases
         .iter()
-        .filter(|v| v.lease.live_claim().is_some_and(|c| &c.by == me) && !v.lease.is_owned_by(me))
-        .filter(|v| !v.lease.is_finished())
-        .map(|v| (&v.lease.key, v.version))
+        .filter(|v| !v.lease.is_owned_by(me) && !v.lease.is_finished())
+        .filter_map(|v| {
+            let claim = v.lease.live_claim().filter(|c| &c.by == me)?;
+            Some((&v.lease.key, (v.version, claim.at)))
+        })
         .collect();
     let mut mine = lock(&shared.my_claims);
     mine.retain(|k, _| standing.contains_key(k));
+    // A claim of mine the store holds but this worker did not record (its write was applied but
+    // the answer lost) is watched like any other: the balancer counts it toward my share, so it
+    // must be followed until answered, timed out, or resumed at the epoch the handoff gives it.
+    for (key, (version, at)) in &standing {
+        mine.entry((*key).clone()).or_insert(MyClaim { since: now, seen: *version, at: *at });
+    }
     let mut expired = BTreeSet::new();
     for (key, claim) in mine.iter_mut() {
-        let Some(current) = standing.get(key) else { continue };
+        let Some((current, _)) = standing.get(key) else { continue };
         if *current != claim.seen {
             // The owner wrote since (a checkpoint, or the acknowledgement of this claim that
             // starts its handoff): it is not stuck; restart the clock.

@@ -69,6 +69,9 @@ where
 {
     let mut current = listed;
     let mut conflicts = 0;
+    // Whether a write failed in a way that says nothing of whether it was applied (a timeout, a
+    // lost answer): counted once as an ownership change, so peers list the leases and see it.
+    let mut uncertain = false;
     let mut backoff = shared.backoff();
     loop {
         let VersionedLease { lease, version } = match current.take() {
@@ -101,6 +104,15 @@ where
             }
             Err(e) => {
                 warn!(shard = %key, error = %crate::error::ErrorChain(&e), "could not {what}");
+                if !uncertain {
+                    // The write may have landed all the same. A change nobody publishes is seen
+                    // by settled peers only at the safety net: a claim applied with its answer
+                    // lost was counted by its claimant toward its share while the owner never
+                    // listed to answer it (docs/algorithm.md, "Listing only when something
+                    // changed").
+                    uncertain = true;
+                    shared.changed(1);
+                }
                 if !retry_error(shared, policy, &mut backoff).await {
                     return Outcome::GaveUp;
                 }
