@@ -889,25 +889,23 @@ fn expired_claims(
     now: Instant,
 ) -> BTreeSet<LeaseKey> {
     // A claim on a lease that finished since is moot: nothing is left to hand over.
-    let standing: BTreeMap<&LeaseKey, (Version, Epoch)> = leases
+    let standing: BTreeMap<&LeaseKey, Version> = leases
         .iter()
         .filter(|v| !v.lease.is_owned_by(me) && !v.lease.is_finished())
-        .filter_map(|v| {
-            let claim = v.lease.live_claim().filter(|c| &c.by == me)?;
-            Some((&v.lease.key, (v.version, claim.at)))
-        })
+        .filter(|v| v.lease.live_claim().is_some_and(|c| &c.by == me))
+        .map(|v| (&v.lease.key, v.version))
         .collect();
     let mut mine = lock(&shared.my_claims);
     mine.retain(|k, _| standing.contains_key(k));
     // A claim of mine the store holds but this worker did not record (its write was applied but
     // the answer lost) is watched like any other: the balancer counts it toward my share, so it
-    // must be followed until answered, timed out, or resumed at the epoch the handoff gives it.
-    for (key, (version, at)) in &standing {
-        mine.entry((*key).clone()).or_insert(MyClaim { since: now, seen: *version, at: *at });
+    // must be followed until answered (the lease handed to this id, then re-taken) or timed out.
+    for (key, version) in &standing {
+        mine.entry((*key).clone()).or_insert(MyClaim { since: now, seen: *version });
     }
     let mut expired = BTreeSet::new();
     for (key, claim) in mine.iter_mut() {
-        let Some((current, _)) = standing.get(key) else { continue };
+        let Some(current) = standing.get(key) else { continue };
         if *current != claim.seen {
             // The owner wrote since (a checkpoint, or the acknowledgement of this claim that
             // starts its handoff): it is not stuck; restart the clock.
@@ -994,7 +992,7 @@ async fn execute(
                     .await;
                 match outcome {
                     cas::Outcome::Written(_, v) => {
-                        let claim = MyClaim { since: Instant::now(), seen: v, at: lease.epoch };
+                        let claim = MyClaim { since: Instant::now(), seen: v };
                         lock(&shared.my_claims).insert(lease.key.clone(), claim);
                         shared.changed(1);
                         shared.bump(&shared.stats.claims, 1);

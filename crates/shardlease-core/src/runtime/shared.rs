@@ -71,8 +71,6 @@ pub(crate) struct MyClaim {
     pub since: Instant,
     /// The version of the lease record last seen under the claim.
     pub seen: crate::lease::Version,
-    /// The epoch the claim was made against: a handoff answering it gives epoch `at + 1`.
-    pub at: Epoch,
 }
 
 /// A lease task in the balance loop's task map. The loop inserts it when it starts the task and
