@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardlease_core::{
-    Config, CreateOutcome, Lease, LeaseKey, LeaseStore, Listing, MemorySource, MemoryStore,
-    Position, Result, ShardSource, Version, VersionedLease, WorkerId, WorkerRecord,
+    Config, Lease, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position, Result, ShardSource,
+    StoreDecorator, Version, WorkerId,
 };
 use shardlease_testkit::cluster::{wait_until, Cluster, Coverage};
 use shardlease_testkit::recorder::Recorder;
@@ -52,15 +52,9 @@ impl View {
 }
 
 #[async_trait]
-impl LeaseStore for View {
-    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
-        self.inner.create_lease(lease).await
-    }
-    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
-        self.inner.get_lease(key).await
-    }
-    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
-        self.inner.list_leases().await
+impl StoreDecorator for View {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
     }
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         let claim = self.is_my_claim(lease);
@@ -85,18 +79,6 @@ impl LeaseStore for View {
             self.log.lock().unwrap().claims.push((self.me.clone(), lease.key.clone(), at));
         }
         Ok(v)
-    }
-    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
-        self.inner.delete_lease(key, expected).await
-    }
-    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
-        self.inner.heartbeat(record).await
-    }
-    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
-        self.inner.list_workers().await
-    }
-    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
-        self.inner.remove_worker(id).await
     }
 }
 
