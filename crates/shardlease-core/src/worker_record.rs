@@ -31,10 +31,14 @@ pub struct WorkerRecord {
     pub changes: u64,
 }
 
-/// The low bits of a beat that count a process's heartbeats.
-const BEAT_COUNT_BITS: u32 = 24;
+const BEAT_COUNT_BITS: u32 = WorkerRecord::BEAT_COUNT_BITS;
 
 impl WorkerRecord {
+    /// The low bits of a beat that count a process's heartbeats; the bits above them are the
+    /// process's random base. Stores whose conditional writes can shift (SQL) compare
+    /// `beat >> BEAT_COUNT_BITS` to tell one process from another.
+    pub const BEAT_COUNT_BITS: u32 = 24;
+
     /// The first beat of a new process: a random multiple of 2^24. A process restarted under
     /// the same id must never write a beat value its predecessor wrote: an observer that last saw
     /// that value would take it for a beat that stood still and judge a live worker dead.

@@ -2,7 +2,8 @@
 //!
 //! Each seed builds a fresh world on a current-thread tokio runtime with paused time: an in-memory
 //! store seen by every worker through an auditing view and a fault injector (errors, lost answers,
-//! latency up to close to a heartbeat, partitions, corrupt records), an in-memory stream with a
+//! writes landing up to three heartbeats late, latency up to close to a heartbeat,
+//! partitions, corrupt records), an in-memory stream with a
 //! producer, and processors that checkpoint every k batches and may flush slowly at handoffs. The
 //! seed also draws the start position (`TRIM_HORIZON`, `LATEST`, `AT_TIMESTAMP`) and a schedule of
 //! crashes, joins, graceful leaves, partitions, splits, merges, nested resharding before any shard
@@ -150,6 +151,10 @@ struct Draw {
     shutdown_delay: Duration,
     latency_max: Duration,
     error_rate: f64,
+    /// Writes that land late (timed out for the caller, applied later, after the caller's next
+    /// writes): their probability and longest delay. Drawn from an RNG of their own, so every
+    /// other draw of a seed is what it was before they existed.
+    late_writes: (f64, Duration),
 }
 
 fn draw(rng: &mut StdRng) -> Draw {
@@ -175,17 +180,30 @@ fn draw(rng: &mut StdRng) -> Draw {
             Duration::from_millis(rng.random_range(2..60))
         },
         error_rate: rng.random_range(0.0..0.2),
+        late_writes: (0.0, Duration::ZERO),
+    }
+}
+
+/// Late writes for a third of the seeds: up to 1 in 10 writes, landing up to 3 heartbeats late.
+fn draw_late_writes(seed: u64) -> (f64, Duration) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x1a7e_0f1a_7e00);
+    if rng.random_bool(1.0 / 3.0) {
+        (rng.random_range(0.01..0.1), HEARTBEAT * rng.random_range(1..=3))
+    } else {
+        (0.0, Duration::ZERO)
     }
 }
 
 async fn simulate(seed: u64) -> Result<String, String> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let d = draw(&mut rng);
+    let mut d = draw(&mut rng);
+    d.late_writes = draw_late_writes(seed);
     let mem = MemoryBackend::new().store("sim".parse().unwrap());
     let base: Arc<dyn LeaseStore> = Arc::new(mem.clone());
     let faults = Faults::new(seed);
     faults.set_error_rate(d.error_rate);
     faults.set_latency(Duration::from_millis(1), d.latency_max);
+    faults.set_late_writes(d.late_writes.0, d.late_writes.1);
     let audit = AuditLog::new();
     let store_for = audited_faulty_views(base.clone(), faults.clone(), audit.clone());
     let shards = rng.random_range(2..12);
@@ -472,11 +490,12 @@ async fn simulate(seed: u64) -> Result<String, String> {
     }
     cluster.shutdown_all().await;
     let summary = format!(
-        "{shards} shards → {} active, {} workers at the end, {produced} records, {} duplicates, {d:?}, {} injected errors, events {events:?}",
+        "{shards} shards → {} active, {} workers at the end, {produced} records, {} duplicates, {d:?}, {} injected errors, {} late writes, events {events:?}",
         cov.active,
         cov.shares.len(),
         rec.duplicates(),
-        faults.injected_errors()
+        faults.injected_errors(),
+        faults.late_writes()
     );
     if anomalies.is_empty() {
         Ok(summary)

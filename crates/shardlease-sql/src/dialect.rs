@@ -5,6 +5,7 @@
 //! runs on all three dialects, and every value in them is a bound parameter. Only the table names
 //! are spliced into the text, and they come from a prefix validated as `[a-z_][a-z0-9_]{0,30}`.
 
+use shardlease_core::WorkerRecord;
 use std::fmt;
 use std::sync::Arc;
 
@@ -132,14 +133,17 @@ impl Queries {
         };
         // A heartbeat never replaces a later (or the same) beat of the same process (the rule of
         // `LeaseStore::heartbeat`): the stored row is kept when its beat has the same process
-        // base (`beat >> 24`) and is not lower. Beats are non-negative `BIGINT`s, so the shift is
-        // exact in every dialect.
+        // base (`beat >> WorkerRecord::BEAT_COUNT_BITS`) and is not lower. Beats are non-negative
+        // `BIGINT`s, so the shift is exact in every dialect.
+        let bits = WorkerRecord::BEAT_COUNT_BITS;
         let worker_upsert = match d {
             // MySQL's upsert has no `WHERE`: each column keeps its old value unless the row is
             // replaced. Assignments run left to right and later ones see the new values, so
             // `beat`, which the condition reads, is assigned last.
             Dialect::MySql => {
-                let replace = "((beat >> 24) <> (VALUES(beat) >> 24) OR beat < VALUES(beat))";
+                let replace = format!(
+                    "((beat >> {bits}) <> (VALUES(beat) >> {bits}) OR beat < VALUES(beat))"
+                );
                 let set: Vec<String> = [
                     "updated_at_millis",
                     "lease_count",
@@ -158,7 +162,7 @@ impl Queries {
                  SET beat = excluded.beat, updated_at_millis = excluded.updated_at_millis, \
                  lease_count = excluded.lease_count, load_figure = excluded.load_figure, \
                  capacity = excluded.capacity, changes = excluded.changes \
-                 WHERE ({workers}.beat >> 24) <> (excluded.beat >> 24) \
+                 WHERE ({workers}.beat >> {bits}) <> (excluded.beat >> {bits}) \
                  OR {workers}.beat < excluded.beat"
             ),
         };

@@ -1,9 +1,10 @@
 //! A fault-injecting [`LeaseStore`] wrapper.
 //!
 //! The lease algorithm must stay safe when the store misbehaves the way real stores do: calls that
-//! fail, writes that were applied although the caller saw an error (the answer was lost), slow
-//! calls, a worker cut off from the store while its peers are not, and records that cannot be
-//! decoded. [`Faults`] holds those faults, shared by many [`FaultyStore`] views of one inner
+//! fail, writes that were applied although the caller saw an error (the answer was lost), writes
+//! that land late (the caller timed out and moved on; the store applies the write seconds later,
+//! after the caller's next writes), slow calls, a worker cut off from the store while its peers
+//! are not, and records that cannot be decoded. [`Faults`] holds those faults, shared by many [`FaultyStore`] views of one inner
 //! store (typically one view per simulated worker), and draws every random decision from one
 //! seeded RNG so a failing simulation can be replayed from its seed.
 
@@ -47,6 +48,12 @@ struct State {
     injected_errors: u64,
     lost_answers: u64,
     partition_rejections: u64,
+    /// Late writes: their own probability, maximum delay, RNG (so turning them on leaves every
+    /// other decision of a seed as it was) and count.
+    late_rate: f64,
+    late_max: Duration,
+    late_rng: StdRng,
+    late_writes: u64,
 }
 
 /// What the injector decided for one call, after latency.
@@ -80,6 +87,10 @@ impl Faults {
                 injected_errors: 0,
                 lost_answers: 0,
                 partition_rejections: 0,
+                late_rate: 0.0,
+                late_max: Duration::ZERO,
+                late_rng: StdRng::seed_from_u64(seed ^ 0x1a7e_5eed),
+                late_writes: 0,
             })),
         }
     }
@@ -100,6 +111,39 @@ impl Faults {
     /// conditional remove worker), half of these failures happen after the write was applied.
     pub fn set_error_rate(&self, rate: f64) {
         self.lock().error_rate = if rate.is_nan() { 0.0 } else { rate.clamp(0.0, 1.0) };
+    }
+
+    /// Makes each write (create, update, delete, heartbeat, remove worker) land late with
+    /// probability `rate` (clamped to `0.0..=1.0`; NaN means 0): the caller gets a retryable
+    /// "timed out" error at once, and the write is applied by a task of its own after a uniformly
+    /// random delay up to `max`, whatever the caller wrote meanwhile. That is a statement that timed
+    /// out in the client but still reached the server, as a SQLite write waiting for the lock
+    /// does. Drawn from an RNG of its own, so setting it changes no other decision of a seed.
+    pub fn set_late_writes(&self, rate: f64, max: Duration) {
+        let mut s = self.lock();
+        s.late_rate = if rate.is_nan() { 0.0 } else { rate.clamp(0.0, 1.0) };
+        s.late_max = max;
+    }
+
+    /// How many writes were made to land late.
+    pub fn late_writes(&self) -> u64 {
+        self.lock().late_writes
+    }
+
+    /// Whether the next write of `worker` lands late, and after how long.
+    fn draw_late(&self, worker: Option<&WorkerId>) -> Option<Duration> {
+        let mut s = self.lock();
+        if s.late_rate <= 0.0 || worker.is_some_and(|w| s.partitioned.contains(w)) {
+            return None;
+        }
+        let rate = s.late_rate;
+        if !s.late_rng.random_bool(rate) {
+            return None;
+        }
+        s.late_writes += 1;
+        let max = s.late_max.as_nanos().max(1);
+        let nanos = s.late_rng.random_range(0..=max);
+        Some(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
     }
 
     /// Sleeps (with `tokio::time::sleep`, so paused test time applies) for a uniformly random
@@ -142,7 +186,8 @@ impl Faults {
         self.lock().corrupt.remove(key);
     }
 
-    /// Turns every fault off: no errors, no latency, no partitions, no corrupt records. The
+    /// Turns every fault off: no errors, no late writes, no latency, no partitions, no corrupt
+    /// records (writes already made late still land). The
     /// counters and the RNG state are kept.
     pub fn clear(&self) {
         let mut s = self.lock();
@@ -150,6 +195,7 @@ impl Faults {
         s.latency = None;
         s.partitioned.clear();
         s.corrupt.clear();
+        s.late_rate = 0.0;
     }
 
     /// How many calls failed because of the error rate (including those applied before failing).
@@ -214,6 +260,8 @@ impl fmt::Debug for Faults {
             .field("injected_errors", &s.injected_errors)
             .field("lost_answers", &s.lost_answers)
             .field("partition_rejections", &s.partition_rejections)
+            .field("late_rate", &s.late_rate)
+            .field("late_writes", &s.late_writes)
             .finish()
     }
 }
@@ -262,6 +310,23 @@ impl FaultyStore {
         }
     }
 
+    /// When the faults make this write land late: spawns `write` to run on the inner store after
+    /// the drawn delay and returns the caller's timeout error; `None` when the write goes through
+    /// [`run`](Self::run) as usual.
+    fn late<F, Fut>(&self, op: &str, write: F) -> Option<Error>
+    where
+        F: FnOnce(Arc<dyn LeaseStore>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let delay = self.faults.draw_late(self.worker.as_ref())?;
+        let landing = write(self.inner.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            landing.await;
+        });
+        Some(Error::retryable(format!("injected fault: {op} timed out (it will land late)")))
+    }
+
     fn corrupt_error(key: &LeaseKey) -> Error {
         Error::Corrupt { key: key.to_string(), reason: INJECTED_CORRUPTION.to_owned() }
     }
@@ -274,6 +339,12 @@ impl shardlease_core::StoreDecorator for FaultyStore {
     }
 
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+        let l = lease.clone();
+        if let Some(e) = self.late("create_lease", |s| async move {
+            let _ = s.create_lease(&l).await;
+        }) {
+            return Err(e);
+        }
         self.run("create_lease", Kind::Write, self.inner.create_lease(lease)).await
     }
 
@@ -301,6 +372,14 @@ impl shardlease_core::StoreDecorator for FaultyStore {
     }
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        if !self.faults.is_corrupt(&lease.key) {
+            let l = lease.clone();
+            if let Some(e) = self.late("update_lease", |s| async move {
+                let _ = s.update_lease(&l, expected).await;
+            }) {
+                return Err(e);
+            }
+        }
         let call = async {
             if self.faults.is_corrupt(&lease.key) {
                 return Err(Self::corrupt_error(&lease.key));
@@ -311,6 +390,14 @@ impl shardlease_core::StoreDecorator for FaultyStore {
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+        if !self.faults.is_corrupt(key) {
+            let k = key.clone();
+            if let Some(e) = self.late("delete_lease", |s| async move {
+                let _ = s.delete_lease(&k, expected).await;
+            }) {
+                return Err(e);
+            }
+        }
         let call = async {
             if self.faults.is_corrupt(key) {
                 return Err(Self::corrupt_error(key));
@@ -321,6 +408,12 @@ impl shardlease_core::StoreDecorator for FaultyStore {
     }
 
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+        let r = record.clone();
+        if let Some(e) = self.late("heartbeat", |s| async move {
+            let _ = s.heartbeat(&r).await;
+        }) {
+            return Err(e);
+        }
         self.run("heartbeat", Kind::Write, self.inner.heartbeat(record)).await
     }
 
@@ -329,10 +422,22 @@ impl shardlease_core::StoreDecorator for FaultyStore {
     }
 
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+        let i = id.clone();
+        if let Some(e) = self.late("remove_worker", |s| async move {
+            let _ = s.remove_worker(&i).await;
+        }) {
+            return Err(e);
+        }
         self.run("remove_worker", Kind::Write, self.inner.remove_worker(id)).await
     }
 
     async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        let i = id.clone();
+        if let Some(e) = self.late("remove_worker_if", |s| async move {
+            let _ = s.remove_worker_if(&i, beat).await;
+        }) {
+            return Err(e);
+        }
         self.run("remove_worker_if", Kind::Write, self.inner.remove_worker_if(id, beat)).await
     }
 }

@@ -926,31 +926,7 @@ async fn execute(
     by_key: &BTreeMap<&LeaseKey, &VersionedLease>,
 ) -> BTreeSet<LeaseKey> {
     let mut answered = BTreeSet::new();
-    // Take up to take_count available leases, with bounded concurrency; a conflict skips to the
-    // next candidate, so one pass reaches full share even when peers race for the same leases.
-    let mut taken = 0;
-    let mut candidates = plan.take_candidates.iter();
-    while taken < plan.take_count && !shared.stop_taking.is_cancelled() {
-        let want = (plan.take_count - taken).min(shared.cfg.take_concurrency);
-        let chunk: Vec<&LeaseKey> = candidates.by_ref().take(want).collect();
-        if chunk.is_empty() {
-            break;
-        }
-        let results = join_all(chunk.into_iter().filter_map(|k| by_key.get(k)).map(|v| async {
-            let ok = take(shared, v).await;
-            if ok {
-                shared.metrics.taken(&v.lease.key);
-            }
-            ok
-        }))
-        .await;
-        taken += results.into_iter().filter(|ok| *ok).count();
-    }
-    if taken > 0 {
-        shared.bump(&shared.stats.taking_passes, 1);
-        shared.bump(&shared.stats.taken, taken as u64);
-        info!(taken, "took leases");
-    }
+    take_share(shared, plan, by_key).await;
     for key in &plan.take_over {
         if let Some(v) = by_key.get(key) {
             if take(shared, v).await {
@@ -1058,6 +1034,95 @@ async fn execute(
         }
     }
     answered
+}
+
+/// Refreshes of a pass's take candidates at most, before the rest is left to the next pass.
+const MAX_CANDIDATE_REFRESHES: usize = 8;
+
+/// Takes up to the plan's `take_count` of its candidates, with bounded concurrency. A conflict
+/// skips to the next candidate, so one pass reaches full share even when peers race for the same
+/// leases.
+///
+/// A candidate list goes stale when peers take leases between the listing and the takes (workers
+/// that start together at 10,000 leases: the last to write found most of their candidates taken).
+/// Walking it costs a round trip per conflict, a few at a time once little of the share is
+/// missing; at 10,000 × 16 on Redis that made a first pass last up to a minute. So once the
+/// conflicts since the last listing reach what is still missing (and at least one round of
+/// `take_concurrency`), the candidates are refreshed with one listing: only those whose record is
+/// unchanged since the plan's listing stay candidates (unchanged, they are still available by the
+/// plan's judgement, and a take of them is the same compare-and-set the plan would have written).
+/// docs/algorithm.md, "Stale take candidates".
+async fn take_share(
+    shared: &Arc<Shared>,
+    plan: &Plan,
+    by_key: &BTreeMap<&LeaseKey, &VersionedLease>,
+) {
+    let mut taken = 0;
+    let mut conflicts = 0;
+    let mut refreshes = 0;
+    // The untried candidates, each with the record the plan decided on.
+    let mut candidates: std::collections::VecDeque<VersionedLease> =
+        plan.take_candidates.iter().filter_map(|k| by_key.get(k).map(|v| (*v).clone())).collect();
+    while taken < plan.take_count && !shared.stop_taking.is_cancelled() {
+        let missing = plan.take_count - taken;
+        if conflicts >= missing.max(shared.cfg.take_concurrency) && !candidates.is_empty() {
+            if refreshes == MAX_CANDIDATE_REFRESHES {
+                debug!(taken, missing, "take candidates keep going stale; the next pass goes on");
+                break;
+            }
+            refreshes += 1;
+            conflicts = 0;
+            let Some(fresh) = refresh_candidates(shared, &mut candidates).await else { break };
+            debug!(taken, missing, candidates = fresh, "take candidates refreshed");
+            continue;
+        }
+        let want = missing.min(shared.cfg.take_concurrency);
+        let chunk: Vec<VersionedLease> = candidates.drain(..want.min(candidates.len())).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        let tried = chunk.len();
+        let results = join_all(chunk.iter().map(|v| async {
+            let ok = take(shared, v).await;
+            if ok {
+                shared.metrics.taken(&v.lease.key);
+            }
+            ok
+        }))
+        .await;
+        let won = results.into_iter().filter(|ok| *ok).count();
+        taken += won;
+        conflicts += tried - won;
+    }
+    if taken > 0 {
+        shared.bump(&shared.stats.taking_passes, 1);
+        shared.bump(&shared.stats.taken, taken as u64);
+        info!(taken, "took leases");
+    }
+}
+
+/// Keeps of `candidates` those whose record a new listing shows unchanged, with nothing else
+/// changed about them. The number kept, or `None` when the listing failed or takes are on hold
+/// (the store went back in time meanwhile): the pass then stops taking.
+async fn refresh_candidates(
+    shared: &Shared,
+    candidates: &mut std::collections::VecDeque<VersionedLease>,
+) -> Option<usize> {
+    let listing = match shared.store.list_leases().await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %crate::error::ErrorChain(&e), "listing leases to refresh take candidates failed; the next pass goes on");
+            return None;
+        }
+    };
+    shared.bump(&shared.stats.lease_listings, 1);
+    if lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until) {
+        return None;
+    }
+    let now: HashMap<&LeaseKey, Version> =
+        listing.items.iter().map(|v| (&v.lease.key, v.version)).collect();
+    candidates.retain(|c| now.get(&c.lease.key) == Some(&c.version));
+    Some(candidates.len())
 }
 
 /// Whether `now` differs from the `listed` record a claim was decided on by its checkpoint (and

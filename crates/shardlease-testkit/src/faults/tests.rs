@@ -221,3 +221,37 @@ async fn clear_turns_every_fault_off_but_keeps_counters() {
     assert!(format!("{faults:?}").contains("seed: 9"));
     assert_eq!(faults.seed(), 9);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_late_write_fails_for_the_caller_and_lands_after_its_delay() {
+    let (inner, faults) = setup(11);
+    let store = view(&inner, &faults, Some("w1"));
+    faults.set_late_writes(1.0, Duration::from_secs(2));
+    let base = WorkerRecord::first_beat();
+    let e = store.heartbeat(&WorkerRecord::new("w1".into(), base + 1)).await.unwrap_err();
+    assert!(is_injected(&e), "{e}");
+    assert!(inner.list_workers().await.unwrap().items.is_empty(), "not landed yet");
+    faults.set_late_writes(0.0, Duration::ZERO);
+    // The caller's next beat lands first; the late one lands after it and, by the store's rule,
+    // does not move the beat back.
+    store.heartbeat(&WorkerRecord::new("w1".into(), base + 2)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let beats: Vec<u64> =
+        inner.list_workers().await.unwrap().items.iter().map(|r| r.beat).collect();
+    assert_eq!(beats, vec![base + 2]);
+    assert_eq!(faults.late_writes(), 1);
+
+    // A late lease write lands too, by compare-and-set against the version it was sent with.
+    let lease = Lease::new("shard-1", Position::TrimHorizon);
+    let CreateOutcome::Created(v) = inner.create_lease(&lease).await.unwrap() else {
+        panic!("expected Created");
+    };
+    faults.set_late_writes(1.0, Duration::from_secs(2));
+    let owned = lease.transferred_to(Some("w1".into()));
+    assert!(is_injected(&store.update_lease(&owned, v).await.unwrap_err()));
+    assert_eq!(inner.get_lease(&lease.key).await.unwrap().unwrap().lease.owner, None);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = inner.get_lease(&lease.key).await.unwrap().unwrap().lease;
+    assert_eq!(now.owner, Some(WorkerId::from("w1")));
+    assert_eq!(faults.late_writes(), 2);
+}
