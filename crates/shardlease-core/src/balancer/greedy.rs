@@ -15,8 +15,10 @@
 //!    over when I hold at least two more than the live claimant, otherwise clear the claim;
 //! 4. each live worker's *effective* share counts a pending claim by a live worker for the
 //!    claimant rather than the owner (except claims I clear in this pass);
-//! 5. take `min(target − effective share, available)` leases, from all available leases in a
-//!    seeded shuffled order (the runtime skips candidates lost to a conflict);
+//! 5. take `min(target − effective share, available)` leases, from all available leases in key
+//!    order starting at my own offset (`my index × available / live workers`, wrapping around), so
+//!    workers that see the same leases try disjoint ones first (the runtime skips candidates lost
+//!    to a conflict);
 //! 6. claim from the most loaded worker while it holds at least two more than me, moving only
 //!    leases that have to move (see [`GreedyBalancer`] for the exact condition);
 //! 7. take over expired claims whose owner is alive but did not answer.
@@ -178,8 +180,15 @@ impl<'a> Pass<'a> {
         let lease_cap = snapshot.max_leases_per_worker.unwrap_or(usize::MAX);
         let target = self.active.len().div_ceil(n.max(1)).min(lease_cap);
         let need = target.saturating_sub(eff[me]);
-        // `available` follows `self.active`, sorted by key, so input order does not matter.
-        available.shuffle(&mut rng);
+        // `available` follows `self.active`, sorted by key, so input order does not matter. Every
+        // worker that lists the same leases sees the same `available`; each starts at its own
+        // offset, so workers starting together try disjoint leases first instead of racing for the
+        // same ones (a random order per worker made about two conflicts per lease taken at
+        // 10,000 × 16, each a round trip).
+        if n > 0 && !available.is_empty() {
+            let offset = me * available.len() / n;
+            available.rotate_left(offset);
+        }
         plan.take_count = need.min(available.len());
         plan.take_candidates = available.into_iter().cloned().collect();
         eff[me] += plan.take_count;
