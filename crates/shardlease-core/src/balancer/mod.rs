@@ -38,7 +38,7 @@ pub struct Snapshot {
     pub max_claims_per_pass: Option<usize>,
     /// Leases `me` claimed whose owners did not hand them over within the claim timeout.
     pub expired_claims: BTreeSet<LeaseKey>,
-    /// Seed for the shuffle of candidates.
+    /// Seed for the balancer's random choices (which of a victim's leases to claim).
     pub seed: u64,
 }
 
@@ -82,7 +82,7 @@ impl Snapshot {
         self
     }
 
-    /// Sets the seed of the candidates' shuffle.
+    /// Sets the seed of the balancer's random choices.
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
         self
