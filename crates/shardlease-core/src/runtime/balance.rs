@@ -1172,12 +1172,22 @@ async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> bool {
 async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: Epoch, to: &WorkerId) -> bool {
     let me = shared.id();
     // Read first: the listing's version is likely stale (the owner checkpoints all the time).
+    let mut decisions = 0;
+    let mut last_standing = false;
     let outcome = cas::write(shared, key, None, cas::Policy::PERSIST, "acknowledge a claim", |l| {
         let standing =
             l.is_owned_by(&me) && l.epoch == epoch && l.live_claim().is_some_and(|c| &c.by == to);
+        decisions += 1;
+        last_standing = standing;
         standing.then(|| l.clone())
     })
     .await;
+    // Why a claim stays unanswered shows in the log: `last_standing` with many decisions means
+    // the owner's own checkpoints kept moving the record under the acknowledgement.
+    if let cas::Outcome::Declined | cas::Outcome::GaveUp = outcome {
+        let gave_up = matches!(outcome, cas::Outcome::GaveUp);
+        debug!(shard = %key, to = %to, decisions, last_standing, gave_up, "claim not acknowledged");
+    }
     match outcome {
         cas::Outcome::Written(lease, v) => {
             shared.observe(&lease, v);

@@ -439,8 +439,14 @@ pub async fn concurrent_migrations(url: &str) {
 pub async fn migrates_version_1_tables(url: &str) {
     let prefix = format!("v{}_", fresh_namespace("").replace('-', "_").trim_start_matches("ns_"));
     let current = SqlStore::builder(url).table_prefix(&prefix).connect().await.unwrap();
-    // Back to version 1 by hand: drop the column and the record of migration 2.
+    // Back to version 1 by hand: drop the column and the record of migration 2. Through a new
+    // pool: SQLite compiles DDL against the schema a connection cached, and a connection of the
+    // migrating pool may have cached the table before another one added `changes` ("no such
+    // column", seen once in CI on a loaded machine). New connections read the schema afresh.
     let workers = current.workers_table().to_owned();
+    drop(current);
+    let current =
+        SqlStore::builder(url).table_prefix(&prefix).create_schema(false).connect().await.unwrap();
     let migrations = format!("{prefix}schema_migrations");
     exec_raw(&current, &format!("ALTER TABLE {workers} DROP COLUMN changes"), &[]).await;
     exec_raw(&current, &format!("DELETE FROM {migrations} WHERE version = 2"), &[]).await;
