@@ -15,7 +15,7 @@
 //! drains the `Exited` report the task sends on the loop's channel (docs/algorithm.md, "Who owns
 //! the runtime's state"). At shutdown it collects those reports into the `ShutdownReport`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -407,9 +407,17 @@ async fn list_and_act(
         lease_task::spawn(shared, lease, version);
     }
     let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
-    for v in retake.iter().filter(|_| !holding) {
-        if take(shared, v).await {
-            info!(shard = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
+    // Concurrently (bounded), like the takes: a join's newcomer re-takes every lease handed to it
+    // in one pass, and one at a time that cost a store round trip each (about a second for four
+    // on a busy SQLite file).
+    if !holding {
+        for chunk in retake.chunks(shared.cfg.take_concurrency) {
+            join_all(chunk.iter().map(|v| async move {
+                if take(shared, v).await {
+                    info!(shard = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
+                }
+            }))
+            .await;
         }
     }
     let expired = expired_claims(shared, &me, &leases, now);
@@ -1060,9 +1068,12 @@ async fn take_share(
     let mut taken = 0;
     let mut conflicts = 0;
     let mut refreshes = 0;
+    if plan.take_count == 0 {
+        return;
+    }
     // The untried candidates, each with the record the plan decided on.
-    let mut candidates: std::collections::VecDeque<VersionedLease> =
-        plan.take_candidates.iter().filter_map(|k| by_key.get(k).map(|v| (*v).clone())).collect();
+    let mut candidates: VecDeque<&VersionedLease> =
+        plan.take_candidates.iter().filter_map(|k| by_key.get(k).copied()).collect();
     while taken < plan.take_count && !shared.stop_taking.is_cancelled() {
         let missing = plan.take_count - taken;
         if conflicts >= missing.max(shared.cfg.take_concurrency) && !candidates.is_empty() {
@@ -1077,12 +1088,12 @@ async fn take_share(
             continue;
         }
         let want = missing.min(shared.cfg.take_concurrency);
-        let chunk: Vec<VersionedLease> = candidates.drain(..want.min(candidates.len())).collect();
+        let chunk: Vec<&VersionedLease> = candidates.drain(..want.min(candidates.len())).collect();
         if chunk.is_empty() {
             break;
         }
         let tried = chunk.len();
-        let results = join_all(chunk.iter().map(|v| async {
+        let results = join_all(chunk.iter().map(|&v| async move {
             let ok = take(shared, v).await;
             if ok {
                 shared.metrics.taken(&v.lease.key);
@@ -1101,12 +1112,12 @@ async fn take_share(
     }
 }
 
-/// Keeps of `candidates` those whose record a new listing shows unchanged, with nothing else
-/// changed about them. The number kept, or `None` when the listing failed or takes are on hold
+/// Keeps of `candidates` those whose record a new listing shows unchanged (the same version).
+/// The number kept, or `None` when the listing failed or takes are on hold
 /// (the store went back in time meanwhile): the pass then stops taking.
 async fn refresh_candidates(
     shared: &Shared,
-    candidates: &mut std::collections::VecDeque<VersionedLease>,
+    candidates: &mut VecDeque<&VersionedLease>,
 ) -> Option<usize> {
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
