@@ -247,14 +247,15 @@ async fn a_newcomer_re_takes_what_was_handed_to_it_all_at_once() {
         assert_eq!(w.cluster.start_worker().unwrap(), newcomer);
         let cov = w.balanced().await;
         assert_eq!(cov.shares[&newcomer], 6, "seed {seed}: {cov:?}");
-        let log = w.log.lock().unwrap();
-        let retakes: Vec<_> = log.retakes.iter().filter(|(by, _, _)| *by == newcomer).collect();
+        let retakes: Vec<_> = {
+            let log = w.log.lock().unwrap();
+            log.retakes.iter().filter(|(by, _, _)| *by == newcomer).cloned().collect()
+        };
         let instants: BTreeSet<Instant> = retakes.iter().map(|(_, _, at)| *at).collect();
         assert_eq!(retakes.len(), 6, "seed {seed}: {retakes:?}");
         // The owners hand over within one pass each, so the re-takes come in one or two passes;
         // one at a time they land at six instants.
         assert!(instants.len() <= 2, "seed {seed}: re-takes landed at {instants:?}");
-        drop(log);
         w.cluster.shutdown_all().await;
     }
 }
