@@ -47,9 +47,10 @@ impl Policy {
 pub(crate) enum Outcome {
     /// Written: the record as written and its new version.
     Written(Lease, Version),
-    /// Nothing to write: the lease is gone, or the decision declined (it moved on).
+    /// Nothing written, and nothing that may land later: the lease is gone, the decision declined
+    /// (it moved on), or conflicts outlasted the policy (others keep writing the record).
     Declined,
-    /// Conflicts or store errors outlasted the policy.
+    /// Store errors outlasted the policy: the last write may have landed all the same.
     GaveUp,
 }
 
