@@ -2,8 +2,9 @@
 //! statement the store runs, built once per table prefix from those spellings.
 //!
 //! The statements are shared: the same text (but for placeholders and the create/upsert clause)
-//! runs on all three dialects, and every value in them is a bound parameter. Only the table names
-//! are spliced into the text, and they come from a prefix validated as `[a-z_][a-z0-9_]{0,30}`.
+//! runs on all three dialects, and every value in them is a bound parameter. Only the table names,
+//! which come from a prefix validated as `[a-z_][a-z0-9_]{0,30}`, and core's own integer constants
+//! (`WorkerRecord::BEAT_COUNT_BITS`) are spliced into the text.
 
 use shardlease_core::WorkerRecord;
 use std::fmt;
