@@ -142,6 +142,21 @@ impl World {
     }
 }
 
+/// Three workers on 24 shards, balanced; then `w4` joins, marked in the log by `mark` first, and
+/// the fleet balances again with `w4` at its share of 6.
+async fn w4_joins_three(seed: u64, mark: impl FnOnce(&mut Log, &WorkerId)) -> (World, WorkerId) {
+    let mut w = world(24, seed, |_| {});
+    w.cluster.sync_shards().await.unwrap();
+    w.cluster.start_workers(3).unwrap();
+    w.balanced().await;
+    let newcomer = WorkerId::new("w4");
+    mark(&mut w.log.lock().unwrap(), &newcomer);
+    assert_eq!(w.cluster.start_worker().unwrap(), newcomer);
+    let cov = w.balanced().await;
+    assert_eq!(cov.shares[&newcomer], 6, "seed {seed}: {cov:?}");
+    (w, newcomer)
+}
+
 /// The newcomer's claims meet a checkpoint each (the owner checkpointed after the newcomer's
 /// listing): each is made against the current record, so all of them land in the first pass.
 /// Before, every claim that met a checkpoint was dropped until a later pass (on SQLite most of
@@ -149,15 +164,8 @@ impl World {
 #[tokio::test(start_paused = true)]
 async fn claims_that_meet_a_checkpoint_are_all_made_in_the_first_pass() {
     for seed in 1..=4 {
-        let mut w = world(24, seed, |_| {});
-        w.cluster.sync_shards().await.unwrap();
-        w.cluster.start_workers(3).unwrap();
-        w.balanced().await;
-        let newcomer = WorkerId::new("w4");
-        w.log.lock().unwrap().checkpoint_first.insert(newcomer.clone());
-        assert_eq!(w.cluster.start_worker().unwrap(), newcomer);
-        let cov = w.balanced().await;
-        assert_eq!(cov.shares[&newcomer], 6, "seed {seed}: {cov:?}");
+        let (mut w, newcomer) =
+            w4_joins_three(seed, |log, n| _ = log.checkpoint_first.insert(n.clone())).await;
         let (claims, passes) = w.claims_of(&newcomer);
         assert_eq!((claims, passes.len()), (6, 1), "seed {seed}: claims at {passes:?}");
         w.cluster.shutdown_all().await;
@@ -238,15 +246,7 @@ async fn a_join_after_a_crash_aims_at_the_share_of_the_live_fleet() {
 #[tokio::test(start_paused = true)]
 async fn a_newcomer_re_takes_what_was_handed_to_it_all_at_once() {
     for seed in 1..=4 {
-        let mut w = world(24, seed, |_| {});
-        w.cluster.sync_shards().await.unwrap();
-        w.cluster.start_workers(3).unwrap();
-        w.balanced().await;
-        let newcomer = WorkerId::new("w4");
-        w.log.lock().unwrap().slow.insert(newcomer.clone());
-        assert_eq!(w.cluster.start_worker().unwrap(), newcomer);
-        let cov = w.balanced().await;
-        assert_eq!(cov.shares[&newcomer], 6, "seed {seed}: {cov:?}");
+        let (mut w, newcomer) = w4_joins_three(seed, |log, n| _ = log.slow.insert(n.clone())).await;
         let retakes: Vec<_> = {
             let log = w.log.lock().unwrap();
             log.retakes.iter().filter(|(by, _, _)| *by == newcomer).cloned().collect()
