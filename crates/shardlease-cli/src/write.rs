@@ -3,8 +3,8 @@
 //! `--force`), and writes with the store's compare-and-set against the version it read, so a
 //! worker that wrote in between wins and the CLI reports a conflict instead of overwriting it.
 //!
-//! Ownership changes follow docs/algorithm.md: clearing an owner moves the epoch on
-//! (`Lease::transferred_to(None)`), which fences the old owner (its next checkpoint is refused
+//! Ownership changes follow docs/algorithm.md: clearing an owner moves the epoch on by the
+//! runtime's own epoch rule (`lease::transition::release`), which fences the old owner (its next checkpoint is refused
 //! and its task stops), and the fleet takes the unowned lease at its checkpoint.
 
 use shardlease::{Epoch, VersionedLease};
@@ -130,6 +130,15 @@ async fn read_decide_write(
     })
 }
 
+/// `lease` released by the runtime's transition (owner cleared, epoch moved on by the epoch rule,
+/// claim cleared, checkpoint kept). Only called on an owned lease.
+fn released(lease: &Lease) -> Lease {
+    let now_millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    shardlease::lease::transition::release(lease, now_millis).unwrap_or_else(|_| lease.clone())
+}
+
 /// `release KEY [--force]`.
 pub async fn release(
     target: &Target,
@@ -146,7 +155,7 @@ pub async fn release(
         Some(owner) if obs.is_alive(owner) && !force => {
             Err(owner_refusal("release", &key, owner, obs.window))
         }
-        Some(_) => Ok(Some(lease.transferred_to(None))),
+        Some(_) => Ok(Some(released(lease))),
     })
     .await?;
     let (action, message, epoch) = match (&old.owner, &new) {
@@ -208,7 +217,7 @@ pub async fn reset_checkpoint(
             }
             // Released at the new checkpoint: the owner's own checkpoints are fenced by the new
             // epoch, so they cannot overwrite the reset.
-            Some(_) => lease.transferred_to(None),
+            Some(_) => released(lease),
             None => lease.clone(),
         };
         next.checkpoint = position.clone();

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 pub use crate::ids::{LeaseKey, WorkerId};
 use crate::position::Position;
 
+pub mod transition;
+
 /// An opaque store-assigned token naming one version of a record, used for compare-and-set.
 ///
 /// **A version never repeats for a key**: every write of a record (create and update) gives it a
@@ -155,7 +157,10 @@ impl Lease {
         self.claim.as_ref().filter(|c| c.at == self.epoch)
     }
 
-    /// This lease with a new owner (or none): epoch + 1, claim cleared, checkpoint kept.
+    /// This lease with a new owner (or none): epoch + 1, claim cleared, checkpoint kept. A fixture
+    /// helper for tests (feature `test-util`): the runtime and the CLI change owners only through
+    /// [`transition`], whose epoch rule also moves the epoch to the wall clock.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn transferred_to(&self, owner: Option<WorkerId>) -> Lease {
         Lease { owner, epoch: self.epoch.next(), claim: None, ..self.clone() }
     }

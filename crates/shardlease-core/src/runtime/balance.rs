@@ -32,7 +32,8 @@ use super::shutdown_report::{ReleasedLease, ShutdownReport};
 use super::{cas, lease_task, recovery};
 use crate::balancer::{is_active, Plan, Snapshot};
 use crate::error::Error;
-use crate::lease::{Claim, Epoch, Lease, LeaseKey, Version, VersionedLease, WorkerId};
+use crate::lease::transition;
+use crate::lease::{Epoch, Lease, LeaseKey, Version, VersionedLease, WorkerId};
 use crate::store::CreateOutcome;
 
 /// The balance loop's receiving ends, created with the worker and handed to the loop at start.
@@ -221,8 +222,10 @@ fn drain_exits(
 }
 
 /// After the last pass: waits for the shutdown's request (taking stops before it is sent), then
-/// collects how each task the shutdown stopped ended, until its deadline. A task still running
-/// then is aborted and its lease released anyway (abandoned).
+/// collects how each task the shutdown stopped ended, until its deadline and a heartbeat more: a
+/// task whose processor is cut short at the deadline tells it `lease_lost` (bounded by half a
+/// heartbeat) and releases the lease itself. A task still running then is aborted and its lease
+/// released anyway (abandoned).
 async fn finish(
     shared: &Arc<Shared>,
     inbox: &mut Inbox,
@@ -252,6 +255,9 @@ async fn finish(
             lease_task::Ended::Released(resumes_at) => {
                 report.released.push(ReleasedLease { key, resumes_at });
             }
+            lease_task::Ended::Abandoned(resumes_at) => {
+                report.abandoned.push(ReleasedLease { key, resumes_at });
+            }
             lease_task::Ended::NotReleased => report.not_released.push(key),
             lease_task::Ended::Nothing => report.ended.push(key),
         }
@@ -272,7 +278,7 @@ async fn finish(
                 }
                 None => break,
             },
-            _ = tokio::time::sleep_until(deadline) => break,
+            _ = tokio::time::sleep_until(deadline + shared.cfg.heartbeat_interval) => break,
         }
     }
     for (key, epoch) in held {
@@ -283,7 +289,7 @@ async fn finish(
         warn!(shard = %key, "lease task did not stop in time; releasing its lease anyway");
         let token = crate::lease::LeaseToken { key: key.clone(), owner: shared.id(), epoch };
         match lease_task::transfer(shared, &token, None).await {
-            lease_task::Ended::Released(resumes_at) => {
+            lease_task::Ended::Released(resumes_at) | lease_task::Ended::Abandoned(resumes_at) => {
                 report.abandoned.push(ReleasedLease { key, resumes_at });
             }
             _ => report.not_released.push(key),
@@ -598,6 +604,7 @@ async fn restore_lost(
                         || l.seen.owner.as_ref().is_some_and(|o| {
                             *o != me && liveness.started_within(o, restart_window)
                         }),
+                    now_millis: crate::clock::now_millis(),
                 };
                 l.restoration(&standing).map(|r| (r, l.now.as_ref().map(|v| v.version)))
             })
@@ -968,10 +975,7 @@ async fn execute(
                 // (a fleet then listed on every pass, found by the simulation).
                 let outcome =
                     cas::write(shared, &lease.key, listed, cas::Policy::PERSIST, "claim", |l| {
-                        only_checkpoint_moved(&lease, l).then(|| Lease {
-                            claim: Some(Claim { by: me.clone(), at: l.epoch }),
-                            ..l.clone()
-                        })
+                        transition::claim(&lease, l, &me)
                     })
                     .await;
                 match outcome {
@@ -1136,17 +1140,6 @@ async fn refresh_candidates(
     Some(candidates.len())
 }
 
-/// Whether `now` differs from the `listed` record a claim was decided on by its checkpoint (and
-/// attributes) only: same owner, same epoch, same parents, the same claim (none, or a stale one),
-/// and not finished since. A claim meeting such a record is still the claim its pass decided.
-fn only_checkpoint_moved(listed: &Lease, now: &Lease) -> bool {
-    now.owner == listed.owner
-        && now.epoch == listed.epoch
-        && now.claim == listed.claim
-        && now.parents == listed.parents
-        && !now.is_finished()
-}
-
 /// Clears a claim on a lease this worker owns. The owner checkpoints all the time, so the listed
 /// version is often stale: on a conflict, re-decide from the current record (a claim left standing
 /// would let the claimant take the lease after the claim timeout). True when it cleared it.
@@ -1160,10 +1153,7 @@ async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> bool {
         Some(listed.clone()),
         cas::Policy::PERSIST,
         "clear a claim",
-        |l| {
-            (l.is_owned_by(&me) && l.live_claim() == claim.as_ref())
-                .then(|| Lease { claim: None, ..l.clone() })
-        },
+        |l| transition::clear_claim(l, &me, claim.as_ref()),
     )
     .await;
     match outcome {
@@ -1186,11 +1176,10 @@ async fn acknowledge_claim(shared: &Shared, key: &LeaseKey, epoch: Epoch, to: &W
     let mut decisions = 0;
     let mut last_standing = false;
     let outcome = cas::write(shared, key, None, cas::Policy::PERSIST, "acknowledge a claim", |l| {
-        let standing =
-            l.is_owned_by(&me) && l.epoch == epoch && l.live_claim().is_some_and(|c| &c.by == to);
+        let answer = transition::acknowledge(l, &me, epoch, to);
         decisions += 1;
-        last_standing = standing;
-        standing.then(|| l.clone())
+        last_standing = answer.is_ok();
+        answer
     })
     .await;
     // Why a claim stays unanswered shows in the log: `last_standing` with many decisions means
@@ -1219,10 +1208,7 @@ async fn take(shared: &Arc<Shared>, listed: &VersionedLease) -> bool {
     let listed = Some(listed.clone());
     let outcome =
         cas::write(shared, &lease.key, listed, cas::Policy::ONCE, "take the lease", |l| {
-            Some(Lease {
-                epoch: recovery::next_epoch(l.epoch),
-                ..l.transferred_to(Some(me.clone()))
-            })
+            transition::take(l, &me, crate::clock::now_millis())
         })
         .await;
     match outcome {

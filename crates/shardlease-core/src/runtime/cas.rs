@@ -11,14 +11,18 @@
 //! - a **store error** is retried with the worker's backoff only until `errors_until` (handing a
 //!   lease over may keep trying for the shutdown timeout); otherwise the write is given up and a
 //!   later pass looks again;
-//! - the decision returning `None` (the lease moved on, the claim was answered) ends the loop
-//!   without writing.
+//! - the decision refusing (a [`Refusal`](crate::lease::transition::Refusal): the lease moved on,
+//!   the claim was answered) ends the loop without writing.
+//!
+//! The decisions are the pure functions of [`crate::lease::transition`]: this loop issues what
+//! they return and nothing else.
 
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::shared::Shared;
 use crate::error::Error;
+use crate::lease::transition::Transition;
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
 
 /// How hard one write tries.
@@ -66,7 +70,7 @@ pub(crate) async fn write<F>(
     mut decide: F,
 ) -> Outcome
 where
-    F: FnMut(&Lease) -> Option<Lease>,
+    F: FnMut(&Lease) -> Transition,
 {
     let mut current = listed;
     let mut conflicts = 0;
@@ -89,7 +93,13 @@ where
                 }
             },
         };
-        let Some(next) = decide(&lease) else { return Outcome::Declined };
+        let next = match decide(&lease) {
+            Ok(next) => next,
+            Err(refusal) => {
+                debug!(shard = %key, %refusal, "not writing ({what})");
+                return Outcome::Declined;
+            }
+        };
         match shared.store.update_lease(&next, version).await {
             Ok(v) => return Outcome::Written(next, v),
             Err(Error::Conflict { current: now, .. }) => {

@@ -114,6 +114,10 @@ enum Exit {
 pub(crate) enum Ended {
     /// Released or handed over, with this checkpoint stored for the next owner.
     Released(Position),
+    /// Released or handed over after the processor was cut short (a graceful stop's deadline
+    /// passed in a batch or in `shutdown_requested`): the next owner processes again what
+    /// followed this checkpoint.
+    Abandoned(Position),
     /// A release was due but could not be written (the store kept failing, or the lease moved
     /// on meanwhile).
     NotReleased,
@@ -165,6 +169,7 @@ async fn run(
         stop,
         processor: None,
         metrics: metrics.clone(),
+        cut_short: false,
     };
     debug!("lease task started");
     // `cancel` fires only after a shutdown has dealt with every task it knew of, or on a crash:
@@ -216,6 +221,10 @@ async fn run(
             transfer(&shared, &token, None).await
         }
     };
+    let ended = match ended {
+        Ended::Released(at) if task.cut_short => Ended::Abandoned(at),
+        other => other,
+    };
     // Reported when `report` drops, after everything the task writes: the balance loop then
     // removes the task and its grant together, between two of its own steps, so a reconcile sees
     // either both or neither. A listing older than this moment that still shows the lease as ours
@@ -231,11 +240,7 @@ pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<Wor
     let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
     let policy = super::cas::Policy::until(deadline);
     let outcome = super::cas::write(shared, &token.key, None, policy, "hand the lease over", |l| {
-        if !token.matches(l) {
-            return None;
-        }
-        let next_owner = to.clone().filter(|w| l.live_claim().is_some_and(|c| &c.by == w));
-        Some(Lease { epoch: super::recovery::next_epoch(l.epoch), ..l.transferred_to(next_owner) })
+        crate::lease::transition::hand_over(l, token, to.as_ref(), crate::clock::now_millis())
     })
     .await;
     if let super::cas::Outcome::Written(next, v) = outcome {
@@ -278,6 +283,9 @@ struct Task {
     stop: watch::Receiver<Option<StopReason>>,
     processor: Option<Box<dyn RecordProcessor>>,
     metrics: Arc<LeaseMetrics>,
+    /// A graceful stop cut the processor short (its deadline passed in a batch or in
+    /// `shutdown_requested`): a release then reports the lease abandoned, not released.
+    cut_short: bool,
 }
 
 /// How far an idle shard's polling backs off: after consecutive empty reads the wait doubles from
@@ -339,6 +347,28 @@ impl Drop for Stuck {
     fn drop(&mut self) {
         let n = self.0.stats.stuck.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) - 1;
         self.0.metrics.leases_stuck(n);
+    }
+}
+
+/// The hook that tells a processor its lease ends, on a stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Farewell {
+    /// `lease_lost`: the lease is gone or going without the processor's last checkpoint; it must
+    /// write nothing more.
+    LeaseLost,
+    /// `shutdown_requested`: the lease is released or handed over once the processor has had its
+    /// chance to checkpoint.
+    ShutdownRequested,
+}
+
+/// Which hook a stop for `reason` calls, at `now`: `lease_lost` for an abrupt stop (lost, fenced)
+/// and for a graceful one whose deadline has passed, `shutdown_requested` otherwise. With a
+/// shard's end (`shard_ended`) and the loss found by a refused write (`lease_lost`), these are the
+/// only ways a lease task ends for a processor it created, and each path calls exactly one hook.
+pub(crate) fn farewell(reason: &StopReason, now: tokio::time::Instant) -> Farewell {
+    match reason.deadline() {
+        Some(deadline) if deadline > now => Farewell::ShutdownRequested,
+        _ => Farewell::LeaseLost,
     }
 }
 
@@ -407,6 +437,12 @@ impl Task {
             Step::Exit(Exit::Lost) => {
                 self.tell_lost().await;
                 Exit::Lost
+            }
+            // The lease is released for the shard to resume from its checkpoint: the processor
+            // must write nothing more, panicked or not.
+            Step::Exit(Exit::Panicked(msg)) => {
+                self.tell_lost().await;
+                Exit::Panicked(msg)
             }
             Step::Exit(e) => e,
         }
@@ -749,20 +785,30 @@ impl Task {
         }
     }
 
-    /// Tells the processor why it stops: lost (write nothing) or a graceful stop (checkpoint).
+    /// Tells the processor why it stops, with the one hook [`farewell`] picks: `lease_lost` (write
+    /// nothing more) or `shutdown_requested` (checkpoint now, within the stop's deadline). A
+    /// graceful stop whose deadline passed while the processor was still in a batch is cut short:
+    /// the lease goes without the processor's last word, so it hears `lease_lost`.
     async fn on_stop(&mut self, reason: StopReason) -> Exit {
-        if reason.is_abrupt() {
-            self.tell_lost().await;
-            return Exit::Stopped(reason);
+        match farewell(&reason, tokio::time::Instant::now()) {
+            Farewell::LeaseLost => {
+                if !reason.is_abrupt() {
+                    warn!(?reason, "the graceful stop's deadline passed during the last batch; telling the processor its lease is lost");
+                    self.cut_short = true;
+                }
+                self.tell_lost().await;
+            }
+            Farewell::ShutdownRequested => self.request_shutdown(&reason).await,
         }
+        Exit::Stopped(reason)
+    }
+
+    /// Calls `shutdown_requested`, waiting until the stop's deadline at most.
+    async fn request_shutdown(&mut self, reason: &StopReason) {
         let limit = match reason.deadline() {
             Some(d) => d.saturating_duration_since(tokio::time::Instant::now()),
             None => self.shared.cfg.shutdown_timeout,
         };
-        if limit.is_zero() {
-            warn!(?reason, "the graceful stop's deadline passed during the last batch; stopping without shutdown_requested");
-            return Exit::Stopped(reason);
-        }
         if let Some(p) = self.processor.as_mut() {
             let fut = AssertUnwindSafe(p.shutdown_requested(&self.cp)).catch_unwind();
             match tokio::time::timeout(limit, fut).await {
@@ -773,10 +819,12 @@ impl Task {
                 Ok(Err(p)) => {
                     error!(panic = %panic_message(p), "shutdown_requested panicked")
                 }
-                Err(_) => warn!(?limit, "shutdown_requested did not finish in time"),
+                Err(_) => {
+                    warn!(?limit, "shutdown_requested did not finish in time");
+                    self.cut_short = true;
+                }
             }
         }
-        Exit::Stopped(reason)
     }
 
     /// Tells the processor its lease is gone, waiting at most half a heartbeat: a fence must
@@ -811,6 +859,24 @@ mod tests {
     impl std::error::Error for Context {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
+        }
+    }
+
+    /// Every stop reason, before and at its deadline, picks the one hook it calls.
+    #[test]
+    fn every_stop_tells_the_processor_exactly_one_thing() {
+        let now = tokio::time::Instant::now();
+        let later = now + std::time::Duration::from_secs(1);
+        let to = WorkerId::new("b");
+        for (reason, want) in [
+            (StopReason::LeaseLost, Farewell::LeaseLost),
+            (StopReason::Fenced, Farewell::LeaseLost),
+            (StopReason::Handoff { to: to.clone(), deadline: later }, Farewell::ShutdownRequested),
+            (StopReason::Handoff { to: to.clone(), deadline: now }, Farewell::LeaseLost),
+            (StopReason::Shutdown { deadline: later }, Farewell::ShutdownRequested),
+            (StopReason::Shutdown { deadline: now }, Farewell::LeaseLost),
+        ] {
+            assert_eq!(farewell(&reason, now), want, "{reason:?}");
         }
     }
 

@@ -283,7 +283,8 @@ impl WorkerHandle {
 
     /// Graceful shutdown: stop taking, stop readers, let every processor checkpoint
     /// (`shutdown_requested`), release every lease (epoch + 1, checkpoint kept) and remove the
-    /// worker record, all within `shutdown_timeout`. Idempotent: a second call returns an empty
+    /// worker record, all within `shutdown_timeout` (plus at most a heartbeat interval for
+    /// processors cut short at the deadline, which hear `lease_lost` first). Idempotent: a second call returns an empty
     /// report.
     ///
     /// The report says what became of each lease, and in particular which processors had to be
@@ -380,16 +381,7 @@ async fn withdraw_claims(shared: &Shared) {
     for key in claimed {
         let outcome =
             cas::write(shared, &key, None, cas::Policy::PERSIST, "withdraw a claim", |l| {
-                if l.is_owned_by(&me) {
-                    Some(crate::lease::Lease {
-                        epoch: recovery::next_epoch(l.epoch),
-                        ..l.transferred_to(None)
-                    })
-                } else if l.live_claim().is_some_and(|c| c.by == me) {
-                    Some(crate::lease::Lease { claim: None, ..l.clone() })
-                } else {
-                    None
-                }
+                crate::lease::transition::withdraw_claim(l, &me, crate::clock::now_millis())
             })
             .await;
         if let cas::Outcome::Written(..) = outcome {

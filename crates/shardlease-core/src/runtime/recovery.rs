@@ -23,7 +23,7 @@
 //!
 //! The memory lives in the process. A store that loses its data while no running worker has seen
 //! it cannot be repaired this way; epochs still never go backwards then, because a lease is created
-//! with an epoch taken from the wall clock ([`creation_epoch`]), which is above any epoch reached
+//! with an epoch taken from the wall clock ([`transition::creation_epoch`]), which is above any epoch reached
 //! by one increment per change of owner.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tokio::time::Instant;
 
 use crate::ids::WorkerId;
+use crate::lease::transition::{self, next_epoch};
 use crate::lease::{Epoch, Lease, LeaseKey, VersionedLease};
 use crate::position::Position;
 
@@ -93,6 +94,8 @@ pub(crate) struct Standing<'a> {
     /// Whether the lease has been found lost for long enough that its owner, if alive, has run
     /// a balance pass since (and repaired it, had it been running it).
     pub owner_had_time: bool,
+    /// The wall clock in milliseconds, for the epoch rule ([`transition::next_epoch`]).
+    pub now_millis: u64,
 }
 
 impl Lost {
@@ -126,7 +129,8 @@ impl Lost {
             // Keep it, at the running task's epoch unless the store moved past it meanwhile.
             let still_at_task_epoch = now_epoch < seen.epoch
                 || (now_epoch == seen.epoch && now.is_some_and(|l| l.is_owned_by(at.me)));
-            let epoch = if still_at_task_epoch { seen.epoch } else { next_epoch(now_epoch) };
+            let epoch =
+                if still_at_task_epoch { seen.epoch } else { next_epoch(now_epoch, at.now_millis) };
             return Some(Lease { owner: Some(at.me.clone()), epoch, ..base });
         }
         let mine = seen.owner.as_ref() == Some(at.me);
@@ -138,7 +142,7 @@ impl Lost {
             // may take it and read the shard again.
             return None;
         }
-        let epoch = next_epoch(now_epoch.max(seen.epoch));
+        let epoch = next_epoch(now_epoch.max(seen.epoch), at.now_millis);
         // A live owner gets it back under a new epoch (it re-takes it by compare-and-set and
         // restarts its task; nobody else may take it meanwhile); otherwise it is left unowned.
         let owner = seen.owner.clone().filter(|_| !mine && at.owner_alive);
@@ -146,21 +150,9 @@ impl Lost {
     }
 }
 
-/// The epoch a new lease starts at: the wall clock in milliseconds. Any lease created before had
-/// its epoch bumped once per change of owner, which is far slower than one per millisecond, so a
-/// lease created again after the store lost its data starts above every epoch a sink has seen.
+/// The epoch a lease created now starts at ([`transition::creation_epoch`] at the wall clock).
 pub(crate) fn creation_epoch() -> Epoch {
-    Epoch(crate::clock::now_millis())
-}
-
-/// The epoch of a lease's next owner: one more than the current, and at least the wall clock in
-/// milliseconds. A store that rolled back shows an older epoch; a new owner taking the lease from
-/// there must not be handed a number an owner before the rollback already had (a sink fencing on
-/// epochs could not tell the two apart). Owner changes are far rarer than one per millisecond, so
-/// the clock is ahead of every epoch handed out earlier; where it is not (a skewed clock), the
-/// epoch still grows by one.
-pub(crate) fn next_epoch(current: Epoch) -> Epoch {
-    current.next().max(creation_epoch())
+    transition::creation_epoch(crate::clock::now_millis())
 }
 
 /// Whether reading from `now` would skip records that reading from `seen` reads: the checkpoint
@@ -356,6 +348,7 @@ mod tests {
             running_at: running_at.map(Epoch),
             owner_alive: alive,
             owner_had_time: waited,
+            now_millis: 1_000,
         }
     }
 
@@ -492,8 +485,13 @@ mod tests {
         );
         assert_eq!(back.len(), 1);
         let x = WorkerId::new("x");
-        let standing =
-            Standing { me: &x, running_at: None, owner_alive: false, owner_had_time: true };
+        let standing = Standing {
+            me: &x,
+            running_at: None,
+            owner_alive: false,
+            owner_had_time: true,
+            now_millis: 1_000,
+        };
         assert!(back[0].restoration(&standing).unwrap().is_finished());
     }
 
