@@ -1,0 +1,266 @@
+//! A plan carried out as compare-and-set writes: the takes of a pass (bounded concurrency, stale
+//! candidates refreshed), the take-overs of timed-out claims, the claims, the handoffs and the
+//! cleared claims. Every write is a transition of `lease::transition` issued through `cas::write`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use futures::StreamExt;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::super::shared::{lock, MyClaim, Shared, StopReason};
+use super::super::{cas, lease_task};
+use crate::balancer::Plan;
+use crate::lease::transition;
+use crate::lease::{Lease, LeaseKey, Version, VersionedLease, WorkerId};
+
+use super::claims::{acknowledge_claim, clear_claim};
+
+/// Carries out a plan; returns the claims on this worker's leases it answered (acknowledged for a
+/// handoff, or cleared).
+pub(super) async fn execute(
+    shared: &Arc<Shared>,
+    plan: &Plan,
+    by_key: &BTreeMap<&LeaseKey, &VersionedLease>,
+) -> BTreeSet<LeaseKey> {
+    let mut answered = BTreeSet::new();
+    take_share(shared, plan, by_key).await;
+    for key in &plan.take_over {
+        if let Some(v) = by_key.get(key) {
+            if take(shared, v).await {
+                shared.bump(&shared.stats.taken, 1);
+                shared.metrics.taken(key);
+                info!(shard = %key, "owner did not hand over a claimed lease in time; took it");
+            }
+        }
+    }
+    // Claims are written concurrently (bounded), so an owner's next listing sees all of them and
+    // answers them in one round.
+    let me = shared.id();
+    let claims: Vec<(Lease, Version, WorkerId)> = plan
+        .claims
+        .iter()
+        .filter_map(|(key, owner)| {
+            by_key.get(key).map(|v| (v.lease.clone(), v.version, owner.clone()))
+        })
+        .collect();
+    futures::stream::iter(claims)
+        .map(|(lease, version, owner)| {
+            let me = me.clone();
+            async move {
+                let listed = Some(VersionedLease::new(lease.clone(), version));
+                // A conflict that is only the owner's checkpoint (most of them on a store as slow
+                // as SQLite: the owner checkpoints between this listing and the claim) is retried
+                // against the current record, so all of a pass's claims land in that pass. Any
+                // other move (a new owner or epoch, a claim written or cleared, the shard ended)
+                // drops the claim: the next pass decides again from a new listing. Re-deciding on
+                // any record would claim again right after an owner cleared a claim and moved on
+                // (a fleet then listed on every pass, found by the simulation).
+                let outcome =
+                    cas::write(shared, &lease.key, listed, cas::Policy::PERSIST, "claim", |l| {
+                        transition::claim(&lease, l, &me)
+                    })
+                    .await;
+                match outcome {
+                    cas::Outcome::Written(_, v) => {
+                        let claim = MyClaim { since: Instant::now(), seen: v };
+                        lock(&shared.my_claims).insert(lease.key.clone(), claim);
+                        shared.changed(1);
+                        shared.bump(&shared.stats.claims, 1);
+                        shared.metrics.claimed(&lease.key);
+                        debug!(shard = %lease.key, from = %owner, "claimed");
+                    }
+                    cas::Outcome::Declined | cas::Outcome::GaveUp => {}
+                }
+            }
+        })
+        .buffer_unordered(shared.cfg.take_concurrency)
+        .collect::<Vec<()>>()
+        .await;
+    // Handoffs: acknowledge every claim first, concurrently (bounded), so an owner answering
+    // hundreds of claims restarts every claimant's clock within one pass.
+    let mut running = Vec::new();
+    for (key, to) in &plan.handoffs {
+        // A task that ended (its report not drained yet) wrote all it will: the lease is handed
+        // over directly, if the listed token still holds.
+        let task = lock(&shared.tasks)
+            .get(key)
+            .filter(|t| t.is_running())
+            .map(|t| (t.epoch, t.stop.borrow().is_none()));
+        match task {
+            Some((epoch, true)) => running.push((key.clone(), to.clone(), epoch)),
+            Some((_, false)) => {} // already stopping
+            None => {
+                if let Some(token) = by_key.get(key).and_then(|v| v.lease.token()) {
+                    lease_task::transfer(shared, &token, Some(to.clone())).await;
+                }
+            }
+        }
+    }
+    let acks = futures::stream::iter(running)
+        .map(|(key, to, epoch)| {
+            let shared = shared.clone();
+            async move {
+                // The write restarts the claimant's claim timeout, which validation keeps longer
+                // than the deadline given to the task here, so the claimant never takes the lease
+                // by force while the processor still flushes.
+                let sent = Instant::now();
+                let acked = acknowledge_claim(&shared, &key, epoch, &to).await;
+                acked.then_some((key, to, epoch, sent))
+            }
+        })
+        .buffer_unordered(shared.cfg.take_concurrency)
+        .collect::<Vec<_>>()
+        .await;
+    for (key, to, epoch, sent) in acks.into_iter().flatten() {
+        answered.insert(key.clone());
+        let deadline = sent + shared.cfg.shutdown_timeout;
+        if let Some(t) = lock(&shared.tasks).get(&key) {
+            if t.epoch == epoch && t.stop.borrow().is_none() {
+                t.stop.send_replace(Some(StopReason::Handoff { to, deadline }));
+            }
+        }
+    }
+    for key in &plan.clear_claims {
+        if let Some(v) = by_key.get(key) {
+            if clear_claim(shared, v).await {
+                answered.insert(key.clone());
+            }
+        }
+    }
+    answered
+}
+
+/// Refreshes of a pass's take candidates at most, before the rest is left to the next pass.
+pub(super) const MAX_CANDIDATE_REFRESHES: usize = 8;
+
+/// Takes up to the plan's `take_count` of its candidates, with bounded concurrency. A conflict
+/// skips to the next candidate, so one pass reaches full share even when peers race for the same
+/// leases.
+///
+/// A candidate list goes stale when peers take leases between the listing and the takes (workers
+/// that start together at 10,000 leases: the last to write found most of their candidates taken).
+/// Walking it costs a round trip per conflict, a few at a time once little of the share is
+/// missing; at 10,000 × 16 on Redis that made a first pass last up to a minute. So once the
+/// conflicts since the last listing reach what is still missing (and at least one round of
+/// `take_concurrency`), the candidates are refreshed with one listing: only those whose record is
+/// unchanged since the plan's listing stay candidates (unchanged, they are still available by the
+/// plan's judgement, and a take of them is the same compare-and-set the plan would have written).
+/// docs/algorithm.md, "Stale take candidates".
+pub(super) async fn take_share(
+    shared: &Arc<Shared>,
+    plan: &Plan,
+    by_key: &BTreeMap<&LeaseKey, &VersionedLease>,
+) {
+    let mut taken = 0;
+    let mut conflicts = 0;
+    let mut refreshes = 0;
+    if plan.take_count == 0 {
+        return;
+    }
+    // The untried candidates, each with the record the plan decided on.
+    let mut candidates: VecDeque<&VersionedLease> =
+        plan.take_candidates.iter().filter_map(|k| by_key.get(k).copied()).collect();
+    while taken < plan.take_count && !shared.stop_taking.is_cancelled() {
+        let missing = plan.take_count - taken;
+        if conflicts >= missing.max(shared.cfg.take_concurrency) && !candidates.is_empty() {
+            if refreshes == MAX_CANDIDATE_REFRESHES {
+                debug!(taken, missing, "take candidates keep going stale; the next pass goes on");
+                break;
+            }
+            refreshes += 1;
+            conflicts = 0;
+            let Some(fresh) = refresh_candidates(shared, &mut candidates).await else { break };
+            debug!(taken, missing, candidates = fresh, "take candidates refreshed");
+            continue;
+        }
+        let want = missing.min(shared.cfg.take_concurrency);
+        let chunk: Vec<&VersionedLease> = candidates.drain(..want.min(candidates.len())).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        let tried = chunk.len();
+        let results = join_all(chunk.iter().map(|&v| async move {
+            let ok = take(shared, v).await;
+            if ok {
+                shared.metrics.taken(&v.lease.key);
+            }
+            ok
+        }))
+        .await;
+        let won = results.into_iter().filter(|ok| *ok).count();
+        taken += won;
+        conflicts += tried - won;
+    }
+    if taken > 0 {
+        shared.bump(&shared.stats.taking_passes, 1);
+        shared.bump(&shared.stats.taken, taken as u64);
+        info!(taken, "took leases");
+    }
+}
+
+/// Keeps of `candidates` those whose record a new listing shows unchanged (the same version).
+/// The number kept, or `None` when the listing failed or takes are on hold
+/// (the store went back in time meanwhile): the pass then stops taking.
+pub(super) async fn refresh_candidates(
+    shared: &Shared,
+    candidates: &mut VecDeque<&VersionedLease>,
+) -> Option<usize> {
+    let listing = match shared.store.list_leases().await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %crate::error::ErrorChain(&e), "listing leases to refresh take candidates failed; the next pass goes on");
+            return None;
+        }
+    };
+    shared.bump(&shared.stats.lease_listings, 1);
+    if lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until) {
+        return None;
+    }
+    let now: HashMap<&LeaseKey, Version> =
+        listing.items.iter().map(|v| (&v.lease.key, v.version)).collect();
+    candidates.retain(|c| now.get(&c.lease.key) == Some(&c.version));
+    Some(candidates.len())
+}
+
+/// Takes one lease by CAS (owner = me, epoch + 1) and starts its task. False on conflict/error.
+pub(super) async fn take(shared: &Arc<Shared>, listed: &VersionedLease) -> bool {
+    if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
+        return false;
+    }
+    let me = shared.id();
+    let lease = &listed.lease;
+    let listed = Some(listed.clone());
+    let outcome =
+        cas::write(shared, &lease.key, listed, cas::Policy::ONCE, "take the lease", |l| {
+            transition::take(l, &me, crate::clock::now_millis())
+        })
+        .await;
+    match outcome {
+        cas::Outcome::Written(next, v) => {
+            lock(&shared.granted).insert(next.key.clone(), next.epoch);
+            shared.remember(&next);
+            shared.changed(1);
+            if !lease_task::spawn(shared, next.clone(), v) {
+                if shared.stop_taking.is_cancelled() {
+                    // Shutting down: give back what this pass took at the last moment.
+                    if let Some(token) = next.token() {
+                        lease_task::transfer(shared, &token, None).await;
+                    }
+                    return false;
+                }
+                debug!(shard = %next.key, "not started now (fenced, or a task is still stopping)");
+            }
+            true
+        }
+        cas::Outcome::Declined => false,
+        cas::Outcome::GaveUp => {
+            // The write may have landed all the same: look again at the next pass.
+            shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+    }
+}

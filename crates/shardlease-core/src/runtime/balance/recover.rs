@@ -1,0 +1,181 @@
+//! Leases the store lost (vanished, rolled back, re-created at the initial position), found by
+//! comparing a listing with this worker's memory of the namespace (`runtime::recovery`), and
+//! written back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+use tracing::{debug, error, warn};
+
+use super::super::recovery;
+use super::super::shared::{lock, Shared};
+use crate::error::Error;
+use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
+use crate::store::CreateOutcome;
+
+use super::LoopState;
+
+/// The leases the store lost, compared with this worker's memory (see `recovery`). Vanished ones
+/// are checked against the stream's lineage to rule out those the shard sync collected while this
+/// worker was not looking (a one-off listing of the shards, only when something vanished).
+pub(super) async fn lost_leases(
+    shared: &Shared,
+    listed: &[VersionedLease],
+    corrupt: &BTreeSet<LeaseKey>,
+    list_sent: Instant,
+) -> Vec<recovery::Lost> {
+    let lost = {
+        let mut memory = lock(&shared.remembered);
+        let fresh = recovery::fresh_keys(&mut memory, list_sent);
+        recovery::compare(&mut memory, listed, corrupt, &fresh)
+    };
+    if lost.iter().all(|l| l.now.is_some()) {
+        return lost;
+    }
+    match shared.source.list_shards().await {
+        Ok(shards) => {
+            let mut children: BTreeMap<LeaseKey, Vec<LeaseKey>> = BTreeMap::new();
+            for s in shards {
+                for p in s.parents {
+                    children.entry(p).or_default().push(s.id.clone());
+                }
+            }
+            recovery::forget_collected(&mut lock(&shared.remembered), lost, &children, listed)
+        }
+        Err(e) => {
+            warn!(error = %crate::error::ErrorChain(&e), "listing shards to tell lost leases from collected ones failed");
+            lost
+        }
+    }
+}
+
+/// Writes back leases the store lost (see `recovery`): created again when they vanished,
+/// replaced by compare-and-set when they were rolled back or re-created at the initial position.
+/// A lease this worker runs is kept (its task goes on); one another live worker owned is left to
+/// that worker for a pass, unless this worker saw it finished (nothing to wait for). A restore
+/// that loses a race is retried at the next pass, which finds the lease lost again.
+pub(super) async fn restore_lost(
+    shared: &Arc<Shared>,
+    state: &mut LoopState,
+    lost: Vec<recovery::Lost>,
+    vanished: bool,
+) {
+    let total = lost.len();
+    if vanished {
+        error!(
+            leases = total,
+            held = shared.held().len(),
+            "every lease of the namespace vanished from the store: checkpoints written since this \
+             worker last listed them are LOST (those records will be processed again); restoring \
+             the leases as this worker last saw them"
+        );
+        shared.metrics.namespace_vanished();
+    } else {
+        error!(
+            leases = total,
+            "the store lost or rolled back writes (a checkpoint moved backwards, an epoch went \
+             down or an unfinished lease vanished): restoring those leases as this worker last \
+             saw them"
+        );
+    }
+    let me = shared.id();
+    let writes: Vec<(Lease, Option<Version>)> = {
+        let tasks = lock(&shared.tasks);
+        let mut liveness = lock(&shared.liveness);
+        let since = &mut state.lost_since;
+        let keys: BTreeSet<&LeaseKey> = lost.iter().map(|l| l.key()).collect();
+        since.retain(|k, _| keys.contains(k));
+        let now = Instant::now();
+        // A live owner runs a pass within a (jittered) balance interval; give it that and a
+        // heartbeat to repair the leases it runs itself, without interrupting them.
+        let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
+            + shared.cfg.heartbeat_interval;
+        let restart_window = grace + shared.cfg.failover_timeout;
+        lost.iter()
+            .filter_map(|l| {
+                let first = *since.entry(l.key().clone()).or_insert(now);
+                let standing = recovery::Standing {
+                    me: &me,
+                    running_at: tasks.get(l.key()).filter(|t| t.is_running()).map(|t| t.epoch),
+                    // This worker knows whether it runs a lease it owned; it never waits for itself.
+                    owner_alive: l
+                        .seen
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| *o != me && liveness.is_alive(o)),
+                    // An owner whose process started a moment ago (restarted under the same
+                    // id) knows only what it listed since; waiting for it to repair a lease it
+                    // may never have seen lets a fresh create win (see `recovery`).
+                    owner_had_time: now.saturating_duration_since(first) >= grace
+                        || l.seen.owner.as_ref().is_some_and(|o| {
+                            *o != me && liveness.started_within(o, restart_window)
+                        }),
+                    now_millis: crate::clock::now_millis(),
+                };
+                l.restoration(&standing).map(|r| (r, l.now.as_ref().map(|v| v.version)))
+            })
+            .collect()
+    };
+    let waiting = total - writes.len();
+    let store = &shared.store;
+    let results: Vec<bool> = futures::stream::iter(writes)
+        .map(|(lease, over)| {
+            let me = me.clone();
+            async move {
+                let done = match over {
+                    None => store
+                        .create_lease(&lease)
+                        .await
+                        .map(|o| matches!(o, CreateOutcome::Created(_))),
+                    Some(v) => store.update_lease(&lease, v).await.map(|_| true),
+                };
+                debug!(
+                    shard = %lease.key,
+                    owner = ?lease.owner,
+                    epoch = %lease.epoch,
+                    checkpoint = %lease.checkpoint,
+                    written = ?done.as_ref().ok(),
+                    "restoring a lost lease"
+                );
+                match done {
+                    Ok(true) => {
+                        if lease.is_owned_by(&me) {
+                            lock(&shared.granted).insert(lease.key.clone(), lease.epoch);
+                        }
+                        shared.remember(&lease);
+                        true
+                    }
+                    Ok(false) | Err(Error::Conflict { .. }) => false,
+                    Err(e) => {
+                        warn!(shard = %lease.key, error = %crate::error::ErrorChain(&e), "restoring a lost lease failed");
+                        false
+                    }
+                }
+            }
+        })
+        .buffer_unordered(shared.cfg.take_concurrency)
+        .collect()
+        .await;
+    let restored = results.iter().filter(|ok| **ok).count();
+    shared.changed(restored as u64);
+    shared.metrics.restored(restored);
+    error!(
+        restored,
+        not_restored = total - restored,
+        left_to_their_owner = waiting,
+        "restored {restored} of {total} lost leases; the others are checked again at the next \
+         pass (left to their live owner this pass: {waiting})"
+    );
+    if vanished {
+        if let Err(e) = super::super::shard_sync::sync_after_loss(shared).await {
+            warn!(error = %crate::error::ErrorChain(&e), "shard sync after the namespace vanished failed");
+        }
+    }
+    if restored > 0 {
+        // Take what was restored unowned without waiting a whole interval. (Only then: a pass
+        // that merely waits for an owner must not start another at once.)
+        shared.want_listing();
+    }
+}

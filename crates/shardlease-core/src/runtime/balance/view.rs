@@ -1,0 +1,377 @@
+//! One balance pass: list the leases, find what the store lost, reconcile the running lease tasks
+//! with the listing, judge who is alive, and build the balancer's snapshot; then hand the plan to
+//! `execute`. Everything a pass decides is decided here, from one listing.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::super::lease_task;
+use super::super::shared::{lock, Shared, StopReason};
+use crate::balancer::{is_active, Snapshot};
+use crate::lease::{Lease, LeaseKey, VersionedLease, WorkerId};
+
+use super::claims::{expired_claims, stop_unanswered_past_deadline, yield_unanswered_claims};
+use super::execute::{execute, take};
+use super::recover::{lost_leases, restore_lost};
+use super::{drain_exits, Inbox, LoopState};
+
+/// What a pass that listed the leases found.
+pub(crate) struct PassOutcome {
+    /// Nothing in progress: the next pass may skip the listing unless something changes.
+    pub settled: bool,
+    /// Leases listed (decoded or not).
+    pub leases: usize,
+}
+
+/// One balance pass: lists the leases and acts on them. `None` when the listing failed. The
+/// ownership changes the pass wrote are published once, at its end.
+pub(super) async fn pass(
+    shared: &Arc<Shared>,
+    inbox: &mut Inbox,
+    state: &mut LoopState,
+) -> Option<PassOutcome> {
+    let changes = shared.changes.load(Ordering::SeqCst);
+    let outcome = list_and_act(shared, inbox, state).await;
+    if shared.changes.load(Ordering::SeqCst) != changes {
+        shared.publish_now.notify_one();
+    }
+    outcome
+}
+
+pub(super) async fn list_and_act(
+    shared: &Arc<Shared>,
+    inbox: &mut Inbox,
+    state: &mut LoopState,
+) -> Option<PassOutcome> {
+    let list_sent = Instant::now();
+    let listing = match shared.store.list_leases().await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %crate::error::ErrorChain(&e), "listing leases failed; skipping this balance pass");
+            stop_unanswered_past_deadline(shared, state, Instant::now());
+            return None;
+        }
+    };
+    // Tasks that ended while the listing was on its way leave the map before it is reconciled
+    // with the listing (they would otherwise count as running for this pass).
+    drain_exits(shared, &mut inbox.exits, state);
+    shared.bump(&shared.stats.lease_listings, 1);
+    let listed = listing.items.len() + listing.corrupt.len();
+    {
+        // A lease the last shard sync saw is gone (the store lost it, or a peer collected it):
+        // the next sync lists the leases and creates what is missing, at once.
+        let keys: BTreeSet<&str> = listing
+            .items
+            .iter()
+            .map(|v| v.lease.key.as_str())
+            .chain(listing.corrupt.iter().map(|c| c.key.as_str()))
+            .collect();
+        let mut last = lock(&shared.last_sync);
+        if last.as_ref().is_some_and(|l| l.misses_any(&keys)) {
+            *last = None;
+            shared.sync_now.notify_one();
+        }
+    }
+    report_corrupt(shared, state, &listing.corrupt);
+    let corrupt: BTreeSet<LeaseKey> =
+        listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
+    let lost = lost_leases(shared, &listing.items, &corrupt, list_sent).await;
+    let any_lost = !lost.is_empty();
+    let mut leases = listing.items;
+    // Leases that exist but cannot be used this pass: undecodable ones, and lost ones being
+    // restored. Their children stay blocked; the tasks of lost ones keep running (their owner
+    // restores them under its own name), and the next listing decides.
+    let mut withheld = corrupt;
+    if lost.is_empty() {
+        state.lost_since.clear();
+    } else {
+        withheld.extend(lost.iter().map(|l| l.key().clone()));
+        leases.retain(|v| !withheld.contains(&v.lease.key));
+        let vanished = leases.is_empty() && listing.corrupt.is_empty();
+        restore_lost(shared, state, lost, vanished).await;
+    }
+    let me = shared.id();
+    let fresh_view = look_again_at_owners_judged_dead(shared, &me, &leases).await;
+    let now = Instant::now();
+    let mut live = live_set(shared, &me, &leases);
+    if !fresh_view {
+        // No view of the workers newer than the listing: nobody's leases are taken this pass.
+        live.extend(leases.iter().filter_map(|v| v.lease.owner.clone()));
+    }
+    // One index of the listing for the pass, and which leases are active decided once from it.
+    let index: HashMap<&LeaseKey, &Lease> =
+        leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
+    let active: HashSet<&LeaseKey> = leases
+        .iter()
+        .filter(|v| is_active(&v.lease, &index, &withheld))
+        .map(|v| &v.lease.key)
+        .collect();
+    let (resume, retake, stopped) = reconcile(shared, &me, &leases, &index, &active, &withheld);
+    let mut settled = !any_lost
+        && withheld.is_empty()
+        && resume.is_empty()
+        && retake.is_empty()
+        && stopped == 0
+        && nothing_pending(shared, &me, &leases, &active);
+    for VersionedLease { lease, version } in resume {
+        lease_task::spawn(shared, lease, version);
+    }
+    let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
+    // Concurrently (bounded), like the takes: a join's newcomer re-takes every lease handed to it
+    // in one pass, and one at a time that cost a store round trip each (about a second for four
+    // on a busy SQLite file).
+    if !holding {
+        for chunk in retake.chunks(shared.cfg.take_concurrency) {
+            join_all(chunk.iter().map(|v| async move {
+                if take(shared, v).await {
+                    info!(shard = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
+                }
+            }))
+            .await;
+        }
+    }
+    let expired = expired_claims(shared, &me, &leases, now);
+    let snapshot = Snapshot {
+        me: me.clone(),
+        leases: leases.iter().map(|v| v.lease.clone()).collect(),
+        withheld,
+        live_workers: live,
+        max_leases_per_worker: shared.cfg.max_leases_per_worker,
+        max_claims_per_pass: shared.cfg.max_claims_per_pass,
+        expired_claims: expired,
+        seed: shared.random(),
+    };
+    let mut plan = shared.balancer.plan(&snapshot);
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let available: Vec<&LeaseKey> = leases
+            .iter()
+            .filter(|v| active.contains(&v.lease.key))
+            .filter(|v| v.lease.owner.as_ref().is_none_or(|o| !snapshot.live_workers.contains(o)))
+            .map(|v| &v.lease.key)
+            .take(3)
+            .collect();
+        let mine = leases
+            .iter()
+            .filter(|v| active.contains(&v.lease.key) && v.lease.is_owned_by(&me))
+            .count();
+        debug!(
+            listed = leases.len(),
+            active = active.len(),
+            withheld = snapshot.withheld.len(),
+            live = ?snapshot.live_workers,
+            mine,
+            ?available,
+            take = plan.take_count,
+            claims = plan.claims.len(),
+            "pass view"
+        );
+    }
+    if holding && (plan.take_count > 0 || !plan.take_over.is_empty()) {
+        debug!(take = plan.take_count, "the store went back in time: no takes this pass");
+        plan.take_count = 0;
+        plan.take_over.clear();
+        settled = false;
+    }
+    shared.bump(&shared.stats.passes, 1);
+    shared.metrics.balance_pass();
+    let mut answered = BTreeSet::new();
+    if !plan.is_empty() {
+        settled = false;
+        debug!(
+            take = plan.take_count,
+            claims = plan.claims.len(),
+            handoffs = plan.handoffs.len(),
+            "balance plan"
+        );
+        let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
+            leases.iter().map(|v| (&v.lease.key, v)).collect();
+        answered = execute(shared, &plan, &by_key).await;
+    }
+    // After the plan, which answers claims: only a claim this pass could not answer counts.
+    yield_unanswered_claims(shared, state, &me, &leases, list_sent, now, &answered);
+    settled &= lock(&shared.my_claims).is_empty();
+    Some(PassOutcome { settled, leases: listed })
+}
+
+/// Whether a listing shows nothing waiting for a worker to act: every active lease unclaimed and
+/// owned by this worker or by one whose heartbeat moves. (A lease of a worker that stopped
+/// beating needs passes until its failover timeout is up and someone takes it.) A claim left on a
+/// lease that finished since (its shard ended while the handoff was pending) waits for nobody:
+/// counting it kept a quiet fleet listing every lease on every pass for as long as the finished
+/// lease stayed in the store.
+pub(super) fn nothing_pending(
+    shared: &Shared,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+    active: &HashSet<&LeaseKey>,
+) -> bool {
+    let live = lock(&shared.liveness).live_workers();
+    leases.iter().all(|VersionedLease { lease: l, .. }| {
+        !active.contains(&l.key)
+            || (l.live_claim().is_none()
+                && l.owner.as_ref().is_some_and(|o| o == me || live.contains(o)))
+    })
+}
+
+pub(super) fn report_corrupt(
+    shared: &Shared,
+    state: &mut LoopState,
+    corrupt: &[crate::store::CorruptRecord],
+) {
+    if corrupt.is_empty() {
+        return;
+    }
+    shared.metrics.corrupt(corrupt.len());
+    let reported = &mut state.reported_corrupt;
+    for c in corrupt {
+        if reported.insert(c.key.clone()) {
+            warn!(shard = %c.key, reason = %c.reason, "corrupt lease record skipped; the other leases go on");
+        }
+    }
+}
+
+/// Lists the worker records again when the listing names an owner this worker judges dead, and
+/// returns whether the view of the workers is newer than the listing (always, when no such
+/// owner is named).
+///
+/// The judgement may be older than the listing: this worker's own listings of the workers failed
+/// for a while (a partition, store errors, a self-fence it just came back from), and the owner
+/// came back since, or a process restarted under its id took the lease again. Taking the lease
+/// from it then would run it twice until its owner's next fenced write. A process writes its
+/// heartbeat before it takes anything, so a listing of the workers started after this listing
+/// of the leases returned shows every owner named in it alive, if it is.
+pub(super) async fn look_again_at_owners_judged_dead(
+    shared: &Shared,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+) -> bool {
+    let judged_dead = {
+        let former = lock(&shared.former_ids).clone();
+        let live = lock(&shared.liveness).live_workers();
+        leases
+            .iter()
+            .filter_map(|v| v.lease.owner.as_ref())
+            .any(|o| o != me && !former.contains(o) && !live.contains(o))
+    };
+    if !judged_dead {
+        return true;
+    }
+    let started = Instant::now();
+    match tokio::time::timeout(shared.cfg.heartbeat_interval, shared.store.list_workers()).await {
+        Ok(Ok(listing)) => {
+            shared.observe_workers(&listing.items, started);
+            true
+        }
+        Ok(Err(e)) => {
+            debug!(error = %crate::error::ErrorChain(&e), "listing workers before a take-over failed; taking nobody's leases this pass");
+            false
+        }
+        Err(_) => {
+            debug!(
+                "listing workers before a take-over timed out; taking nobody's leases this pass"
+            );
+            false
+        }
+    }
+}
+
+/// Workers judged alive: those with a moving heartbeat, owners whose record this worker has not
+/// seen for less than the failover timeout, and this worker itself.
+pub(super) fn live_set(
+    shared: &Shared,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+) -> BTreeSet<WorkerId> {
+    let mut liveness = lock(&shared.liveness);
+    let mut live = liveness.live_workers();
+    live.insert(me.clone());
+    let owners: BTreeSet<&WorkerId> =
+        leases.iter().filter_map(|v| v.lease.owner.as_ref()).collect();
+    for owner in &owners {
+        if !live.contains(*owner) && liveness.is_alive(owner) {
+            live.insert((*owner).clone());
+        }
+    }
+    // Records never seen beating that own and claim nothing are left out of the shares: most
+    // often a worker that crashed a moment ago, whose leases its peers took over already, which
+    // would otherwise count for a whole failover timeout (a newcomer then aims at too small a
+    // share and needs a second round of claims). Leaving them out makes no lease available and
+    // answers no claim (they own and claim nothing in this listing, and every write is a
+    // compare-and-set against it); a live one is counted again once its beat moves, within
+    // about a heartbeat (docs/algorithm.md, "Records never seen beating").
+    let unproven = liveness.unproven();
+    if !unproven.is_empty() {
+        let named: BTreeSet<&WorkerId> = leases
+            .iter()
+            .flat_map(|v| v.lease.owner.iter().chain(v.lease.claim.iter().map(|c| &c.by)))
+            .collect();
+        live.retain(|w| w == me || named.contains(w) || !unproven.contains(w));
+    }
+    liveness.retain_absent(&owners);
+    live
+}
+
+/// Stops tasks whose lease moved on (not those of `withheld` leases, which this pass cannot see),
+/// and returns the active leases this worker owns but is not running, in two groups:
+/// - granted to this process at exactly the listed epoch (it took the lease while an older task
+///   for the key was still stopping, or a peer handed it over answering this process's claim):
+///   resumed directly;
+/// - anything else the store says this worker (or an earlier incarnation of it) owns: re-taken by
+///   compare-and-set with a new epoch. A predecessor process with the same id may have held it and
+///   a peer that judged that process dead may be taking it right now; the CAS makes exactly one
+///   of the two win. A listing older than a handoff this worker made also lands here, and its
+///   CAS fails against the newer version.
+#[allow(clippy::type_complexity)]
+pub(super) fn reconcile(
+    shared: &Arc<Shared>,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+    by_key: &HashMap<&LeaseKey, &Lease>,
+    active: &HashSet<&LeaseKey>,
+    withheld: &BTreeSet<LeaseKey>,
+) -> (Vec<VersionedLease>, Vec<VersionedLease>, usize) {
+    let mut stopped = 0;
+    {
+        let tasks = lock(&shared.tasks);
+        for (key, task) in tasks.iter().filter(|(k, _)| !withheld.contains(*k)) {
+            let still_mine =
+                by_key.get(key).is_some_and(|l| l.is_owned_by(me) && l.epoch == task.epoch);
+            if !still_mine
+                && task.is_running()
+                && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt())
+            {
+                info!(shard = %key, "lease moved on; stopping its task");
+                shared.bump(&shared.stats.lost, 1);
+                shared.metrics.lost(key);
+                task.stop.send_replace(Some(StopReason::LeaseLost));
+                stopped += 1;
+            }
+        }
+    }
+    if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
+        return (Vec::new(), Vec::new(), stopped);
+    }
+    let former = lock(&shared.former_ids).clone();
+    let tasks = lock(&shared.tasks);
+    let granted = lock(&shared.granted).clone();
+    // A lease claimed by a peer is not restarted here: the plan hands it over or clears the claim.
+    let idle = leases.iter().filter(|VersionedLease { lease, .. }| {
+        lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))
+            && active.contains(&lease.key)
+            && !tasks.contains_key(&lease.key)
+            && lease.live_claim().is_none_or(|c| &c.by == me)
+    });
+    // Only a lease this process was granted (took itself, at this epoch) is resumed as it stands.
+    // One handed to this id is re-taken by compare-and-set: two processes under one id can hold
+    // the same claim, and the write lets exactly one of them run it (docs/algorithm.md, "Why a
+    // handed-over lease is re-taken").
+    let (resume, retake) = idle.cloned().partition(|VersionedLease { lease: l, .. }| {
+        l.is_owned_by(me) && granted.get(&l.key) == Some(&l.epoch)
+    });
+    (resume, retake, stopped)
+}
