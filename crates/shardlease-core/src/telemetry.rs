@@ -12,6 +12,7 @@
 //! the same (a test checks that it names each one), and [`describe`] hands the descriptions to the
 //! installed recorder (the Prometheus exporter prints them as `# HELP`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -175,15 +176,87 @@ fn label(key: &'static str, value: &str) -> Label {
     Label::new(key, Arc::<str>::from(value))
 }
 
-/// One worker's metrics, labelled with its namespace and configured id.
+/// What a worker counts about itself: read by `WorkerHandle::stats`, and bumped only by the
+/// [`WorkerMetrics`] methods that also emit the matching metric, so the two never disagree.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub passes: AtomicU64,
+    pub lease_listings: AtomicU64,
+    pub taking_passes: AtomicU64,
+    pub taken: AtomicU64,
+    pub claims: AtomicU64,
+    pub handoffs: AtomicU64,
+    pub lost: AtomicU64,
+    pub fenced: AtomicU64,
+    pub records: AtomicU64,
+    pub heartbeats: AtomicU64,
+    pub stuck: AtomicU64,
+}
+
+impl Counters {
+    /// The value of one counter.
+    pub(crate) fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+}
+
+fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
+
+/// One worker's metrics and counters, labelled with its namespace and configured id.
 #[derive(Debug)]
 pub(crate) struct WorkerMetrics {
     labels: Vec<Label>,
+    /// The counters behind `WorkerStats` (one source with the metrics).
+    pub counters: Counters,
 }
 
 impl WorkerMetrics {
     pub(crate) fn new(namespace: &str, worker: &str) -> Self {
-        WorkerMetrics { labels: vec![label(NAMESPACE, namespace), label(WORKER, worker)] }
+        WorkerMetrics {
+            labels: vec![label(NAMESPACE, namespace), label(WORKER, worker)],
+            counters: Counters::default(),
+        }
+    }
+
+    /// A pass that did not list the leases (nothing changed).
+    pub(crate) fn balance_pass_quiet(&self) {
+        bump(&self.counters.passes, 1);
+    }
+
+    /// A listing of the leases (a pass's, or a refresh of take candidates).
+    pub(crate) fn lease_listing(&self) {
+        bump(&self.counters.lease_listings, 1);
+    }
+
+    /// A pass that took at least one lease.
+    pub(crate) fn taking_pass(&self) {
+        bump(&self.counters.taking_passes, 1);
+    }
+
+    /// Records processed successfully (also counted per shard by [`LeaseMetrics::processed`]).
+    pub(crate) fn records(&self, n: u64) {
+        bump(&self.counters.records, n);
+    }
+
+    /// A successful heartbeat.
+    pub(crate) fn heartbeat(&self) {
+        bump(&self.counters.heartbeats, 1);
+    }
+
+    /// A lease became stuck (+1) or recovered (-1).
+    pub(crate) fn stuck(&self, delta: i64) {
+        let n = if delta >= 0 {
+            self.counters.stuck.fetch_add(delta.unsigned_abs(), Ordering::SeqCst)
+                + delta.unsigned_abs()
+        } else {
+            self.counters
+                .stuck
+                .fetch_sub(delta.unsigned_abs(), Ordering::SeqCst)
+                .saturating_sub(delta.unsigned_abs())
+        };
+        self.leases_stuck(n);
     }
 
     fn for_shard(&self, shard: &LeaseKey) -> Vec<Label> {
@@ -210,10 +283,12 @@ impl WorkerMetrics {
     }
 
     pub(crate) fn balance_pass(&self) {
+        bump(&self.counters.passes, 1);
         metrics::counter!(BALANCE_PASSES, self.labels.clone()).increment(1);
     }
 
     pub(crate) fn self_fenced(&self) {
+        bump(&self.counters.fenced, 1);
         metrics::counter!(SELF_FENCED, self.labels.clone()).increment(1);
     }
 
@@ -230,18 +305,22 @@ impl WorkerMetrics {
     }
 
     pub(crate) fn taken(&self, shard: &LeaseKey) {
+        bump(&self.counters.taken, 1);
         metrics::counter!(LEASES_TAKEN, self.for_shard(shard)).increment(1);
     }
 
     pub(crate) fn claimed(&self, shard: &LeaseKey) {
+        bump(&self.counters.claims, 1);
         metrics::counter!(CLAIMS, self.for_shard(shard)).increment(1);
     }
 
     pub(crate) fn handed_over(&self, shard: &LeaseKey) {
+        bump(&self.counters.handoffs, 1);
         metrics::counter!(HANDOFFS, self.for_shard(shard)).increment(1);
     }
 
     pub(crate) fn lost(&self, shard: &LeaseKey) {
+        bump(&self.counters.lost, 1);
         metrics::counter!(LEASES_LOST, self.for_shard(shard)).increment(1);
     }
 }

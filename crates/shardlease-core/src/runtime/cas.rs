@@ -20,7 +20,8 @@
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::shared::Shared;
+use super::events::Event;
+use super::shared::{Backoff, Shared, Timing};
 use crate::error::Error;
 use crate::lease::transition::Transition;
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
@@ -63,6 +64,7 @@ pub(crate) enum Outcome {
 /// names the write in logs ("could not {what}").
 pub(crate) async fn write<F>(
     shared: &Shared,
+    timing: &mut Timing,
     key: &LeaseKey,
     listed: Option<VersionedLease>,
     policy: Policy,
@@ -77,7 +79,7 @@ where
     // Whether a write failed in a way that says nothing of whether it was applied (a timeout, a
     // lost answer): counted once as an ownership change, so peers list the leases and see it.
     let mut uncertain = false;
-    let mut backoff = shared.backoff();
+    let mut backoff = timing.backoff();
     loop {
         let VersionedLease { lease, version } = match current.take() {
             Some(v) => v,
@@ -86,7 +88,7 @@ where
                 Ok(None) => return Outcome::Declined,
                 Err(e) => {
                     warn!(shard = %key, error = %crate::error::ErrorChain(&e), "could not {what}: reading the lease failed");
-                    if !retry_error(shared, policy, &mut backoff).await {
+                    if !retry_error(timing, policy, &mut backoff).await {
                         return Outcome::GaveUp;
                     }
                     continue;
@@ -122,9 +124,9 @@ where
                     // listed to answer it (docs/algorithm.md, "Listing only when something
                     // changed").
                     uncertain = true;
-                    shared.changed(1);
+                    shared.tell(Event::Changed { n: 1 });
                 }
-                if !retry_error(shared, policy, &mut backoff).await {
+                if !retry_error(timing, policy, &mut backoff).await {
                     return Outcome::GaveUp;
                 }
             }
@@ -133,14 +135,10 @@ where
 }
 
 /// Waits before retrying after a store error, if the policy's deadline allows one more try.
-async fn retry_error(
-    shared: &Shared,
-    policy: Policy,
-    backoff: &mut super::shared::Backoff,
-) -> bool {
+async fn retry_error(timing: &mut Timing, policy: Policy, backoff: &mut Backoff) -> bool {
     match policy.errors_until {
         Some(deadline) if Instant::now() < deadline => {
-            tokio::time::sleep(backoff.next(shared)).await;
+            tokio::time::sleep(backoff.next(timing)).await;
             true
         }
         _ => false,

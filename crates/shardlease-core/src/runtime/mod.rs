@@ -1,9 +1,14 @@
 //! The worker runtime: builds a worker from a store, a source and a processor factory, runs its
-//! loops (heartbeat + watchdog, balance, shard sync) and one task per held lease, and shuts it
-//! down gracefully (or, for tests and benchmarks, crashes it).
+//! loops (heartbeat, watchdog, balance, shard sync, store notices) and one task per held lease,
+//! and shuts it down gracefully (or, for tests and benchmarks, crashes it).
+//!
+//! The balance loop owns the worker's coordination state; the other loops and the lease tasks
+//! send it events (`events`) and read what it publishes. docs/algorithm.md, "Who owns the
+//! runtime's state".
 
 mod balance;
 mod cas;
+mod events;
 mod heartbeat;
 mod heartbeat_thread;
 mod lease_task;
@@ -13,8 +18,6 @@ mod shard_sync;
 mod shared;
 mod shutdown_report;
 
-use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use tokio::task::JoinHandle;
@@ -25,19 +28,20 @@ use crate::checkpointer::{Checkpointer, StoreCheckpointer};
 use crate::config::Config;
 use crate::error::Result;
 use crate::ids::WorkerId;
-use crate::lease::{Epoch, LeaseKey};
+use crate::lease::LeaseKey;
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::store::LeaseStore;
 pub use shared::INCARNATION_SEPARATOR;
-use shared::{lock, Shared, StopReason};
+use shared::{Receivers, Shared};
 pub use shutdown_report::{ReleasedLease, ShutdownReport};
 
 /// A configured worker, ready to [`start`](Worker::start).
 pub struct Worker {
     shared: Arc<Shared>,
-    /// The balance loop's receiving ends (lease task reports, requests), handed to it at start.
-    inbox: balance::Inbox,
+    /// The receiving ends of the balance loop's events and the sync loop's requests, handed to
+    /// them at start.
+    receivers: Receivers,
 }
 
 impl std::fmt::Debug for Worker {
@@ -105,7 +109,7 @@ impl WorkerBuilder {
                 (d.clone() as Arc<dyn Checkpointer>, Some(d))
             }
         };
-        let (shared, inbox) = Shared::new(
+        let (shared, receivers) = Shared::new(
             self.config,
             self.store,
             self.source,
@@ -114,7 +118,7 @@ impl WorkerBuilder {
             default_checkpointer,
             self.balancer,
         );
-        Ok(Worker { shared: Arc::new(shared), inbox })
+        Ok(Worker { shared: Arc::new(shared), receivers })
     }
 }
 
@@ -145,12 +149,14 @@ impl Worker {
     /// Creates leases for the source's shards now, before starting (the worker also does this at
     /// start when the namespace is empty, and every `shard_sync_interval`).
     pub async fn sync_shards(&self) -> Result<()> {
-        shard_sync::sync(&self.shared).await
+        // Not started: no memory of the namespace yet.
+        shard_sync::sync(&self.shared, &[]).await
     }
 
     /// Starts the worker's loops on the current tokio runtime.
     pub fn start(self) -> WorkerHandle {
-        let Worker { shared, inbox } = self;
+        let Worker { shared, receivers } = self;
+        let Receivers { events, sync } = receivers;
         let span = tracing::info_span!("worker", worker = %shared.cfg.worker_id, namespace = %shared.cfg.namespace);
         info!(parent: &span, "worker starting");
         let dedicated = shared.cfg.dedicated_heartbeat_thread;
@@ -163,8 +169,10 @@ impl Worker {
                 dedicated,
                 heartbeat::watchdog(shared.clone()).instrument(span.clone()),
             ),
-            tokio::spawn(balance::balance_loop(shared.clone(), inbox).instrument(span.clone())),
-            tokio::spawn(shard_sync::shard_sync_loop(shared.clone()).instrument(span.clone())),
+            tokio::spawn(balance::balance_loop(shared.clone(), events).instrument(span.clone())),
+            tokio::spawn(
+                shard_sync::shard_sync_loop(shared.clone(), sync).instrument(span.clone()),
+            ),
             tokio::spawn(notices::notice_loop(shared.clone()).instrument(span.clone())),
         ];
         WorkerHandle { shared, loops: Mutex::new(loops), shutdown: tokio::sync::Mutex::new(false) }
@@ -227,12 +235,12 @@ impl WorkerHandle {
 
     /// The leases this worker is processing now.
     pub fn held_leases(&self) -> Vec<LeaseKey> {
-        self.shared.held()
+        self.shared.held_leases()
     }
 
     /// Whether the worker has fenced itself and not yet recovered.
     pub fn is_fenced(&self) -> bool {
-        self.shared.fenced.load(Ordering::SeqCst)
+        self.shared.is_fenced()
     }
 
     /// Whether the worker is still running (not shut down or crashed).
@@ -242,12 +250,12 @@ impl WorkerHandle {
 
     /// What the worker has done so far.
     pub fn stats(&self) -> WorkerStats {
-        let s = &self.shared.stats;
-        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let s = &self.shared.metrics.counters;
+        let get = crate::telemetry::Counters::get;
         WorkerStats {
             passes: get(&s.passes),
             lease_listings: get(&s.lease_listings),
-            changes: self.shared.changes.load(Ordering::Relaxed),
+            changes: *self.shared.changes.borrow(),
             taking_passes: get(&s.taking_passes),
             taken: get(&s.taken),
             claims: get(&s.claims),
@@ -268,17 +276,16 @@ impl WorkerHandle {
     pub async fn balance_now(&self) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         // An error means the loop has ended: no pass to wait for.
-        if self.shared.requests.send(balance::Request::Pass(tx)).is_err() {
+        if self.shared.events.send(events::Event::Request(events::Request::Pass(tx))).is_err() {
             return;
         }
-        self.shared.want_listing();
         // An error means the loop ended without answering: nothing more to wait for.
         let _ = rx.await;
     }
 
     /// Runs one shard sync now (normally the sync loop does this on its own).
     pub async fn sync_shards(&self) -> Result<()> {
-        shard_sync::sync(&self.shared).await
+        shard_sync::sync_now(&self.shared).await
     }
 
     /// Graceful shutdown: stop taking, stop readers, let every processor checkpoint
@@ -301,40 +308,25 @@ impl WorkerHandle {
         info!(worker = %shared.id(), "shutting down");
         shared.stop_taking.cancel();
         let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
-        // Read under the task-map lock, after taking stopped: no task starts after this, and the
-        // running ones are asked to stop at once, whatever the balance loop is doing. The loop,
-        // which owns the map, collects how each of them ended (or cuts it short at the deadline).
-        let held: BTreeMap<LeaseKey, Epoch> = {
-            let tasks = lock(&shared.tasks);
-            tasks
-                .iter()
-                .filter(|(_, t)| t.is_running())
-                .map(|(key, t)| {
-                    if t.stop.borrow().is_none() {
-                        t.stop.send_replace(Some(StopReason::Shutdown { deadline }));
-                    }
-                    (key.clone(), t.epoch)
-                })
-                .collect()
-        };
+        // Every lease task sees this at once and stops gracefully, whatever the balance loop is
+        // doing; the loop, which owns the tasks, collects how each of them ended (or cuts it short
+        // at the deadline) and withdraws this worker's claims.
+        shared.shutdown.send_replace(Some(deadline));
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let request = balance::Shutdown { deadline, held: held.clone(), reply };
-        let _ = shared.requests.send(balance::Request::Shutdown(request));
+        shared.tell(events::Event::Request(events::Request::Shutdown { deadline, reply }));
         let report = match answer.await {
             Ok(report) => report,
             Err(_) => {
                 // The balance loop is gone (it panicked): nobody can say how the tasks ended.
                 error!("the balance loop ended before the shutdown; stopping the lease tasks as they are");
-                let tasks = lock(&shared.tasks);
-                for key in held.keys() {
-                    if let Some(t) = tasks.get(key) {
-                        t.abort.abort();
-                    }
+                let held = shared.held.borrow().clone();
+                for t in held.iter() {
+                    t.abort.abort();
                 }
-                ShutdownReport { not_released: held.into_keys().collect(), ..Default::default() }
+                let not_released = held.iter().map(|t| t.key.clone()).collect();
+                ShutdownReport { not_released, ..Default::default() }
             }
         };
-        withdraw_claims(shared).await;
         shared.cancel.cancel();
         let loops = std::mem::take(&mut *lock(&self.loops));
         for l in loops {
@@ -366,26 +358,8 @@ impl WorkerHandle {
         for l in lock(&self.loops).drain(..) {
             l.abort();
         }
-        for t in lock(&self.shared.tasks).values() {
+        for t in self.shared.held.borrow().iter() {
             t.abort.abort();
-        }
-    }
-}
-
-/// Withdraws this worker's pending claims before it leaves. A peer that already answered one hands
-/// the lease to this worker: such a lease is released at once rather than left to a departed owner
-/// (it would otherwise wait a failover timeout).
-async fn withdraw_claims(shared: &Shared) {
-    let me = shared.id();
-    let claimed: Vec<LeaseKey> = lock(&shared.my_claims).keys().cloned().collect();
-    for key in claimed {
-        let outcome =
-            cas::write(shared, &key, None, cas::Policy::PERSIST, "withdraw a claim", |l| {
-                crate::lease::transition::withdraw_claim(l, &me, crate::clock::now_millis())
-            })
-            .await;
-        if let cas::Outcome::Written(..) = outcome {
-            shared.changed_now(1);
         }
     }
 }
@@ -411,6 +385,13 @@ async fn remove_record(shared: &Shared) -> Result<()> {
         tokio::time::sleep(shared.cfg.heartbeat_interval).await;
     }
     result
+}
+
+/// Locks the handle's list of loop handles, recovering it if a panicking thread poisoned it.
+/// The lock guards the join handles only (taken once, by `shutdown` or an abrupt stop), never
+/// coordination state.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Drop for WorkerHandle {

@@ -2,7 +2,8 @@
 //!
 //! A small task per worker subscribes to the store's change stream, when the store has one, and
 //! turns each relevant notice into the triggers the loops already have: "list the leases now"
-//! (`Shared::want_listing`) and "list the worker records now" (`Shared::workers_changed`). It
+//! (an `Event::WantListing` to the balance loop) and "list the worker records now"
+//! (`Shared::workers_changed`, which wakes the heartbeat). It
 //! adds no decision of its own: without a stream it ends at once and the worker runs exactly as
 //! before. A stream that ends or fails is subscribed again with backoff, and every subscription
 //! is followed by one listing of each kind, so a change made while no stream was open (or before
@@ -13,10 +14,12 @@ use std::sync::Arc;
 use futures::StreamExt;
 use tracing::{debug, warn};
 
-use super::shared::Shared;
+use super::events::Event;
+use super::shared::{Shared, Timing};
 
 pub(crate) async fn notice_loop(shared: Arc<Shared>) {
-    let mut backoff = shared.backoff();
+    let mut timing = Timing::new(&shared.cfg, shared.rng(5));
+    let mut backoff = timing.backoff();
     loop {
         let subscribed = tokio::select! {
             biased;
@@ -27,9 +30,9 @@ pub(crate) async fn notice_loop(shared: Arc<Shared>) {
             Ok(None) => return,
             Ok(Some(mut stream)) => {
                 debug!("subscribed to the store's change notices");
-                backoff = shared.backoff();
+                backoff = timing.backoff();
                 // Whatever changed while no stream was open is found by listing once.
-                shared.want_listing();
+                shared.tell(Event::WantListing { now: true });
                 shared.workers_changed.notify_one();
                 loop {
                     let next = tokio::select! {
@@ -42,13 +45,13 @@ pub(crate) async fn notice_loop(shared: Arc<Shared>) {
                         shared.workers_changed.notify_one();
                     }
                     if change.calls_for_listing() {
-                        shared.want_listing();
+                        shared.tell(Event::WantListing { now: true });
                     }
                 }
                 debug!("the store's change stream ended; subscribing again");
             }
             Err(e) => {
-                let delay = backoff.next(&shared);
+                let delay = backoff.next(&mut timing);
                 warn!(error = %crate::error::ErrorChain(&e), ?delay, "subscribing to the store's change notices failed; retrying");
                 tokio::select! {
                     biased;

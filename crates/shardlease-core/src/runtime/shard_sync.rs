@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 use tracing::{debug, info, warn};
 
-use super::shared::{lock, Shared};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::events::{Event, Request};
+use super::shared::{Shared, SyncRequest, Timing};
 use crate::error::{Error, Result};
 use crate::lease::{Lease, LeaseKey, VersionedLease};
 use crate::position::Position;
@@ -26,7 +29,10 @@ use crate::source::ShardInfo;
 /// look again after the same wait) never take each other for an established fleet.
 ///
 /// [`WorkerRecord::ESTABLISHED_BEATS`]: crate::worker_record::WorkerRecord
-async fn first_look(shared: &Shared) -> (Option<crate::store::Listing<VersionedLease>>, bool) {
+async fn first_look(
+    shared: &Shared,
+    state: &mut SyncState,
+) -> (Option<crate::store::Listing<VersionedLease>>, bool) {
     let listing = shared.store.list_leases().await.ok();
     let me = shared.id();
     let established = match shared.store.list_workers().await {
@@ -39,13 +45,36 @@ async fn first_look(shared: &Shared) -> (Option<crate::store::Listing<VersionedL
     };
     let has_leases = listing.as_ref().is_some_and(|l| !l.items.is_empty() || !l.corrupt.is_empty());
     if has_leases || established {
-        shared.seen_running.store(true, std::sync::atomic::Ordering::SeqCst);
+        state.seen_running = true;
     }
     (listing, established)
 }
 
-pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
-    let (mut listing, mut established) = first_look(&shared).await;
+/// What only the shard sync loop reads and writes.
+#[derive(Default)]
+struct SyncState {
+    /// Whether this process has seen the application run: leases in the namespace, or an
+    /// established fleet. A lease missing after that is one the store lost, never one of a new
+    /// application, so it is not created at `LATEST` (see [`start_for_missing`]).
+    seen_running: bool,
+    /// What the last full sync saw, so the next one can skip listing the leases.
+    last: Option<LastSync>,
+}
+
+/// The balance loop's memory of the namespace's leases (empty when the loop is not running).
+async fn memory(shared: &Shared) -> Vec<Lease> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    shared.tell(Event::Request(Request::Memory(tx)));
+    rx.await.unwrap_or_default()
+}
+
+pub(crate) async fn shard_sync_loop(
+    shared: Arc<Shared>,
+    mut requests: UnboundedReceiver<SyncRequest>,
+) {
+    let mut state = SyncState::default();
+    let mut timing = Timing::new(&shared.cfg, shared.rng(2));
+    let (mut listing, mut established) = first_look(&shared, &mut state).await;
     let mut empty = listing.as_ref().is_none_or(|l| l.items.is_empty() && l.corrupt.is_empty());
     // An empty namespace with an established fleet around is not a new application: the store
     // lost its data, and the fleet restores the leases it remembers (then syncs the rest). A
@@ -65,7 +94,7 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
             _ = shared.stop_taking.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        (listing, established) = first_look(&shared).await;
+        (listing, established) = first_look(&shared, &mut state).await;
         empty = listing.as_ref().is_none_or(|l| l.items.is_empty() && l.corrupt.is_empty());
     }
     if empty && established {
@@ -76,7 +105,9 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
         let synced = match shared.source.list_shards().await {
             Ok(shards) => {
                 let initial = shared.cfg.initial_position.clone();
-                sync_shards_listed(&shared, shards, &initial, listing.filter(|_| !empty)).await
+                let memory = memory(&shared).await;
+                let listing = listing.filter(|_| !empty);
+                sync_shards_listed(&shared, &mut state, shards, &initial, listing, &memory).await
             }
             Err(e) => Err(e),
         };
@@ -85,22 +116,41 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
         }
     }
     loop {
-        let d = shared.jittered(shared.cfg.shard_sync_interval);
+        let d = timing.jittered(shared.cfg.shard_sync_interval);
+        let mut replies = Vec::new();
         tokio::select! {
             biased;
             _ = tokio::time::sleep(d) => {}
-            _ = shared.sync_now.notified() => {}
+            request = requests.recv() => match request {
+                Some(SyncRequest::Now(reply)) => {
+                    // A full sync now: whatever the last one saw is out of date.
+                    state.last = None;
+                    replies.extend(reply);
+                    while let Ok(SyncRequest::Now(reply)) = requests.try_recv() {
+                        replies.extend(reply);
+                    }
+                }
+                None => return,
+            },
             _ = shared.stop_taking.cancelled() => return,
         }
-        if let Err(e) = sync_if_changed(&shared).await {
-            warn!(error = %crate::error::ErrorChain(&e), "shard sync failed");
+        let synced = sync_if_changed(&shared, &mut state).await;
+        if let Err(e) = &synced {
+            warn!(error = %crate::error::ErrorChain(e), "shard sync failed");
+        }
+        for reply in replies {
+            let answer = match &synced {
+                Ok(()) => Ok(()),
+                Err(e) => Err(Error::retryable(crate::error::ErrorChain(e).to_string())),
+            };
+            let _ = reply.send(answer);
         }
     }
 }
 
 /// What the last full sync saw and left to do.
 #[derive(Clone, Debug)]
-pub(crate) struct LastSync {
+struct LastSync {
     /// The shards the stream listed.
     shards: Vec<ShardInfo>,
     /// Whether every one of them had a lease (or was skipped as history) when it finished.
@@ -108,43 +158,40 @@ pub(crate) struct LastSync {
     /// Finished leases not yet collected, with the children that must move on first.
     pending: Vec<(LeaseKey, Vec<LeaseKey>)>,
     /// The leases the store held (or this sync created) for the listed shards, minus those this
-    /// worker collected since. A balance pass that lists the leases and misses one of these
-    /// forgets this record, so the next sync is a full one (the store lost leases, or a peer
-    /// collected one: either way, look).
+    /// worker collected since, published on `Shared::expected`. A balance pass that lists the
+    /// leases and misses one of these asks for a full sync at once (the store lost leases, or a
+    /// peer collected one: either way, look).
     expected: BTreeSet<LeaseKey>,
-}
-
-impl LastSync {
-    /// Whether a listing holding `listed` keys lacks a lease this sync expected.
-    pub(crate) fn misses_any(&self, listed: &BTreeSet<&str>) -> bool {
-        self.expected.iter().any(|k| !listed.contains(k.as_str()))
-    }
 }
 
 /// The periodic sync: a full one when the shard list changed since the last full sync (or that
 /// one was incomplete); otherwise only the collection of finished leases still pending, reading
 /// their children one by one instead of listing every lease.
-async fn sync_if_changed(shared: &Shared) -> Result<()> {
+async fn sync_if_changed(shared: &Shared, state: &mut SyncState) -> Result<()> {
     let shards = shared.source.list_shards().await?;
-    let last = lock(&shared.last_sync).clone();
-    let Some(last) = last.filter(|l| l.complete && l.shards == shards) else {
-        return sync_shards(shared, shards, &shared.cfg.initial_position).await;
+    let last = state.last.take();
+    let Some(mut last) = last.filter(|l| l.complete && l.shards == shards) else {
+        let memory = memory(shared).await;
+        let initial = &shared.cfg.initial_position;
+        return sync_shards_listed(shared, state, shards, initial, None, &memory).await;
     };
     let mut pending = Vec::with_capacity(last.pending.len());
     let mut collected = Vec::new();
-    for (parent, kids) in last.pending {
+    for (parent, kids) in std::mem::take(&mut last.pending) {
         if collect_if_moved_on(shared, &parent, &kids).await {
             collected.push(parent);
         } else {
             pending.push((parent, kids));
         }
     }
-    if let Some(l) = lock(&shared.last_sync).as_mut() {
-        l.pending = pending;
-        for k in &collected {
-            l.expected.remove(k);
-        }
+    last.pending = pending;
+    for k in &collected {
+        last.expected.remove(k);
     }
+    if !collected.is_empty() {
+        shared.expected.send_replace(Some(Arc::new(last.expected.clone())));
+    }
+    state.last = Some(last);
     Ok(())
 }
 
@@ -165,7 +212,7 @@ async fn collect_if_moved_on(shared: &Shared, parent: &LeaseKey, kids: &[LeaseKe
         Ok(Some(VersionedLease { lease, version })) if lease.is_finished() => {
             match shared.store.delete_lease(parent, version).await {
                 Ok(()) => {
-                    shared.changed_now(1);
+                    shared.tell(Event::Changed { n: 1 });
                     debug!(shard = %parent, "deleted a finished lease whose children moved on");
                     true
                 }
@@ -210,44 +257,58 @@ fn parents_first(shards: &[ShardInfo]) -> Vec<&ShardInfo> {
     out
 }
 
-/// One sync pass.
-pub(crate) async fn sync(shared: &Shared) -> Result<()> {
-    sync_from(shared, &shared.cfg.initial_position).await
+/// One full sync, outside the sync loop, given the balance loop's memory of the namespace (empty
+/// before the worker starts).
+pub(crate) async fn sync(shared: &Shared, memory: &[Lease]) -> Result<()> {
+    sync_from(shared, &shared.cfg.initial_position, memory).await
+}
+
+/// One full sync by the sync loop, for the handle: the loop's answer, or (the loop has ended) a
+/// sync of its own.
+pub(crate) async fn sync_now(shared: &Shared) -> Result<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if shared.sync.send(SyncRequest::Now(Some(tx))).is_ok() {
+        if let Ok(result) = rx.await {
+            return result;
+        }
+    }
+    let memory = memory(shared).await;
+    sync(shared, &memory).await
 }
 
 /// A sync right after the store lost every lease: the namespace is not new, so a shard nobody
 /// remembers is read from its start rather than from `LATEST` (whose records up to now would be
 /// skipped, though a lost lease may have been reading them). `AT_TIMESTAMP` stays.
-pub(crate) async fn sync_after_loss(shared: &Shared) -> Result<()> {
+pub(crate) async fn sync_after_loss(shared: &Shared, memory: &[Lease]) -> Result<()> {
     let initial = match &shared.cfg.initial_position {
         Position::Latest => Position::TrimHorizon,
         other => other.clone(),
     };
-    sync_from(shared, &initial).await
+    sync_from(shared, &initial, memory).await
 }
 
-async fn sync_from(shared: &Shared, initial: &Position) -> Result<()> {
+/// A full sync with a state of its own (the sync loop's is not at hand): it knows the memory it is
+/// given, and leaves the loop's next sync to be a full one.
+async fn sync_from(shared: &Shared, initial: &Position, memory: &[Lease]) -> Result<()> {
     let shards = shared.source.list_shards().await?;
-    sync_shards(shared, shards, initial).await
-}
-
-async fn sync_shards(shared: &Shared, shards: Vec<ShardInfo>, initial: &Position) -> Result<()> {
-    sync_shards_listed(shared, shards, initial, None).await
+    let mut state = SyncState { seen_running: !memory.is_empty(), last: None };
+    sync_shards_listed(shared, &mut state, shards, initial, None, memory).await
 }
 
 /// A full sync against `listing` (listed now when `None`).
 async fn sync_shards_listed(
     shared: &Shared,
+    state: &mut SyncState,
     shards: Vec<ShardInfo>,
     initial: &Position,
     listing: Option<crate::store::Listing<crate::lease::VersionedLease>>,
+    memory: &[Lease],
 ) -> Result<()> {
     let listing = match listing {
         Some(l) => l,
         None => shared.store.list_leases().await?,
     };
-    let remembers_any = !lock(&shared.remembered).is_empty()
-        || shared.seen_running.load(std::sync::atomic::Ordering::SeqCst);
+    let remembers_any = !memory.is_empty() || state.seen_running;
     let initial = &start_for_missing(initial, &listing, remembers_any);
     let mut existing: BTreeSet<String> =
         listing.items.iter().map(|v| v.lease.key.as_str().to_owned()).collect();
@@ -259,7 +320,7 @@ async fn sync_shards_listed(
     // unfinished one is created behind, at its shard's start (below), never at `LATEST` (a fresh
     // `LATEST` lease pinned by its new owner would skip the records between the lost checkpoint
     // and the pin).
-    existing.extend(lock(&shared.remembered).keys().map(|k| k.as_str().to_owned()));
+    existing.extend(memory.iter().map(|l| l.key.as_str().to_owned()));
     // Leases that read past their start, listed or remembered: only such a descendant proves a
     // shard's own lease was finished and collected (collection waits for every child to move on).
     let mut moved: BTreeSet<String> = listing
@@ -271,12 +332,7 @@ async fn sync_shards_listed(
     // An undecodable lease may well have moved on: counted as if it had (recreating a parent
     // already processed would read it again after its children).
     moved.extend(listing.corrupt.iter().map(|c| c.key.clone()));
-    moved.extend(
-        lock(&shared.remembered)
-            .values()
-            .filter(|r| moved_on(&r.lease))
-            .map(|r| r.lease.key.as_str().to_owned()),
-    );
+    moved.extend(memory.iter().filter(|l| moved_on(l)).map(|l| l.key.as_str().to_owned()));
     let mut children: BTreeMap<&LeaseKey, Vec<&LeaseKey>> = BTreeMap::new();
     for s in &shards {
         for p in &s.parents {
@@ -296,9 +352,8 @@ async fn sync_shards_listed(
     // It is created unowned, like any fresh lease: created under the owner it remembers, a lease
     // that owner no longer runs (this memory may be out of date) would be re-taken by it from its
     // start, while the peers that remember more kept waiting for that owner to restore it.
-    let lost_unfinished: BTreeSet<String> = lock(&shared.remembered)
-        .values()
-        .map(|r| &r.lease)
+    let lost_unfinished: BTreeSet<String> = memory
+        .iter()
         .filter(|l| !l.is_finished() && !stored.contains(l.key.as_str()))
         .map(|l| l.key.as_str().to_owned())
         .collect();
@@ -336,19 +391,19 @@ async fn sync_shards_listed(
         existing.insert(shard.id.as_str().to_owned());
         stored.insert(shard.id.as_str().to_owned());
     }
-    shared.changed_now(created as u64);
     if created > 0 {
         info!(created, shards = shards.len(), "shard sync created leases");
-        shared.balance_now.notify_one();
+        shared.tell(Event::Changed { n: created as u64 });
+        shared.tell(Event::WantListing { now: true });
     }
     let (pending, collected) = collect_finished(shared, &listing.items, &children).await;
-    let expected = shards
+    let expected: BTreeSet<LeaseKey> = shards
         .iter()
         .filter(|s| stored.contains(s.id.as_str()) && !collected.contains(&s.id))
         .map(|s| s.id.clone())
         .collect();
-    *lock(&shared.last_sync) =
-        Some(LastSync { shards: shards.clone(), complete, pending, expected });
+    shared.expected.send_replace(Some(Arc::new(expected.clone())));
+    state.last = Some(LastSync { shards: shards.clone(), complete, pending, expected });
     Ok(())
 }
 
@@ -479,7 +534,7 @@ async fn collect_finished(
         }
         match shared.store.delete_lease(&lease.key, *version).await {
             Ok(()) => {
-                shared.changed_now(1);
+                shared.tell(Event::Changed { n: 1 });
                 collected.insert(lease.key.clone());
                 debug!(shard = %lease.key, "deleted a finished lease whose children moved on")
             }

@@ -1,9 +1,11 @@
-//! State shared by a worker's loops and lease tasks, plus the small timing helpers they all use
-//! (jittered intervals and retry backoff drawn from one seedable RNG, so simulations replay).
+//! What a worker's tasks share: the parts the worker was built from (never changed after), the
+//! channel of events to the balance loop (the one owner of the worker's coordination state), and
+//! a few signals and published snapshots. Nothing here is state that two tasks write: the balance
+//! loop owns the view of leases and workers, the lease tasks, claims, grants, the memory of the
+//! namespace and the change counters (`balance::Owner`), and everyone else tells it what they saw
+//! or did through [`Event`]s. docs/algorithm.md, "Who owns the runtime's state".
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -14,12 +16,12 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::events::Event;
 use crate::balancer::Balancer;
 use crate::checkpointer::Checkpointer;
 use crate::config::Config;
 use crate::ids::WorkerId;
-use crate::lease::{Epoch, LeaseKey};
-use crate::liveness::Liveness;
+use crate::lease::LeaseKey;
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::store::LeaseStore;
@@ -64,65 +66,59 @@ impl StopReason {
     }
 }
 
-/// A claim this worker made on a peer's lease.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct MyClaim {
-    /// When the claim timeout last restarted (the claim was written, or the record changed).
-    pub since: Instant,
-    /// The version of the lease record last seen under the claim.
-    pub seen: crate::lease::Version,
+/// Who this process is now. Written only by the heartbeat side (the watchdog's fence starts a new
+/// incarnation; the next successful heartbeat makes it live), read by everyone.
+#[derive(Clone, Debug)]
+pub(crate) struct Incarnation {
+    /// The id: the configured one at first, `<id>#<random>` after a self-fence, so peers that
+    /// judged the old incarnation dead never confuse it with this one. `#` is not allowed in
+    /// configured ids, so an incarnation never collides with another worker's id, and the random
+    /// part differs between processes restarted under one id.
+    pub id: WorkerId,
+    /// The ids of this process's earlier incarnations; their leases are re-taken by CAS.
+    pub former: Arc<Vec<WorkerId>>,
+    /// Cancelled when this incarnation fences itself: every lease task started under it stops at
+    /// once and writes nothing (no lock, no round trip through the balance loop, which may be
+    /// waiting on the very store that made the heartbeats fail).
+    pub fence: CancellationToken,
+    /// Whether a heartbeat succeeded since this incarnation began: a fenced worker takes nothing
+    /// and runs no pass until then.
+    pub live: bool,
 }
 
-/// A lease task in the balance loop's task map. The loop inserts it when it starts the task and
-/// removes it when it drains the task's `Exited` report; in between, the task may already have
-/// ended (see [`LeaseTask::is_running`]).
-pub(crate) struct LeaseTask {
-    pub epoch: Epoch,
-    /// The task's per-shard metrics (the heartbeat loop refreshes their checkpoint age).
-    pub metrics: Arc<crate::telemetry::LeaseMetrics>,
-    pub stop: watch::Sender<Option<StopReason>>,
-    /// Ends the task at once (a fence past its deadline, a shutdown's stragglers, a crash).
-    pub abort: AbortHandle,
-    /// Cancelled when the task has ended, however it ended (an abort too): everything it was
-    /// going to write is written.
+/// A lease task as the balance loop publishes it, for those who must reach every task without
+/// asking the loop: the handle (held leases, a crash), the watchdog (a fence's stragglers), the
+/// heartbeat (lease count, checkpoint-age gauges).
+#[derive(Clone, Debug)]
+pub(crate) struct HeldLease {
+    /// The lease.
+    pub key: LeaseKey,
+    /// Cancelled when the task has ended, however it ended.
     pub done: CancellationToken,
+    /// Ends the task at once.
+    pub abort: AbortHandle,
+    /// The task's per-shard metrics.
+    pub metrics: Arc<crate::telemetry::LeaseMetrics>,
 }
 
-impl LeaseTask {
-    /// Whether the task is still running: not yet ended, whether or not the balance loop has
-    /// drained its report. A task that ended holds nothing any more.
+impl HeldLease {
+    /// Whether the task is still running (a task that ended holds nothing any more, even before
+    /// the balance loop drained its report).
     pub(crate) fn is_running(&self) -> bool {
         !self.done.is_cancelled()
     }
 }
 
-/// Counters a worker keeps about itself (also exported through the `metrics` facade).
-#[derive(Debug, Default)]
-pub(crate) struct Stats {
-    pub passes: AtomicU64,
-    pub lease_listings: AtomicU64,
-    pub taking_passes: AtomicU64,
-    pub taken: AtomicU64,
-    pub claims: AtomicU64,
-    pub handoffs: AtomicU64,
-    pub lost: AtomicU64,
-    pub fenced: AtomicU64,
-    pub records: AtomicU64,
-    pub heartbeats: AtomicU64,
-    /// Leases whose processor is failing with an error retrying cannot fix (a gauge).
-    pub stuck: AtomicU64,
+/// Requests to the shard sync loop.
+pub(crate) enum SyncRequest {
+    /// A full sync now; the result goes to the reply, when there is one
+    /// (`WorkerHandle::sync_shards`).
+    Now(Option<tokio::sync::oneshot::Sender<crate::error::Result<()>>>),
 }
 
-/// Everything a worker's tasks share.
+/// Everything a worker's tasks share: see the module documentation.
 pub(crate) struct Shared {
     pub cfg: Config,
-    /// The current incarnation's id: the configured id at first, `<id>#<random>` after a
-    /// self-fence, so peers that judged the old incarnation dead never confuse it with this one.
-    /// `#` is not allowed in configured ids, so an incarnation never collides with another
-    /// worker's id, and the random part differs between processes restarted under one id.
-    id: Mutex<WorkerId>,
-    /// Ids of this process's earlier incarnations; their leases are re-taken by CAS.
-    pub former_ids: Mutex<std::collections::BTreeSet<WorkerId>>,
     pub store: Arc<dyn LeaseStore>,
     pub source: Arc<dyn ShardSource>,
     pub factory: Arc<dyn ProcessorFactory>,
@@ -135,76 +131,42 @@ pub(crate) struct Shared {
     pub cancel: CancellationToken,
     /// Cancelled when taking new work must stop (start of a shutdown).
     pub stop_taking: CancellationToken,
-    /// The lease tasks this worker started. Only the balance loop inserts and removes (it starts
-    /// the tasks and drains their `Exited` reports); the heartbeat, the watchdog, a shutdown and
-    /// the handle read it, from other tasks and threads, hence the lock.
-    pub tasks: Mutex<BTreeMap<LeaseKey, LeaseTask>>,
-    /// Where lease tasks report how they ended; the balance loop owns the receiving end.
-    pub exits: UnboundedSender<super::lease_task::Exited>,
-    /// Requests to the balance loop (a pass now, a shutdown's collection of the lease tasks).
-    pub requests: UnboundedSender<super::balance::Request>,
-    pub liveness: Mutex<Liveness>,
-    /// Claims this worker made. The claim timeout only runs while the lease record stands still
-    /// (the owner writes nothing), so an owner that is alive, checkpointing or acknowledging a
-    /// handoff is never stolen from.
-    pub my_claims: Mutex<BTreeMap<LeaseKey, MyClaim>>,
-    /// The epoch at which this process acquired each lease it runs or is about to run (by its own
-    /// compare-and-set, or by a handoff answering its own claim). A lease the store says this
-    /// worker owns at any other epoch was not given to this process (a crashed predecessor with
-    /// the same id held it, or a listing predates a handoff): it is re-taken by compare-and-set
-    /// with a new epoch, never resumed, so a peer taking it at the same moment cannot also win.
-    pub granted: Mutex<BTreeMap<LeaseKey, Epoch>>,
-    /// Wakes the balance loop for a pass now (it is the only one that runs passes).
-    pub balance_now: Notify,
-    /// Ownership changes this process made (see `WorkerRecord::changes`): published by every
-    /// heartbeat, so peers know when to list the leases again.
-    pub changes: AtomicU64,
-    /// Bumped for every reason to list the leases at the next balance pass (a peer's changes,
-    /// a worker that came, went or died, a lease task that ended, a refused write); a pass that
-    /// starts listing records the value it saw, so a bump during the pass is never lost.
-    pub listing_wanted: AtomicU64,
-    /// A peer published a change (or a worker came): the balance loop lists the leases soon, no
-    /// sooner than half a balance interval after its last listing.
-    pub peer_changed: Notify,
-    /// Wakes the heartbeat loop to publish this worker's changes without waiting an interval.
-    pub publish_now: Notify,
-    /// Wakes the heartbeat loop to beat and list the worker records now: the store notified
-    /// that a worker record appeared or vanished (see `notices`).
-    pub workers_changed: Notify,
-    /// Set after the first successful heartbeat since start (or since a fence).
+    /// Events to the balance loop, the owner of the worker's coordination state.
+    pub events: UnboundedSender<Event>,
+    /// Requests to the shard sync loop.
+    pub sync: UnboundedSender<SyncRequest>,
+    /// The leases the last full shard sync expects the namespace to hold, as the sync loop
+    /// publishes them (see `shard_sync`).
+    pub expected: watch::Sender<Option<super::events::Expected>>,
+    /// Who this process is now (see [`Incarnation`]).
+    pub incarnation: watch::Sender<Incarnation>,
+    /// Set by a shutdown: every lease task stops gracefully, by this deadline, at once.
+    pub shutdown: watch::Sender<Option<Instant>>,
+    /// The lease tasks, as the balance loop last published them (it publishes after every start
+    /// and every removal, before its next await).
+    pub held: watch::Sender<Arc<Vec<HeldLease>>>,
+    /// Ownership changes this process made (see `WorkerRecord::changes`), as the balance loop
+    /// publishes them: the heartbeat writes the count, and beats early when it moves.
+    pub changes: watch::Sender<u64>,
+    /// Set after the first successful heartbeat since start (or since a fence): when it was sent.
     pub heartbeat_ok: watch::Sender<Option<Instant>>,
-    /// When the last successful listing of worker records was started.
-    pub workers_listed: watch::Sender<Option<Instant>>,
-    pub fenced: AtomicBool,
-    /// Whether this process has seen the application run: leases in the namespace, or an
-    /// established fleet. A lease missing after that is one the store lost, never one of a new
-    /// application, so it is not created at `LATEST` (see `shard_sync::start_for_missing`).
-    pub seen_running: AtomicBool,
-    /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
-    /// repair a store that lost or rolled back writes, and when its own write last updated each
-    /// entry (a listing sent before that moment cannot show the write; see `recovery`).
-    pub remembered: Mutex<super::recovery::Memory>,
-    /// Until when this worker takes no lease that merely looks available: the store was seen
-    /// going back in time (a worker's beat went backwards), so a lease may look free only because
-    /// its owner's writes were lost; its running owner repairs it within a pass.
-    pub hold_takes_until: Mutex<Option<Instant>>,
-    /// What the last full shard sync saw, so the next one can skip listing the leases.
-    pub last_sync: Mutex<Option<super::shard_sync::LastSync>>,
-    /// Wakes the shard sync loop for a full sync now (a listing missed a lease it expected).
-    pub sync_now: Notify,
-    pub stats: Stats,
-    /// This worker's metrics, labelled with its namespace and configured id.
+    /// Wakes the heartbeat loop to beat and list the worker records now: the store notified that
+    /// a worker record appeared or vanished (see `notices`).
+    pub workers_changed: Notify,
+    /// This worker's metrics and counters, labelled with its namespace and configured id.
     pub metrics: crate::telemetry::WorkerMetrics,
-    rng: Mutex<StdRng>,
 }
 
 /// Separates a configured worker id from the suffix a worker takes when it comes back after
 /// fencing itself (`<id>#<random>`); not allowed in configured ids.
 pub const INCARNATION_SEPARATOR: char = '#';
 
-/// Locks a std mutex, recovering the data if a panicking thread poisoned it.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// The receiving ends of a worker's channels, handed to the loops that own them at start.
+pub(crate) struct Receivers {
+    /// The balance loop's events.
+    pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    /// The shard sync loop's requests.
+    pub sync: tokio::sync::mpsc::UnboundedReceiver<SyncRequest>,
 }
 
 impl Shared {
@@ -217,20 +179,18 @@ impl Shared {
         checkpointer: Arc<dyn Checkpointer>,
         default_checkpointer: Option<Arc<crate::checkpointer::StoreCheckpointer>>,
         balancer: Arc<dyn Balancer>,
-    ) -> (Self, super::balance::Inbox) {
-        let (exits, exits_rx) = tokio::sync::mpsc::unbounded_channel();
-        let (requests, requests_rx) = tokio::sync::mpsc::unbounded_channel();
-        let inbox = super::balance::Inbox { exits: exits_rx, requests: requests_rx };
-        let rng = match cfg.rng_seed {
-            Some(seed) => StdRng::seed_from_u64(seed),
-            None => StdRng::from_os_rng(),
-        };
+    ) -> (Self, Receivers) {
+        let (events, events_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (sync, sync_rx) = tokio::sync::mpsc::unbounded_channel();
         let metrics =
             crate::telemetry::WorkerMetrics::new(cfg.namespace.as_str(), cfg.worker_id.as_str());
+        let incarnation = Incarnation {
+            id: cfg.worker_id.clone(),
+            former: Arc::new(Vec::new()),
+            fence: CancellationToken::new(),
+            live: true,
+        };
         let shared = Shared {
-            id: Mutex::new(cfg.worker_id.clone()),
-            former_ids: Mutex::new(Default::default()),
-            liveness: Mutex::new(Liveness::new(cfg.failover_timeout)),
             cfg,
             store,
             source,
@@ -240,45 +200,33 @@ impl Shared {
             balancer,
             cancel: CancellationToken::new(),
             stop_taking: CancellationToken::new(),
-            tasks: Mutex::new(BTreeMap::new()),
-            exits,
-            requests,
-            my_claims: Mutex::new(BTreeMap::new()),
-            granted: Mutex::new(BTreeMap::new()),
-            balance_now: Notify::new(),
-            changes: AtomicU64::new(0),
-            listing_wanted: AtomicU64::new(0),
-            peer_changed: Notify::new(),
-            publish_now: Notify::new(),
-            workers_changed: Notify::new(),
+            events,
+            sync,
+            expected: watch::channel(None).0,
+            incarnation: watch::channel(incarnation).0,
+            shutdown: watch::channel(None).0,
+            held: watch::channel(Arc::new(Vec::new())).0,
+            changes: watch::channel(0).0,
             heartbeat_ok: watch::channel(None).0,
-            workers_listed: watch::channel(None).0,
-            fenced: AtomicBool::new(false),
-            seen_running: AtomicBool::new(false),
-            remembered: Mutex::new(BTreeMap::new()),
-            last_sync: Mutex::new(None),
-            sync_now: Notify::new(),
-            hold_takes_until: Mutex::new(None),
-            stats: Stats::default(),
+            workers_changed: Notify::new(),
             metrics,
-            rng: Mutex::new(rng),
         };
-        (shared, inbox)
+        (shared, Receivers { events: events_rx, sync: sync_rx })
     }
 
     /// This worker's current id.
     pub(crate) fn id(&self) -> WorkerId {
-        lock(&self.id).clone()
+        self.incarnation.borrow().id.clone()
     }
 
-    /// Starts a new incarnation after a self-fence; returns (old id, new id).
-    pub(crate) fn reincarnate(&self) -> (WorkerId, WorkerId) {
-        let suffix = self.random() as u32;
-        let new =
-            WorkerId::new(format!("{}{INCARNATION_SEPARATOR}{suffix:08x}", self.cfg.worker_id));
-        let old = std::mem::replace(&mut *lock(&self.id), new.clone());
-        lock(&self.former_ids).insert(old.clone());
-        (old, new)
+    /// Whether this worker fenced itself and no heartbeat has succeeded since.
+    pub(crate) fn is_fenced(&self) -> bool {
+        !self.incarnation.borrow().live
+    }
+
+    /// Tells the balance loop something (an error means it has ended: nobody left to tell).
+    pub(crate) fn tell(&self, event: Event) {
+        let _ = self.events.send(event);
     }
 
     /// Tells the default checkpointer what the runtime just read or wrote of a lease (a cache
@@ -289,132 +237,66 @@ impl Shared {
         }
     }
 
-    /// Records a write this worker made to a lease in its memory of the namespace (see
-    /// `recovery`), so the memory does not wait for the next listing to know what this worker
-    /// itself did: a store that loses the write is then repaired to it.
-    pub(crate) fn remember(&self, lease: &crate::lease::Lease) {
-        let mut memory = lock(&self.remembered);
-        let entry = memory
-            .entry(lease.key.clone())
-            .or_insert_with(|| super::recovery::Remembered::listed(lease.clone()));
-        entry.written_at = Some(Instant::now());
-        let seen = &mut entry.lease;
-        if seen.epoch <= lease.epoch {
-            let checkpoint = if seen.checkpoint.would_regress_to(&lease.checkpoint) {
-                seen.checkpoint.clone()
-            } else {
-                lease.checkpoint.clone()
-            };
-            *seen = crate::lease::Lease { checkpoint, ..lease.clone() };
+    /// An RNG for one of the worker's loops or tasks: seeded from the configured seed and
+    /// `stream` (so a replay draws the same numbers in each), from the OS otherwise.
+    pub(crate) fn rng(&self, stream: u64) -> StdRng {
+        match self.cfg.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            None => StdRng::from_os_rng(),
         }
     }
 
-    /// Counts `n` ownership changes this worker just wrote, published by the next heartbeat;
-    /// this worker's own next pass lists too. A balance pass publishes once at its end (so that
-    /// peers see all of a pass's claims at once); anything else calls [`Shared::publish`] too.
-    pub(crate) fn changed(&self, n: u64) {
-        if n == 0 {
-            return;
+    /// The leases this worker is running (a task that ended is not counted, even before the
+    /// balance loop drained its report).
+    pub(crate) fn held_leases(&self) -> Vec<LeaseKey> {
+        self.held.borrow().iter().filter(|t| t.is_running()).map(|t| t.key.clone()).collect()
+    }
+}
+
+/// Jitter and backoff delays drawn from one loop's (or one task's) own RNG, so no two tasks share
+/// a generator and a seeded worker replays.
+pub(crate) struct Timing {
+    rng: StdRng,
+    jitter: f64,
+    retry_min: Duration,
+    retry_max: Duration,
+}
+
+impl Timing {
+    /// Timings for `cfg`, drawn from `rng`.
+    pub(crate) fn new(cfg: &Config, rng: StdRng) -> Self {
+        Timing {
+            rng,
+            jitter: cfg.jitter,
+            retry_min: cfg.retry_min_delay,
+            retry_max: cfg.retry_max_delay,
         }
-        self.changes.fetch_add(n, Ordering::SeqCst);
-        self.listing_wanted.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Counts `n` ownership changes and publishes them at once by an early heartbeat, so peers
-    /// list the leases within about a heartbeat.
-    pub(crate) fn changed_now(&self, n: u64) {
-        if n > 0 {
-            self.changed(n);
-            self.publish_now.notify_one();
-        }
+    /// Timings of their own for a task started now (a lease task, one of several concurrent
+    /// writes), seeded from this generator so a seeded worker still replays.
+    pub(crate) fn fork(&mut self) -> Timing {
+        Timing { rng: StdRng::seed_from_u64(self.rng.random()), ..*self }
     }
 
-    /// A peer's published change count moved, or a worker came: the balance loop lists the
-    /// leases soon (see `balance::run`), no sooner than half a balance interval after its last
-    /// listing.
-    pub(crate) fn peer_moved(&self) {
-        self.listing_wanted.fetch_add(1, Ordering::SeqCst);
-        self.peer_changed.notify_one();
-    }
-
-    /// Asks for a balance pass that lists the leases, now.
-    pub(crate) fn want_listing(&self) {
-        self.listing_wanted.fetch_add(1, Ordering::SeqCst);
-        self.balance_now.notify_one();
-    }
-
-    /// Updates the liveness view from a listing of the worker records sent at `sent`, and logs
-    /// the peers judged dead or gone since the last view. The heartbeat loop and a take-over's
-    /// fresh look at the workers both observe through here.
-    pub(crate) fn observe_workers(
-        &self,
-        records: &[crate::worker_record::WorkerRecord],
-        sent: Instant,
-    ) -> crate::liveness::LivenessChange {
-        let change = lock(&self.liveness).observe(records, sent, Instant::now());
-        for w in &change.newly_dead {
-            tracing::info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
-        }
-        for w in &change.vanished {
-            tracing::info!(worker = %w, "peer left");
-        }
-        change
-    }
-
-    /// A random u64 from the worker's RNG.
-    pub(crate) fn random(&self) -> u64 {
-        lock(&self.rng).random()
+    /// A random u64.
+    pub(crate) fn random(&mut self) -> u64 {
+        self.rng.random()
     }
 
     /// `d` moved at random by up to ± the configured jitter fraction.
-    pub(crate) fn jittered(&self, d: Duration) -> Duration {
-        let j = self.cfg.jitter;
+    pub(crate) fn jittered(&mut self, d: Duration) -> Duration {
+        let j = self.jitter;
         if j <= 0.0 {
             return d;
         }
-        let factor: f64 = lock(&self.rng).random_range(1.0 - j..=1.0 + j);
+        let factor: f64 = self.rng.random_range(1.0 - j..=1.0 + j);
         d.mul_f64(factor)
     }
 
     /// A fresh exponential backoff using the configured delays.
     pub(crate) fn backoff(&self) -> Backoff {
-        Backoff { next: self.cfg.retry_min_delay, max: self.cfg.retry_max_delay }
-    }
-
-    /// The keys of the leases this worker is running (a task that ended is not counted, even
-    /// before the balance loop drained its report).
-    pub(crate) fn held(&self) -> Vec<LeaseKey> {
-        lock(&self.tasks).iter().filter(|(_, t)| t.is_running()).map(|(k, _)| k.clone()).collect()
-    }
-
-    pub(crate) fn bump(&self, counter: &AtomicU64, by: u64) {
-        counter.fetch_add(by, Ordering::Relaxed);
-    }
-}
-
-impl crate::processor::CheckpointObserver for Shared {
-    /// Keeps this worker's memory of its own leases' checkpoints current without a listing (a
-    /// quiet fleet does not list), so a store that loses writes is repaired to the latest one.
-    /// Positions a custom checkpointer keeps outside the lease record are not remembered: the
-    /// record never holds them, and a listing would then look like a store that lost writes.
-    fn written(&self, token: &crate::lease::LeaseToken, position: &crate::position::Position) {
-        if !self.checkpointer.stores_in_lease() {
-            return;
-        }
-        let mut memory = lock(&self.remembered);
-        if let Some(seen) = memory.get_mut(&token.key) {
-            if seen.lease.epoch <= token.epoch && !seen.lease.checkpoint.would_regress_to(position)
-            {
-                seen.written_at = Some(Instant::now());
-                seen.lease.checkpoint = position.clone();
-            }
-        }
-    }
-
-    /// The lease moved on: the next balance pass lists the leases (and counts the loss).
-    fn refused(&self, _token: &crate::lease::LeaseToken) {
-        self.listing_wanted.fetch_add(1, Ordering::SeqCst);
-        self.balance_now.notify_one();
+        Backoff { next: self.retry_min, max: self.retry_max }
     }
 }
 
@@ -430,10 +312,10 @@ impl Backoff {
         Backoff { max: self.max.max(max), ..self }
     }
 
-    /// The next delay (jittered by the worker's RNG).
-    pub(crate) fn next(&mut self, shared: &Shared) -> Duration {
+    /// The next delay (jittered by `timing`'s RNG).
+    pub(crate) fn next(&mut self, timing: &mut Timing) -> Duration {
         let d = self.next;
         self.next = (self.next * 2).min(self.max);
-        shared.jittered(d)
+        timing.jittered(d)
     }
 }

@@ -9,11 +9,12 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::super::cas;
-use super::super::shared::{lock, MyClaim, Shared, StopReason};
+use super::super::shared::{Shared, StopReason, Timing};
+use super::MyClaim;
 use crate::lease::transition;
 use crate::lease::{Epoch, LeaseKey, Version, VersionedLease, WorkerId};
 
-use super::LoopState;
+use super::Owner;
 
 /// The owner's side of the claim timeout. A claimant takes a claimed lease by force once the
 /// record has stood still for the claim timeout on its clock. An owner that cannot answer (its
@@ -24,14 +25,14 @@ use super::LoopState;
 /// timeout; the lease is then handed over, or the claim cleared, by a later pass.
 pub(super) fn yield_unanswered_claims(
     shared: &Shared,
-    state: &mut LoopState,
+    owner: &mut Owner,
     me: &WorkerId,
     leases: &[VersionedLease],
     list_sent: Instant,
     now: Instant,
     answered: &BTreeSet<LeaseKey>,
 ) {
-    let previous = state.previous_listing.replace(list_sent).unwrap_or(list_sent);
+    let previous = owner.previous_listing.replace(list_sent).unwrap_or(list_sent);
     let claimed: BTreeMap<&LeaseKey, Version> = leases
         .iter()
         .filter(|v| v.lease.is_owned_by(me) && v.lease.live_claim().is_some_and(|c| &c.by != me))
@@ -39,7 +40,7 @@ pub(super) fn yield_unanswered_claims(
         .map(|v| (&v.lease.key, v.version))
         .collect();
     {
-        let watched = &mut state.claims_on_mine;
+        let watched = &mut owner.claims_on_mine;
         watched.retain(|k, _| claimed.contains_key(k));
         for (key, version) in claimed {
             let (seen, since) = watched.entry(key.clone()).or_insert((version, previous));
@@ -49,7 +50,7 @@ pub(super) fn yield_unanswered_claims(
             }
         }
     }
-    stop_unanswered_past_deadline(shared, state, now);
+    stop_unanswered_past_deadline(shared, owner, now);
 }
 
 /// How long a claim on one of this worker's leases may stand unanswered, from the send time of
@@ -63,20 +64,20 @@ pub(super) fn unanswered_claim_limit(shared: &Shared) -> Duration {
 /// take it. (Deadlines already past were acted on when they passed.)
 pub(super) fn next_unanswered_deadline(
     shared: &Shared,
-    state: &LoopState,
+    owner: &Owner,
     now: Instant,
 ) -> Option<Instant> {
     let limit = unanswered_claim_limit(shared);
-    state.claims_on_mine.values().map(|(_, since)| *since + limit).filter(|d| *d > now).min()
+    owner.claims_on_mine.values().map(|(_, since)| *since + limit).filter(|d| *d > now).min()
 }
 
 /// Stops the tasks of leases whose claim has stood unanswered past the limit. Also called when a
 /// pass cannot list: not knowing whether the claim was answered, the task stops all the same
 /// (the claimant's clock does not wait for this worker's store errors).
-pub(super) fn stop_unanswered_past_deadline(shared: &Shared, state: &LoopState, now: Instant) {
+pub(super) fn stop_unanswered_past_deadline(shared: &Shared, owner: &Owner, now: Instant) {
     let limit = unanswered_claim_limit(shared);
-    let watched = &state.claims_on_mine;
-    let tasks = lock(&shared.tasks);
+    let watched = &owner.claims_on_mine;
+    let tasks = &owner.tasks;
     for (key, (_, since)) in watched.iter() {
         if now.saturating_duration_since(*since) < limit {
             continue;
@@ -84,7 +85,6 @@ pub(super) fn stop_unanswered_past_deadline(shared: &Shared, state: &LoopState, 
         if let Some(t) = tasks.get(key).filter(|t| t.is_running()) {
             if t.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt()) {
                 warn!(shard = %key, "a claim on this lease went unanswered for almost the claim timeout; stopping its task before the claimant takes it");
-                shared.bump(&shared.stats.lost, 1);
                 shared.metrics.lost(key);
                 t.stop.send_replace(Some(StopReason::LeaseLost));
             }
@@ -96,6 +96,7 @@ pub(super) fn stop_unanswered_past_deadline(shared: &Shared, state: &LoopState, 
 /// for the claim timeout (the owner is alive but stuck: it neither answers nor checkpoints).
 pub(super) fn expired_claims(
     shared: &Shared,
+    owner: &mut Owner,
     me: &WorkerId,
     leases: &[VersionedLease],
     now: Instant,
@@ -107,7 +108,7 @@ pub(super) fn expired_claims(
         .filter(|v| v.lease.live_claim().is_some_and(|c| &c.by == me))
         .map(|v| (&v.lease.key, v.version))
         .collect();
-    let mut mine = lock(&shared.my_claims);
+    let mine = &mut owner.my_claims;
     mine.retain(|k, _| standing.contains_key(k));
     // A claim of mine the store holds but this worker did not record (its write was applied but
     // the answer lost) is watched like any other: the balancer counts it toward my share, so it
@@ -133,12 +134,17 @@ pub(super) fn expired_claims(
 /// Clears a claim on a lease this worker owns. The owner checkpoints all the time, so the listed
 /// version is often stale: on a conflict, re-decide from the current record (a claim left standing
 /// would let the claimant take the lease after the claim timeout). True when it cleared it.
-pub(super) async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> bool {
+pub(super) async fn clear_claim(
+    shared: &Shared,
+    owner: &mut Owner,
+    listed: &VersionedLease,
+) -> bool {
     let claim = listed.lease.live_claim().cloned();
     let me = shared.id();
     let key = listed.lease.key.clone();
     let outcome = cas::write(
         shared,
+        &mut owner.timing,
         &key,
         Some(listed.clone()),
         cas::Policy::PERSIST,
@@ -149,7 +155,7 @@ pub(super) async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> boo
     match outcome {
         cas::Outcome::Written(next, v) => {
             shared.observe(&next, v);
-            shared.changed(1);
+            owner.changed(shared, 1);
             true
         }
         cas::Outcome::Declined | cas::Outcome::GaveUp => false,
@@ -162,6 +168,7 @@ pub(super) async fn clear_claim(shared: &Shared, listed: &VersionedLease) -> boo
 /// pass.
 pub(super) async fn acknowledge_claim(
     shared: &Shared,
+    mut timing: Timing,
     key: &LeaseKey,
     epoch: Epoch,
     to: &WorkerId,
@@ -170,12 +177,20 @@ pub(super) async fn acknowledge_claim(
     // Read first: the listing's version is likely stale (the owner checkpoints all the time).
     let mut decisions = 0;
     let mut last_standing = false;
-    let outcome = cas::write(shared, key, None, cas::Policy::PERSIST, "acknowledge a claim", |l| {
-        let answer = transition::acknowledge(l, &me, epoch, to);
-        decisions += 1;
-        last_standing = answer.is_ok();
-        answer
-    })
+    let outcome = cas::write(
+        shared,
+        &mut timing,
+        key,
+        None,
+        cas::Policy::PERSIST,
+        "acknowledge a claim",
+        |l| {
+            let answer = transition::acknowledge(l, &me, epoch, to);
+            decisions += 1;
+            last_standing = answer.is_ok();
+            answer
+        },
+    )
     .await;
     // Why a claim stays unanswered shows in the log: `last_standing` with many decisions means
     // the owner's own checkpoints kept moving the record under the acknowledgement.

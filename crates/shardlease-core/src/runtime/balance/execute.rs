@@ -3,7 +3,6 @@
 //! cleared claims. Every write is a transition of `lease::transition` issued through `cas::write`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::future::join_all;
@@ -11,27 +10,28 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::super::shared::{lock, MyClaim, Shared, StopReason};
+use super::super::shared::{Shared, StopReason};
 use super::super::{cas, lease_task};
 use crate::balancer::Plan;
 use crate::lease::transition;
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease, WorkerId};
 
 use super::claims::{acknowledge_claim, clear_claim};
+use super::{MyClaim, Owner};
 
 /// Carries out a plan; returns the claims on this worker's leases it answered (acknowledged for a
 /// handoff, or cleared).
 pub(super) async fn execute(
     shared: &Arc<Shared>,
+    owner: &mut Owner,
     plan: &Plan,
     by_key: &BTreeMap<&LeaseKey, &VersionedLease>,
 ) -> BTreeSet<LeaseKey> {
     let mut answered = BTreeSet::new();
-    take_share(shared, plan, by_key).await;
+    take_share(shared, owner, plan, by_key).await;
     for key in &plan.take_over {
         if let Some(v) = by_key.get(key) {
-            if take(shared, v).await {
-                shared.bump(&shared.stats.taken, 1);
+            if take(shared, owner, v).await {
                 shared.metrics.taken(key);
                 info!(shard = %key, "owner did not hand over a claimed lease in time; took it");
             }
@@ -40,15 +40,16 @@ pub(super) async fn execute(
     // Claims are written concurrently (bounded), so an owner's next listing sees all of them and
     // answers them in one round.
     let me = shared.id();
-    let claims: Vec<(Lease, Version, WorkerId)> = plan
+    let claims: Vec<(Lease, Version, WorkerId, super::super::shared::Timing)> = plan
         .claims
         .iter()
-        .filter_map(|(key, owner)| {
-            by_key.get(key).map(|v| (v.lease.clone(), v.version, owner.clone()))
+        .filter_map(|(key, current)| {
+            by_key.get(key).map(|v| (v.lease.clone(), v.version, current.clone()))
         })
+        .map(|(l, v, w)| (l, v, w, owner.timing.fork()))
         .collect();
-    futures::stream::iter(claims)
-        .map(|(lease, version, owner)| {
+    let written: Vec<Option<(LeaseKey, Version, WorkerId)>> = futures::stream::iter(claims)
+        .map(|(lease, version, current, mut timing)| {
             let me = me.clone();
             async move {
                 let listed = Some(VersionedLease::new(lease.clone(), version));
@@ -59,56 +60,63 @@ pub(super) async fn execute(
                 // drops the claim: the next pass decides again from a new listing. Re-deciding on
                 // any record would claim again right after an owner cleared a claim and moved on
                 // (a fleet then listed on every pass, found by the simulation).
-                let outcome =
-                    cas::write(shared, &lease.key, listed, cas::Policy::PERSIST, "claim", |l| {
-                        transition::claim(&lease, l, &me)
-                    })
-                    .await;
+                let outcome = cas::write(
+                    shared,
+                    &mut timing,
+                    &lease.key,
+                    listed,
+                    cas::Policy::PERSIST,
+                    "claim",
+                    |l| transition::claim(&lease, l, &me),
+                )
+                .await;
                 match outcome {
-                    cas::Outcome::Written(_, v) => {
-                        let claim = MyClaim { since: Instant::now(), seen: v };
-                        lock(&shared.my_claims).insert(lease.key.clone(), claim);
-                        shared.changed(1);
-                        shared.bump(&shared.stats.claims, 1);
-                        shared.metrics.claimed(&lease.key);
-                        debug!(shard = %lease.key, from = %owner, "claimed");
-                    }
-                    cas::Outcome::Declined | cas::Outcome::GaveUp => {}
+                    cas::Outcome::Written(_, v) => Some((lease.key.clone(), v, current)),
+                    cas::Outcome::Declined | cas::Outcome::GaveUp => None,
                 }
             }
         })
         .buffer_unordered(shared.cfg.take_concurrency)
-        .collect::<Vec<()>>()
+        .collect()
         .await;
+    for (key, v, current) in written.into_iter().flatten() {
+        owner.my_claims.insert(key.clone(), MyClaim { since: Instant::now(), seen: v });
+        owner.changed(shared, 1);
+        shared.metrics.claimed(&key);
+        debug!(shard = %key, from = %current, "claimed");
+    }
     // Handoffs: acknowledge every claim first, concurrently (bounded), so an owner answering
     // hundreds of claims restarts every claimant's clock within one pass.
     let mut running = Vec::new();
     for (key, to) in &plan.handoffs {
-        // A task that ended (its report not drained yet) wrote all it will: the lease is handed
+        // A task that ended (its report not applied yet) wrote all it will: the lease is handed
         // over directly, if the listed token still holds.
-        let task = lock(&shared.tasks)
+        let task = owner
+            .tasks
             .get(key)
             .filter(|t| t.is_running())
             .map(|t| (t.epoch, t.stop.borrow().is_none()));
         match task {
-            Some((epoch, true)) => running.push((key.clone(), to.clone(), epoch)),
+            Some((epoch, true)) => {
+                running.push((key.clone(), to.clone(), epoch, owner.timing.fork()))
+            }
             Some((_, false)) => {} // already stopping
             None => {
                 if let Some(token) = by_key.get(key).and_then(|v| v.lease.token()) {
-                    lease_task::transfer(shared, &token, Some(to.clone())).await;
+                    lease_task::transfer(shared, &mut owner.timing, &token, Some(to.clone())).await;
                 }
             }
         }
     }
     let acks = futures::stream::iter(running)
-        .map(|(key, to, epoch)| {
+        .map(|(key, to, epoch, timing)| {
             let shared = shared.clone();
             async move {
                 // The write restarts the claimant's claim timeout, which validation keeps longer
                 // than the deadline given to the task here, so the claimant never takes the lease
                 // by force while the processor still flushes.
                 let sent = Instant::now();
-                let acked = acknowledge_claim(&shared, &key, epoch, &to).await;
+                let acked = acknowledge_claim(&shared, timing, &key, epoch, &to).await;
                 acked.then_some((key, to, epoch, sent))
             }
         })
@@ -118,7 +126,7 @@ pub(super) async fn execute(
     for (key, to, epoch, sent) in acks.into_iter().flatten() {
         answered.insert(key.clone());
         let deadline = sent + shared.cfg.shutdown_timeout;
-        if let Some(t) = lock(&shared.tasks).get(&key) {
+        if let Some(t) = owner.tasks.get(&key) {
             if t.epoch == epoch && t.stop.borrow().is_none() {
                 t.stop.send_replace(Some(StopReason::Handoff { to, deadline }));
             }
@@ -126,7 +134,7 @@ pub(super) async fn execute(
     }
     for key in &plan.clear_claims {
         if let Some(v) = by_key.get(key) {
-            if clear_claim(shared, v).await {
+            if clear_claim(shared, owner, v).await {
                 answered.insert(key.clone());
             }
         }
@@ -152,6 +160,7 @@ pub(super) const MAX_CANDIDATE_REFRESHES: usize = 8;
 /// docs/algorithm.md, "Stale take candidates".
 pub(super) async fn take_share(
     shared: &Arc<Shared>,
+    owner: &mut Owner,
     plan: &Plan,
     by_key: &BTreeMap<&LeaseKey, &VersionedLease>,
 ) {
@@ -173,7 +182,9 @@ pub(super) async fn take_share(
             }
             refreshes += 1;
             conflicts = 0;
-            let Some(fresh) = refresh_candidates(shared, &mut candidates).await else { break };
+            let Some(fresh) = refresh_candidates(shared, owner, &mut candidates).await else {
+                break;
+            };
             debug!(taken, missing, candidates = fresh, "take candidates refreshed");
             continue;
         }
@@ -183,21 +194,18 @@ pub(super) async fn take_share(
             break;
         }
         let tried = chunk.len();
-        let results = join_all(chunk.iter().map(|&v| async move {
-            let ok = take(shared, v).await;
-            if ok {
+        let results = take_all(shared, owner, &chunk).await;
+        for (v, ok) in chunk.iter().zip(&results) {
+            if *ok {
                 shared.metrics.taken(&v.lease.key);
             }
-            ok
-        }))
-        .await;
+        }
         let won = results.into_iter().filter(|ok| *ok).count();
         taken += won;
         conflicts += tried - won;
     }
     if taken > 0 {
-        shared.bump(&shared.stats.taking_passes, 1);
-        shared.bump(&shared.stats.taken, taken as u64);
+        shared.metrics.taking_pass();
         info!(taken, "took leases");
     }
 }
@@ -207,6 +215,7 @@ pub(super) async fn take_share(
 /// (the store went back in time meanwhile): the pass then stops taking.
 pub(super) async fn refresh_candidates(
     shared: &Shared,
+    owner: &mut Owner,
     candidates: &mut VecDeque<&VersionedLease>,
 ) -> Option<usize> {
     let listing = match shared.store.list_leases().await {
@@ -216,8 +225,8 @@ pub(super) async fn refresh_candidates(
             return None;
         }
     };
-    shared.bump(&shared.stats.lease_listings, 1);
-    if lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until) {
+    shared.metrics.lease_listing();
+    if owner.holding_takes() {
         return None;
     }
     let now: HashMap<&LeaseKey, Version> =
@@ -226,29 +235,54 @@ pub(super) async fn refresh_candidates(
     Some(candidates.len())
 }
 
-/// Takes one lease by CAS (owner = me, epoch + 1) and starts its task. False on conflict/error.
-pub(super) async fn take(shared: &Arc<Shared>, listed: &VersionedLease) -> bool {
-    if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
-        return false;
-    }
+/// The outcome of one take's write.
+pub(super) enum TakeWrite {
+    /// Written: the record and its version.
+    Won(Lease, Version),
+    /// Someone else acted first, or the record moved.
+    Lost,
+    /// The store kept failing: the write may have landed all the same.
+    Uncertain,
+}
+
+/// Writes one take by compare-and-set (owner = me, a new epoch) against the listed record.
+pub(super) async fn take_write(
+    shared: &Shared,
+    mut timing: super::super::shared::Timing,
+    listed: &VersionedLease,
+) -> TakeWrite {
     let me = shared.id();
     let lease = &listed.lease;
-    let listed = Some(listed.clone());
-    let outcome =
-        cas::write(shared, &lease.key, listed, cas::Policy::ONCE, "take the lease", |l| {
-            transition::take(l, &me, crate::clock::now_millis())
-        })
-        .await;
+    let outcome = cas::write(
+        shared,
+        &mut timing,
+        &lease.key,
+        Some(listed.clone()),
+        cas::Policy::ONCE,
+        "take the lease",
+        |l| transition::take(l, &me, crate::clock::now_millis()),
+    )
+    .await;
     match outcome {
-        cas::Outcome::Written(next, v) => {
-            lock(&shared.granted).insert(next.key.clone(), next.epoch);
-            shared.remember(&next);
-            shared.changed(1);
-            if !lease_task::spawn(shared, next.clone(), v) {
+        cas::Outcome::Written(next, v) => TakeWrite::Won(next, v),
+        cas::Outcome::Declined => TakeWrite::Lost,
+        cas::Outcome::GaveUp => TakeWrite::Uncertain,
+    }
+}
+
+/// Applies a take's write: a lease won is granted, remembered, counted and started (or, when
+/// taking stopped meanwhile, given back at once). True when the lease was won.
+async fn took(shared: &Arc<Shared>, owner: &mut Owner, outcome: TakeWrite) -> bool {
+    match outcome {
+        TakeWrite::Won(next, v) => {
+            owner.granted.insert(next.key.clone(), next.epoch);
+            owner.remember(&next, Instant::now());
+            owner.changed(shared, 1);
+            if !lease_task::spawn(shared, owner, next.clone(), v) {
                 if shared.stop_taking.is_cancelled() {
                     // Shutting down: give back what this pass took at the last moment.
                     if let Some(token) = next.token() {
-                        lease_task::transfer(shared, &token, None).await;
+                        lease_task::transfer(shared, &mut owner.timing, &token, None).await;
                     }
                     return false;
                 }
@@ -256,11 +290,37 @@ pub(super) async fn take(shared: &Arc<Shared>, listed: &VersionedLease) -> bool 
             }
             true
         }
-        cas::Outcome::Declined => false,
-        cas::Outcome::GaveUp => {
+        TakeWrite::Lost => false,
+        TakeWrite::Uncertain => {
             // The write may have landed all the same: look again at the next pass.
-            shared.listing_wanted.fetch_add(1, Ordering::SeqCst);
+            owner.listing_wanted += 1;
             false
         }
     }
+}
+
+/// Takes `listed` leases by compare-and-set, the writes concurrently, and starts their tasks.
+/// One bool per lease: whether it was won.
+pub(super) async fn take_all(
+    shared: &Arc<Shared>,
+    owner: &mut Owner,
+    listed: &[&VersionedLease],
+) -> Vec<bool> {
+    if shared.stop_taking.is_cancelled() || shared.is_fenced() {
+        return vec![false; listed.len()];
+    }
+    let writes: Vec<_> =
+        listed.iter().map(|v| take_write(shared, owner.timing.fork(), v)).collect();
+    let outcomes = join_all(writes).await;
+    let mut won = Vec::with_capacity(outcomes.len());
+    for outcome in outcomes {
+        won.push(took(shared, owner, outcome).await);
+    }
+    won
+}
+
+/// Takes one lease by compare-and-set (owner = me, a new epoch) and starts its task. False on
+/// conflict or error.
+pub(super) async fn take(shared: &Arc<Shared>, owner: &mut Owner, listed: &VersionedLease) -> bool {
+    take_all(shared, owner, &[listed]).await.first().copied().unwrap_or(false)
 }

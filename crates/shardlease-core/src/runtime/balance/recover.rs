@@ -10,26 +10,27 @@ use tokio::time::Instant;
 use tracing::{debug, error, warn};
 
 use super::super::recovery;
-use super::super::shared::{lock, Shared};
+use super::super::shared::Shared;
 use crate::error::Error;
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
 use crate::store::CreateOutcome;
 
-use super::LoopState;
+use super::Owner;
 
 /// The leases the store lost, compared with this worker's memory (see `recovery`). Vanished ones
 /// are checked against the stream's lineage to rule out those the shard sync collected while this
 /// worker was not looking (a one-off listing of the shards, only when something vanished).
 pub(super) async fn lost_leases(
     shared: &Shared,
+    owner: &mut Owner,
     listed: &[VersionedLease],
     corrupt: &BTreeSet<LeaseKey>,
     list_sent: Instant,
 ) -> Vec<recovery::Lost> {
     let lost = {
-        let mut memory = lock(&shared.remembered);
-        let fresh = recovery::fresh_keys(&mut memory, list_sent);
-        recovery::compare(&mut memory, listed, corrupt, &fresh)
+        let memory = &mut owner.memory;
+        let fresh = recovery::fresh_keys(memory, list_sent);
+        recovery::compare(memory, listed, corrupt, &fresh)
     };
     if lost.iter().all(|l| l.now.is_some()) {
         return lost;
@@ -42,7 +43,7 @@ pub(super) async fn lost_leases(
                     children.entry(p).or_default().push(s.id.clone());
                 }
             }
-            recovery::forget_collected(&mut lock(&shared.remembered), lost, &children, listed)
+            recovery::forget_collected(&mut owner.memory, lost, &children, listed)
         }
         Err(e) => {
             warn!(error = %crate::error::ErrorChain(&e), "listing shards to tell lost leases from collected ones failed");
@@ -58,7 +59,7 @@ pub(super) async fn lost_leases(
 /// that loses a race is retried at the next pass, which finds the lease lost again.
 pub(super) async fn restore_lost(
     shared: &Arc<Shared>,
-    state: &mut LoopState,
+    owner: &mut Owner,
     lost: Vec<recovery::Lost>,
     vanished: bool,
 ) {
@@ -66,7 +67,7 @@ pub(super) async fn restore_lost(
     if vanished {
         error!(
             leases = total,
-            held = shared.held().len(),
+            held = owner.held(),
             "every lease of the namespace vanished from the store: checkpoints written since this \
              worker last listed them are LOST (those records will be processed again); restoring \
              the leases as this worker last saw them"
@@ -82,9 +83,9 @@ pub(super) async fn restore_lost(
     }
     let me = shared.id();
     let writes: Vec<(Lease, Option<Version>)> = {
-        let tasks = lock(&shared.tasks);
-        let mut liveness = lock(&shared.liveness);
-        let since = &mut state.lost_since;
+        let tasks = &owner.tasks;
+        let liveness = &mut owner.liveness;
+        let since = &mut owner.lost_since;
         let keys: BTreeSet<&LeaseKey> = lost.iter().map(|l| l.key()).collect();
         since.retain(|k, _| keys.contains(k));
         let now = Instant::now();
@@ -120,9 +121,8 @@ pub(super) async fn restore_lost(
     };
     let waiting = total - writes.len();
     let store = &shared.store;
-    let results: Vec<bool> = futures::stream::iter(writes)
+    let results: Vec<Option<Lease>> = futures::stream::iter(writes)
         .map(|(lease, over)| {
-            let me = me.clone();
             async move {
                 let done = match over {
                     None => store
@@ -140,17 +140,11 @@ pub(super) async fn restore_lost(
                     "restoring a lost lease"
                 );
                 match done {
-                    Ok(true) => {
-                        if lease.is_owned_by(&me) {
-                            lock(&shared.granted).insert(lease.key.clone(), lease.epoch);
-                        }
-                        shared.remember(&lease);
-                        true
-                    }
-                    Ok(false) | Err(Error::Conflict { .. }) => false,
+                    Ok(true) => Some(lease),
+                    Ok(false) | Err(Error::Conflict { .. }) => None,
                     Err(e) => {
                         warn!(shard = %lease.key, error = %crate::error::ErrorChain(&e), "restoring a lost lease failed");
-                        false
+                        None
                     }
                 }
             }
@@ -158,8 +152,15 @@ pub(super) async fn restore_lost(
         .buffer_unordered(shared.cfg.take_concurrency)
         .collect()
         .await;
-    let restored = results.iter().filter(|ok| **ok).count();
-    shared.changed(restored as u64);
+    let mut restored = 0;
+    for lease in results.into_iter().flatten() {
+        if lease.is_owned_by(&me) {
+            owner.granted.insert(lease.key.clone(), lease.epoch);
+        }
+        owner.remember(&lease, Instant::now());
+        restored += 1;
+    }
+    owner.changed(shared, restored as u64);
     shared.metrics.restored(restored);
     error!(
         restored,
@@ -169,13 +170,14 @@ pub(super) async fn restore_lost(
          pass (left to their live owner this pass: {waiting})"
     );
     if vanished {
-        if let Err(e) = super::super::shard_sync::sync_after_loss(shared).await {
+        let memory: Vec<Lease> = owner.memory.values().map(|r| r.lease.clone()).collect();
+        if let Err(e) = super::super::shard_sync::sync_after_loss(shared, &memory).await {
             warn!(error = %crate::error::ErrorChain(&e), "shard sync after the namespace vanished failed");
         }
     }
     if restored > 0 {
         // Take what was restored unowned without waiting a whole interval. (Only then: a pass
         // that merely waits for an owner must not start another at once.)
-        shared.want_listing();
+        owner.want_listing(true);
     }
 }

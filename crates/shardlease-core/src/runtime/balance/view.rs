@@ -3,22 +3,23 @@
 //! `execute`. Everything a pass decides is decided here, from one listing.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use futures::future::join_all;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::super::events::Event;
 use super::super::lease_task;
-use super::super::shared::{lock, Shared, StopReason};
+use super::super::shared::{Shared, StopReason, SyncRequest};
 use crate::balancer::{is_active, Snapshot};
 use crate::lease::{Lease, LeaseKey, VersionedLease, WorkerId};
 
 use super::claims::{expired_claims, stop_unanswered_past_deadline, yield_unanswered_claims};
-use super::execute::{execute, take};
+use super::execute::{execute, take_all};
 use super::recover::{lost_leases, restore_lost};
-use super::{drain_exits, Inbox, LoopState};
+use super::Owner;
 
 /// What a pass that listed the leases found.
 pub(crate) struct PassOutcome {
@@ -32,35 +33,34 @@ pub(crate) struct PassOutcome {
 /// ownership changes the pass wrote are published once, at its end.
 pub(super) async fn pass(
     shared: &Arc<Shared>,
-    inbox: &mut Inbox,
-    state: &mut LoopState,
+    events: &mut UnboundedReceiver<Event>,
+    owner: &mut Owner,
 ) -> Option<PassOutcome> {
-    let changes = shared.changes.load(Ordering::SeqCst);
-    let outcome = list_and_act(shared, inbox, state).await;
-    if shared.changes.load(Ordering::SeqCst) != changes {
-        shared.publish_now.notify_one();
-    }
+    owner.in_pass = true;
+    let outcome = list_and_act(shared, events, owner).await;
+    owner.in_pass = false;
+    owner.publish_changes(shared);
     outcome
 }
 
 pub(super) async fn list_and_act(
     shared: &Arc<Shared>,
-    inbox: &mut Inbox,
-    state: &mut LoopState,
+    events: &mut UnboundedReceiver<Event>,
+    owner: &mut Owner,
 ) -> Option<PassOutcome> {
     let list_sent = Instant::now();
     let listing = match shared.store.list_leases().await {
         Ok(l) => l,
         Err(e) => {
             warn!(error = %crate::error::ErrorChain(&e), "listing leases failed; skipping this balance pass");
-            stop_unanswered_past_deadline(shared, state, Instant::now());
+            stop_unanswered_past_deadline(shared, owner, Instant::now());
             return None;
         }
     };
     // Tasks that ended while the listing was on its way leave the map before it is reconciled
     // with the listing (they would otherwise count as running for this pass).
-    drain_exits(shared, &mut inbox.exits, state);
-    shared.bump(&shared.stats.lease_listings, 1);
+    owner.drain(shared, events);
+    shared.metrics.lease_listing();
     let listed = listing.items.len() + listing.corrupt.len();
     {
         // A lease the last shard sync saw is gone (the store lost it, or a peer collected it):
@@ -71,16 +71,16 @@ pub(super) async fn list_and_act(
             .map(|v| v.lease.key.as_str())
             .chain(listing.corrupt.iter().map(|c| c.key.as_str()))
             .collect();
-        let mut last = lock(&shared.last_sync);
-        if last.as_ref().is_some_and(|l| l.misses_any(&keys)) {
-            *last = None;
-            shared.sync_now.notify_one();
+        let expected = shared.expected.borrow().clone();
+        if expected.is_some_and(|e| e.iter().any(|k| !keys.contains(k.as_str()))) {
+            shared.expected.send_replace(None);
+            let _ = shared.sync.send(SyncRequest::Now(None));
         }
     }
-    report_corrupt(shared, state, &listing.corrupt);
+    report_corrupt(shared, owner, &listing.corrupt);
     let corrupt: BTreeSet<LeaseKey> =
         listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
-    let lost = lost_leases(shared, &listing.items, &corrupt, list_sent).await;
+    let lost = lost_leases(shared, owner, &listing.items, &corrupt, list_sent).await;
     let any_lost = !lost.is_empty();
     let mut leases = listing.items;
     // Leases that exist but cannot be used this pass: undecodable ones, and lost ones being
@@ -88,17 +88,17 @@ pub(super) async fn list_and_act(
     // restores them under its own name), and the next listing decides.
     let mut withheld = corrupt;
     if lost.is_empty() {
-        state.lost_since.clear();
+        owner.lost_since.clear();
     } else {
         withheld.extend(lost.iter().map(|l| l.key().clone()));
         leases.retain(|v| !withheld.contains(&v.lease.key));
         let vanished = leases.is_empty() && listing.corrupt.is_empty();
-        restore_lost(shared, state, lost, vanished).await;
+        restore_lost(shared, owner, lost, vanished).await;
     }
     let me = shared.id();
-    let fresh_view = look_again_at_owners_judged_dead(shared, &me, &leases).await;
+    let fresh_view = look_again_at_owners_judged_dead(shared, owner, &me, &leases).await;
     let now = Instant::now();
-    let mut live = live_set(shared, &me, &leases);
+    let mut live = live_set(owner, &me, &leases);
     if !fresh_view {
         // No view of the workers newer than the listing: nobody's leases are taken this pass.
         live.extend(leases.iter().filter_map(|v| v.lease.owner.clone()));
@@ -111,31 +111,33 @@ pub(super) async fn list_and_act(
         .filter(|v| is_active(&v.lease, &index, &withheld))
         .map(|v| &v.lease.key)
         .collect();
-    let (resume, retake, stopped) = reconcile(shared, &me, &leases, &index, &active, &withheld);
+    let (resume, retake, stopped) =
+        reconcile(shared, owner, &me, &leases, &index, &active, &withheld);
     let mut settled = !any_lost
         && withheld.is_empty()
         && resume.is_empty()
         && retake.is_empty()
         && stopped == 0
-        && nothing_pending(shared, &me, &leases, &active);
+        && nothing_pending(owner, &me, &leases, &active);
     for VersionedLease { lease, version } in resume {
-        lease_task::spawn(shared, lease, version);
+        lease_task::spawn(shared, owner, lease, version);
     }
-    let holding = lock(&shared.hold_takes_until).is_some_and(|until| Instant::now() < until);
+    let holding = owner.holding_takes();
     // Concurrently (bounded), like the takes: a join's newcomer re-takes every lease handed to it
     // in one pass, and one at a time that cost a store round trip each (about a second for four
     // on a busy SQLite file).
     if !holding {
         for chunk in retake.chunks(shared.cfg.take_concurrency) {
-            join_all(chunk.iter().map(|v| async move {
-                if take(shared, v).await {
+            let chunk: Vec<&VersionedLease> = chunk.iter().collect();
+            let won = take_all(shared, owner, &chunk).await;
+            for (v, won) in chunk.iter().zip(won) {
+                if won {
                     info!(shard = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
                 }
-            }))
-            .await;
+            }
         }
     }
-    let expired = expired_claims(shared, &me, &leases, now);
+    let expired = expired_claims(shared, owner, &me, &leases, now);
     let snapshot = Snapshot {
         me: me.clone(),
         leases: leases.iter().map(|v| v.lease.clone()).collect(),
@@ -144,7 +146,7 @@ pub(super) async fn list_and_act(
         max_leases_per_worker: shared.cfg.max_leases_per_worker,
         max_claims_per_pass: shared.cfg.max_claims_per_pass,
         expired_claims: expired,
-        seed: shared.random(),
+        seed: owner.timing.random(),
     };
     let mut plan = shared.balancer.plan(&snapshot);
     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -177,7 +179,6 @@ pub(super) async fn list_and_act(
         plan.take_over.clear();
         settled = false;
     }
-    shared.bump(&shared.stats.passes, 1);
     shared.metrics.balance_pass();
     let mut answered = BTreeSet::new();
     if !plan.is_empty() {
@@ -190,11 +191,11 @@ pub(super) async fn list_and_act(
         );
         let by_key: BTreeMap<&LeaseKey, &VersionedLease> =
             leases.iter().map(|v| (&v.lease.key, v)).collect();
-        answered = execute(shared, &plan, &by_key).await;
+        answered = execute(shared, owner, &plan, &by_key).await;
     }
     // After the plan, which answers claims: only a claim this pass could not answer counts.
-    yield_unanswered_claims(shared, state, &me, &leases, list_sent, now, &answered);
-    settled &= lock(&shared.my_claims).is_empty();
+    yield_unanswered_claims(shared, owner, &me, &leases, list_sent, now, &answered);
+    settled &= owner.my_claims.is_empty();
     Some(PassOutcome { settled, leases: listed })
 }
 
@@ -205,12 +206,12 @@ pub(super) async fn list_and_act(
 /// counting it kept a quiet fleet listing every lease on every pass for as long as the finished
 /// lease stayed in the store.
 pub(super) fn nothing_pending(
-    shared: &Shared,
+    owner: &Owner,
     me: &WorkerId,
     leases: &[VersionedLease],
     active: &HashSet<&LeaseKey>,
 ) -> bool {
-    let live = lock(&shared.liveness).live_workers();
+    let live = owner.liveness.live_workers();
     leases.iter().all(|VersionedLease { lease: l, .. }| {
         !active.contains(&l.key)
             || (l.live_claim().is_none()
@@ -220,14 +221,14 @@ pub(super) fn nothing_pending(
 
 pub(super) fn report_corrupt(
     shared: &Shared,
-    state: &mut LoopState,
+    owner: &mut Owner,
     corrupt: &[crate::store::CorruptRecord],
 ) {
     if corrupt.is_empty() {
         return;
     }
     shared.metrics.corrupt(corrupt.len());
-    let reported = &mut state.reported_corrupt;
+    let reported = &mut owner.reported_corrupt;
     for c in corrupt {
         if reported.insert(c.key.clone()) {
             warn!(shard = %c.key, reason = %c.reason, "corrupt lease record skipped; the other leases go on");
@@ -247,12 +248,13 @@ pub(super) fn report_corrupt(
 /// of the leases returned shows every owner named in it alive, if it is.
 pub(super) async fn look_again_at_owners_judged_dead(
     shared: &Shared,
+    owner: &mut Owner,
     me: &WorkerId,
     leases: &[VersionedLease],
 ) -> bool {
     let judged_dead = {
-        let former = lock(&shared.former_ids).clone();
-        let live = lock(&shared.liveness).live_workers();
+        let former = shared.incarnation.borrow().former.clone();
+        let live = owner.liveness.live_workers();
         leases
             .iter()
             .filter_map(|v| v.lease.owner.as_ref())
@@ -264,7 +266,7 @@ pub(super) async fn look_again_at_owners_judged_dead(
     let started = Instant::now();
     match tokio::time::timeout(shared.cfg.heartbeat_interval, shared.store.list_workers()).await {
         Ok(Ok(listing)) => {
-            shared.observe_workers(&listing.items, started);
+            owner.observe_workers(&listing.items, started, Instant::now());
             true
         }
         Ok(Err(e)) => {
@@ -283,11 +285,11 @@ pub(super) async fn look_again_at_owners_judged_dead(
 /// Workers judged alive: those with a moving heartbeat, owners whose record this worker has not
 /// seen for less than the failover timeout, and this worker itself.
 pub(super) fn live_set(
-    shared: &Shared,
+    owner: &mut Owner,
     me: &WorkerId,
     leases: &[VersionedLease],
 ) -> BTreeSet<WorkerId> {
-    let mut liveness = lock(&shared.liveness);
+    let liveness = &mut owner.liveness;
     let mut live = liveness.live_workers();
     live.insert(me.clone());
     let owners: BTreeSet<&WorkerId> =
@@ -329,6 +331,7 @@ pub(super) fn live_set(
 #[allow(clippy::type_complexity)]
 pub(super) fn reconcile(
     shared: &Arc<Shared>,
+    owner: &mut Owner,
     me: &WorkerId,
     leases: &[VersionedLease],
     by_key: &HashMap<&LeaseKey, &Lease>,
@@ -337,8 +340,7 @@ pub(super) fn reconcile(
 ) -> (Vec<VersionedLease>, Vec<VersionedLease>, usize) {
     let mut stopped = 0;
     {
-        let tasks = lock(&shared.tasks);
-        for (key, task) in tasks.iter().filter(|(k, _)| !withheld.contains(*k)) {
+        for (key, task) in owner.tasks.iter().filter(|(k, _)| !withheld.contains(*k)) {
             let still_mine =
                 by_key.get(key).is_some_and(|l| l.is_owned_by(me) && l.epoch == task.epoch);
             if !still_mine
@@ -346,19 +348,18 @@ pub(super) fn reconcile(
                 && task.stop.borrow().as_ref().is_none_or(|r| !r.is_abrupt())
             {
                 info!(shard = %key, "lease moved on; stopping its task");
-                shared.bump(&shared.stats.lost, 1);
                 shared.metrics.lost(key);
                 task.stop.send_replace(Some(StopReason::LeaseLost));
                 stopped += 1;
             }
         }
     }
-    if shared.stop_taking.is_cancelled() || shared.fenced.load(Ordering::SeqCst) {
+    if shared.stop_taking.is_cancelled() || shared.is_fenced() {
         return (Vec::new(), Vec::new(), stopped);
     }
-    let former = lock(&shared.former_ids).clone();
-    let tasks = lock(&shared.tasks);
-    let granted = lock(&shared.granted).clone();
+    let former = shared.incarnation.borrow().former.clone();
+    let tasks = &owner.tasks;
+    let granted = &owner.granted;
     // A lease claimed by a peer is not restarted here: the plan hands it over or clears the claim.
     let idle = leases.iter().filter(|VersionedLease { lease, .. }| {
         lease.owner.as_ref().is_some_and(|o| o == me || former.contains(o))

@@ -72,16 +72,14 @@ struct Stuck(Arc<Shared>);
 
 impl Stuck {
     fn new(shared: &Arc<Shared>) -> Stuck {
-        let n = shared.stats.stuck.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-        shared.metrics.leases_stuck(n);
+        shared.metrics.stuck(1);
         Stuck(shared.clone())
     }
 }
 
 impl Drop for Stuck {
     fn drop(&mut self) {
-        let n = self.0.stats.stuck.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) - 1;
-        self.0.metrics.leases_stuck(n);
+        self.0.metrics.stuck(-1);
     }
 }
 
@@ -110,7 +108,7 @@ pub(crate) fn farewell(reason: &StopReason, now: tokio::time::Instant) -> Farewe
 impl Task {
     /// Calls a processor hook until it succeeds, the lease is lost, a stop arrives or it panics.
     pub(super) async fn call(&mut self, hook: Hook<'_>) -> Step<()> {
-        let mut backoff = self.shared.backoff();
+        let mut backoff = self.timing.backoff();
         // Set while the processor fails with an error retrying cannot fix; counted in
         // `WorkerStats::stuck` until the call returns, however it returns.
         let mut stuck: Option<Stuck> = None;
@@ -143,10 +141,14 @@ impl Task {
                         error!(
                             hook = hook.name(),
                             error = %crate::error::ErrorChain(&*e),
-                            "record processor keeps failing with an error retrying cannot fix;                              the lease is stuck (WorkerStats::stuck) and retried with backoff up                              to a minute. A checkpoint behind the stored one usually means the                              stream was re-created under the same name with an old lease table:                              reset the lease's checkpoint or delete the lease"
+                            "record processor keeps failing with an error retrying cannot fix; the lease is \
+                             stuck (WorkerStats::stuck) and retried with backoff up to a minute. A \
+                             checkpoint behind the stored one usually means the stream was \
+                             re-created under the same name with an old lease table: reset the \
+                             lease's checkpoint or delete the lease"
                         );
                         stuck = Some(Stuck::new(&self.shared));
-                        backoff = self.shared.backoff().with_max(STUCK_RETRY_MAX);
+                        backoff = self.timing.backoff().with_max(STUCK_RETRY_MAX);
                     } else {
                         debug!(hook = hook.name(), error = %crate::error::ErrorChain(&*e), "still stuck");
                     }
@@ -157,7 +159,7 @@ impl Task {
                 }
                 Err(p) => return Step::Exit(Exit::Panicked(panic_message(p))),
             }
-            let d = backoff.next(&self.shared);
+            let d = backoff.next(&mut self.timing);
             if let Some(r) = self.pause(d).await {
                 return Step::Exit(Exit::Stopped(r));
             }

@@ -7,8 +7,10 @@
 //! abandon in-flight processing at once; graceful ones (handoff, shutdown) let the current batch
 //! finish and give the processor a chance to checkpoint.
 //!
-//! A task never touches the task map: however it ends, it reports `Exited` to the balance loop,
-//! which owns the map.
+//! A task never touches the balance loop's state: it tells the loop what it wrote and, however it
+//! ends, that it ended (`Event::Exited`); the loop owns the task map. It stops when the loop asks
+//! (its own stop channel), when its incarnation fences itself (the fence token) and when the
+//! worker shuts down (the shutdown deadline), whichever comes first, without waiting for the loop.
 
 mod hooks;
 mod task;
@@ -21,7 +23,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Instrument};
 
-use super::shared::{lock, LeaseTask, Shared, StopReason};
+use super::balance::{LeaseTask, Owner};
+use super::events::Event;
+use super::shared::{Shared, StopReason, Timing};
 use crate::ids::WorkerId;
 use crate::lease::{Epoch, Lease, LeaseKey, LeaseToken, Version};
 use crate::position::Position;
@@ -29,28 +33,38 @@ use crate::processor::{CheckpointHandle, CheckpointObserver};
 use crate::telemetry::LeaseMetrics;
 
 /// Starts a task for `lease` (owned by this worker at `version`) unless one is in the task map
-/// (running, or ended but not yet drained), or the worker is shutting down or fenced. Returns
-/// false when no task was started. Called by the balance loop only: it alone inserts into the
-/// task map, and removes an entry when it drains the task's [`Exited`] report.
+/// (running, or ended but its `Exited` not yet applied), or the worker is shutting down or fenced.
+/// Returns false when no task was started. Called by the balance loop, which owns the map.
 ///
-/// The check is made under the task-map lock, which shutdown and fencing also hold while they
-/// read the map: a take that completes during either can never leave an orphan task running.
-pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> bool {
+/// A task started just as a shutdown or a fence begins sees its signal at once (the shutdown
+/// deadline, its incarnation's fence token) and stops: no orphan task can run on.
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    owner: &mut Owner,
+    lease: Lease,
+    version: Version,
+) -> bool {
     let Some(token) = lease.token() else { return false };
-    let mut tasks = lock(&shared.tasks);
-    if tasks.contains_key(&lease.key)
+    let incarnation = shared.incarnation.borrow().clone();
+    if owner.tasks.contains_key(&lease.key)
         || shared.stop_taking.is_cancelled()
-        || shared.fenced.load(std::sync::atomic::Ordering::SeqCst)
+        || !incarnation.live
     {
         return false;
     }
     shared.observe(&lease, version);
-    lock(&shared.granted).insert(lease.key.clone(), token.epoch);
+    owner.granted.insert(lease.key.clone(), token.epoch);
     let (tx, rx) = watch::channel(None);
     let metrics = Arc::new(shared.metrics.lease(&lease.key));
     let done = CancellationToken::new();
+    let stop = task::Stops {
+        own: rx,
+        fence: incarnation.fence.clone(),
+        shutdown: shared.shutdown.subscribe(),
+    };
+    let timing = owner.timing.fork();
     let report = Report {
-        exits: shared.exits.clone(),
+        events: shared.events.clone(),
         key: lease.key.clone(),
         epoch: token.epoch,
         outcome: Ended::NotReleased,
@@ -58,12 +72,14 @@ pub(crate) fn spawn(shared: &Arc<Shared>, lease: Lease, version: Version) -> boo
         done: done.clone(),
     };
     let span = tracing::info_span!("lease", shard = %lease.key, epoch = %lease.epoch);
-    let join = tokio::spawn(run(shared.clone(), lease.clone(), rx, report).instrument(span));
+    let join =
+        tokio::spawn(run(shared.clone(), lease.clone(), stop, timing, report).instrument(span));
     let abort = join.abort_handle();
-    tasks.insert(
+    owner.tasks.insert(
         lease.key.clone(),
         LeaseTask { epoch: token.epoch, stop: tx, abort, done, metrics },
     );
+    owner.publish_tasks(shared);
     true
 }
 
@@ -83,7 +99,7 @@ pub(crate) struct Exited {
 /// aborted or panics outside the processor (the outcome then stays `NotReleased`). Its gauges
 /// go to 0 first, so a task started next for the same shard keeps its own.
 struct Report {
-    exits: tokio::sync::mpsc::UnboundedSender<Exited>,
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
     key: LeaseKey,
     epoch: Epoch,
     outcome: Ended,
@@ -97,7 +113,8 @@ impl Drop for Report {
         self.done.cancel();
         let outcome = std::mem::replace(&mut self.outcome, Ended::Nothing);
         // An error means the balance loop is gone (the worker stopped): nobody left to tell.
-        let _ = self.exits.send(Exited { key: self.key.clone(), epoch: self.epoch, outcome });
+        let exited = Exited { key: self.key.clone(), epoch: self.epoch, outcome };
+        let _ = self.events.send(Event::Exited(exited));
     }
 }
 
@@ -140,19 +157,26 @@ struct Observed {
 
 impl CheckpointObserver for Observed {
     fn written(&self, token: &LeaseToken, position: &Position) {
-        self.metrics.checkpointed(tokio::time::Instant::now());
-        self.shared.written(token, position);
+        let now = tokio::time::Instant::now();
+        self.metrics.checkpointed(now);
+        // Positions a custom checkpointer keeps outside the lease record are not remembered: the
+        // record never holds them, and a listing would then look like a store that lost writes.
+        if self.shared.checkpointer.stores_in_lease() {
+            self.shared.tell(Event::Checkpointed(token.clone(), position.clone(), now));
+        }
     }
 
-    fn refused(&self, token: &LeaseToken) {
-        self.shared.refused(token);
+    /// The lease moved on: the next balance pass lists the leases (and counts the loss).
+    fn refused(&self, _token: &LeaseToken) {
+        self.shared.tell(Event::WantListing { now: true });
     }
 }
 
 async fn run(
     shared: Arc<Shared>,
     lease: Lease,
-    stop: watch::Receiver<Option<StopReason>>,
+    stop: task::Stops,
+    timing: Timing,
     mut report: Report,
 ) {
     let Some(token) = lease.token() else {
@@ -170,6 +194,7 @@ async fn run(
         processor: None,
         metrics: metrics.clone(),
         cut_short: false,
+        timing,
     };
     debug!("lease task started");
     // `cancel` fires only after a shutdown has dealt with every task it knew of, or on a crash:
@@ -193,20 +218,23 @@ async fn run(
                 checkpoint: Position::ShardEnd,
                 ..lease.clone()
             };
-            shared.remember(&finished);
-            shared.changed_now(1);
-            shared.balance_now.notify_one();
+            shared.tell(Event::Remember(finished, tokio::time::Instant::now()));
+            shared.tell(Event::Changed { n: 1 });
+            shared.tell(Event::WantListing { now: true });
             Ended::Nothing
         }
         Exit::Lost => {
-            shared.bump(&shared.stats.lost, 1);
             shared.metrics.lost(&token.key);
             warn!("lease lost (a fenced write was refused)");
-            shared.want_listing();
+            shared.tell(Event::WantListing { now: true });
             Ended::Nothing
         }
-        Exit::Stopped(StopReason::Handoff { to, .. }) => transfer(&shared, &token, Some(to)).await,
-        Exit::Stopped(StopReason::Shutdown { .. }) => transfer(&shared, &token, None).await,
+        Exit::Stopped(StopReason::Handoff { to, .. }) => {
+            transfer(&shared, &mut task.timing, &token, Some(to)).await
+        }
+        Exit::Stopped(StopReason::Shutdown { .. }) => {
+            transfer(&shared, &mut task.timing, &token, None).await
+        }
         Exit::Stopped(StopReason::LeaseLost) => {
             debug!("lease task stopped: the lease moved on");
             Ended::Nothing
@@ -218,7 +246,7 @@ async fn run(
         Exit::Panicked(msg) => {
             error!(panic = %msg, "record processor panicked; releasing the lease so the shard resumes from its checkpoint");
             metrics.processor_panic();
-            transfer(&shared, &token, None).await
+            transfer(&shared, &mut task.timing, &token, None).await
         }
     };
     let ended = match ended {
@@ -236,20 +264,25 @@ async fn run(
 /// Hands the lease to `to` (if its claim is still standing) or releases it, by compare-and-set.
 /// Only acts while `token` is still current: a lease that moved on is left alone. Gives up when
 /// the store keeps failing past the shutdown timeout (the lease then expires with this worker).
-pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>) -> Ended {
+pub(crate) async fn transfer(
+    shared: &Shared,
+    timing: &mut Timing,
+    token: &LeaseToken,
+    to: Option<WorkerId>,
+) -> Ended {
     let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
     let policy = super::cas::Policy::until(deadline);
-    let outcome = super::cas::write(shared, &token.key, None, policy, "hand the lease over", |l| {
+    let what = "hand the lease over";
+    let outcome = super::cas::write(shared, timing, &token.key, None, policy, what, |l| {
         crate::lease::transition::hand_over(l, token, to.as_ref(), crate::clock::now_millis())
     })
     .await;
     if let super::cas::Outcome::Written(next, v) = outcome {
         shared.observe(&next, v);
-        shared.remember(&next);
-        shared.changed_now(1);
+        shared.tell(Event::Remember(next.clone(), tokio::time::Instant::now()));
+        shared.tell(Event::Changed { n: 1 });
         match &next.owner {
             Some(w) => {
-                shared.bump(&shared.stats.handoffs, 1);
                 shared.metrics.handed_over(&token.key);
                 info!(to = %w, epoch = %next.epoch, "lease handed over");
             }

@@ -6,6 +6,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::hooks::{panic_message, Hook};
@@ -15,7 +17,8 @@ use crate::error::Error;
 use crate::lease::{Lease, LeaseKey, LeaseToken};
 use crate::position::Position;
 use crate::processor::{CheckpointHandle, LeaseContext, RecordProcessor};
-use crate::runtime::shared::{Shared, StopReason};
+use crate::runtime::events::Event;
+use crate::runtime::shared::{Shared, StopReason, Timing};
 use crate::source::{ShardInfo, ShardReader};
 use crate::telemetry::LeaseMetrics;
 
@@ -23,12 +26,49 @@ pub(super) struct Task {
     pub(super) shared: Arc<Shared>,
     pub(super) token: LeaseToken,
     pub(super) cp: CheckpointHandle,
-    pub(super) stop: watch::Receiver<Option<StopReason>>,
+    pub(super) stop: Stops,
     pub(super) processor: Option<Box<dyn RecordProcessor>>,
     pub(super) metrics: Arc<LeaseMetrics>,
     /// A graceful stop cut the processor short (its deadline passed in a batch or in
     /// `shutdown_requested`): a release then reports the lease abandoned, not released.
     pub(super) cut_short: bool,
+    /// The task's own jitter and backoff.
+    pub(super) timing: Timing,
+}
+
+/// What can stop a lease task: the balance loop's request (the task's own channel), its
+/// incarnation's fence, and the worker's shutdown. None of them needs the loop to act: a fence
+/// or a shutdown reaches every task directly.
+pub(crate) struct Stops {
+    /// The balance loop's request (a lost lease, a handoff).
+    pub own: watch::Receiver<Option<StopReason>>,
+    /// Cancelled when the incarnation that started the task fences itself.
+    pub fence: CancellationToken,
+    /// Set when the worker shuts down: stop gracefully by this deadline.
+    pub shutdown: watch::Receiver<Option<Instant>>,
+}
+
+impl Stops {
+    /// The stop that applies now, if any: a fence first, then the loop's request, then a
+    /// shutdown. Marks what it read as seen, so [`Stops::changed`] waits for something new.
+    pub(super) fn current(&mut self) -> Option<StopReason> {
+        if self.fence.is_cancelled() {
+            return Some(StopReason::Fenced);
+        }
+        let own = self.own.borrow_and_update().clone();
+        let shutdown = *self.shutdown.borrow_and_update();
+        own.or_else(|| shutdown.map(|deadline| StopReason::Shutdown { deadline }))
+    }
+
+    /// Waits until one of them changes. False when the loop's end of the task's channel is gone
+    /// (the worker stopped): nothing more will come, and the caller treats it as a fence.
+    pub(super) async fn changed(&mut self) -> bool {
+        tokio::select! {
+            _ = self.fence.cancelled() => true,
+            r = self.own.changed() => r.is_ok(),
+            r = self.shutdown.changed() => r.is_ok(),
+        }
+    }
 }
 
 /// How far an idle shard's polling backs off: after consecutive empty reads the wait doubles from
@@ -45,17 +85,17 @@ impl Task {
     }
 
     /// The stop requested so far, if any.
-    pub(super) fn pending_stop(&self) -> Option<StopReason> {
-        self.stop.borrow().clone()
+    pub(super) fn pending_stop(&mut self) -> Option<StopReason> {
+        self.stop.current()
     }
 
     /// Waits for any stop request. A dropped sender (the worker is gone) counts as fenced.
-    pub(super) async fn any_stop(stop: &mut watch::Receiver<Option<StopReason>>) -> StopReason {
+    pub(super) async fn any_stop(stop: &mut Stops) -> StopReason {
         loop {
-            if let Some(r) = stop.borrow_and_update().clone() {
+            if let Some(r) = stop.current() {
                 return r;
             }
-            if stop.changed().await.is_err() {
+            if !stop.changed().await {
                 return StopReason::Fenced;
             }
         }
@@ -63,9 +103,9 @@ impl Task {
 
     /// Waits until in-flight processing must be abandoned: an abrupt stop (lease lost, fenced), or
     /// a graceful one whose deadline has passed.
-    pub(super) async fn abrupt_stop(stop: &mut watch::Receiver<Option<StopReason>>) -> StopReason {
+    pub(super) async fn abrupt_stop(stop: &mut Stops) -> StopReason {
         loop {
-            let current = stop.borrow_and_update().clone();
+            let current = stop.current();
             match current {
                 Some(r) if r.is_abrupt() => return r,
                 Some(r) => {
@@ -73,7 +113,7 @@ impl Task {
                         tokio::select! {
                             biased;
                             _ = tokio::time::sleep_until(deadline) => return r,
-                            changed = stop.changed() => if changed.is_err() {
+                            changed = stop.changed() => if !changed {
                                 return StopReason::Fenced;
                             },
                         }
@@ -82,7 +122,7 @@ impl Task {
                 }
                 None => {}
             }
-            if stop.changed().await.is_err() {
+            if !stop.changed().await {
                 return StopReason::Fenced;
             }
         }
@@ -146,7 +186,7 @@ impl Task {
             return Step::Exit(e);
         }
         let mut position = start;
-        let mut backoff = self.shared.backoff();
+        let mut backoff = self.timing.backoff();
         let mut idle_factor: u32 = 1;
         loop {
             if let Some(r) = self.pending_stop() {
@@ -158,7 +198,7 @@ impl Task {
                     Ok(r) => r,
                     Err(e) => {
                         warn!(error = %crate::error::ErrorChain(&e), %position, "opening the shard failed; retrying");
-                        let d = backoff.next(&self.shared);
+                        let d = backoff.next(&mut self.timing);
                         if let Some(r) = self.pause(d).await {
                             return Step::Exit(Exit::Stopped(r));
                         }
@@ -175,14 +215,14 @@ impl Task {
                 Ok(b) => b,
                 Err(e) => {
                     warn!(error = %crate::error::ErrorChain(&e), "reading the shard failed; reopening after a pause");
-                    let d = backoff.next(&self.shared);
+                    let d = backoff.next(&mut self.timing);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
                     }
                     continue;
                 }
             };
-            backoff = self.shared.backoff();
+            backoff = self.timing.backoff();
             reader = Some(current);
             self.metrics.read(&batch);
             if let Some(last) = batch.last_position() {
@@ -191,7 +231,7 @@ impl Task {
                     return Step::Exit(e);
                 }
                 let n = batch.records.len() as u64;
-                self.shared.bump(&self.shared.stats.records, n);
+                self.shared.metrics.records(n);
                 self.metrics.processed(&batch, started.elapsed());
                 position = last;
             }
@@ -200,7 +240,7 @@ impl Task {
             }
             if batch.records.is_empty() {
                 let base = self.shared.cfg.idle_poll_interval;
-                let d = self.shared.jittered(base.saturating_mul(idle_factor));
+                let d = self.timing.jittered(base.saturating_mul(idle_factor));
                 idle_factor = (idle_factor * 2).min(IDLE_BACKOFF_MAX_FACTOR);
                 if let Some(r) = self.pause(d).await {
                     return Step::Exit(Exit::Stopped(r));
@@ -216,13 +256,13 @@ impl Task {
         if self.shared.checkpointer.stores_in_lease() {
             return Step::Done(lease.checkpoint.clone());
         }
-        let mut backoff = self.shared.backoff();
+        let mut backoff = self.timing.backoff();
         loop {
             match self.shared.checkpointer.fetch(self.key()).await {
                 Ok(p) => return Step::Done(p.unwrap_or_else(|| lease.checkpoint.clone())),
                 Err(e) => {
                     warn!(error = %crate::error::ErrorChain(&e), "fetching the checkpoint failed; retrying");
-                    let d = backoff.next(&self.shared);
+                    let d = backoff.next(&mut self.timing);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
                     }
@@ -241,7 +281,7 @@ impl Task {
         lease: &Lease,
         start: Position,
     ) -> Step<(Position, Box<dyn ShardReader>)> {
-        let mut backoff = self.shared.backoff();
+        let mut backoff = self.timing.backoff();
         let reader = loop {
             if let Some(r) = self.pending_stop() {
                 return Step::Exit(Exit::Stopped(r));
@@ -250,7 +290,7 @@ impl Task {
                 Ok(r) => break r,
                 Err(e) => {
                     warn!(error = %crate::error::ErrorChain(&e), position = %start, "opening the shard failed; retrying");
-                    let d = backoff.next(&self.shared);
+                    let d = backoff.next(&mut self.timing);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
                     }
@@ -279,14 +319,15 @@ impl Task {
                             checkpoint: pinned.clone(),
                             ..lease.clone()
                         };
-                        self.shared.remember(&mine);
+                        let now = tokio::time::Instant::now();
+                        self.shared.tell(Event::Remember(mine, now));
                     }
                     return Step::Done((pinned, reader));
                 }
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
                 Err(e) => {
                     warn!(error = %crate::error::ErrorChain(&e), "pinning the start position failed; retrying");
-                    let d = backoff.next(&self.shared);
+                    let d = backoff.next(&mut self.timing);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
                     }
@@ -298,7 +339,7 @@ impl Task {
     /// The shard is closed and read: create the children, let the processor checkpoint
     /// `ShardEnd`, and refuse to finish until it has.
     pub(super) async fn shard_end(&mut self, children: Vec<ShardInfo>) -> Step<()> {
-        let mut backoff = self.shared.backoff();
+        let mut backoff = self.timing.backoff();
         for child in &children {
             match self.create_child(child).await {
                 Step::Done(()) => {}
@@ -320,7 +361,7 @@ impl Task {
                     warn!(error = %crate::error::ErrorChain(&e), "reading the checkpoint at shard end failed")
                 }
             }
-            let d = backoff.next(&self.shared);
+            let d = backoff.next(&mut self.timing);
             if let Some(r) = self.pause(d).await {
                 return Step::Exit(Exit::Stopped(r));
             }
@@ -334,7 +375,7 @@ impl Task {
         if self.shared.checkpointer.stores_in_lease() {
             return Step::Done(());
         }
-        let mut backoff = self.shared.backoff();
+        let mut backoff = self.timing.backoff();
         let marker = StoreCheckpointer::new(self.shared.store.clone());
         loop {
             match marker.checkpoint(&self.token, &Position::ShardEnd).await {
@@ -342,7 +383,7 @@ impl Task {
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
                 Err(e) => {
                     warn!(error = %crate::error::ErrorChain(&e), "marking the lease finished failed; retrying");
-                    let d = backoff.next(&self.shared);
+                    let d = backoff.next(&mut self.timing);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
                     }
@@ -355,7 +396,7 @@ impl Task {
     /// parent is still to come (its own parent has not ended), and a child created now would see
     /// it as "gone" and start too early. The last parent to end, or the shard sync, creates it.
     pub(super) async fn create_child(&mut self, child: &ShardInfo) -> Step<()> {
-        let mut backoff = self.shared.backoff();
+        let mut backoff = self.timing.backoff();
         let store = self.shared.store.clone();
         let me = self.key().clone();
         loop {
@@ -388,7 +429,7 @@ impl Task {
                 }
                 Err(e) => {
                     warn!(child = %child.id, error = %crate::error::ErrorChain(&e), "creating a child lease failed; retrying");
-                    let d = backoff.next(&self.shared);
+                    let d = backoff.next(&mut self.timing);
                     if let Some(r) = self.pause(d).await {
                         return Step::Exit(Exit::Stopped(r));
                     }

@@ -1,0 +1,397 @@
+//! The worker's coordination state, owned by the balance loop alone, and how each event from the
+//! other tasks changes it.
+//!
+//! Nothing here is behind a lock: the loop's task is the only one that reads or writes it. Other
+//! tasks send an [`Event`] and the loop applies it between two of its own steps; what they need
+//! to read (the tasks, the change count) the loop publishes on a `watch` after every change.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::super::events::{Event, Request};
+use super::super::lease_task::Exited;
+use super::super::recovery;
+use super::super::shared::{HeldLease, Shared, StopReason, Timing};
+use super::super::shutdown_report::ShutdownReport;
+use crate::ids::WorkerId;
+use crate::lease::{Epoch, Lease, LeaseKey, LeaseToken, Version};
+use crate::liveness::Liveness;
+use crate::position::Position;
+use crate::worker_record::WorkerRecord;
+
+/// A claim this worker made on a peer's lease.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MyClaim {
+    /// When the claim timeout last restarted (the claim was written, or the record changed).
+    pub since: Instant,
+    /// The version of the lease record last seen under the claim.
+    pub seen: Version,
+}
+
+/// A lease task this worker started. Inserted when it starts, removed when the loop applies the
+/// task's `Exited` event; in between, the task may already have ended (see
+/// [`LeaseTask::is_running`]).
+pub(crate) struct LeaseTask {
+    pub epoch: Epoch,
+    /// The task's per-shard metrics.
+    pub metrics: Arc<crate::telemetry::LeaseMetrics>,
+    pub stop: watch::Sender<Option<StopReason>>,
+    /// Ends the task at once (a shutdown's stragglers).
+    pub abort: AbortHandle,
+    /// Cancelled when the task has ended, however it ended (an abort too).
+    pub done: CancellationToken,
+}
+
+impl LeaseTask {
+    /// Whether the task is still running: not yet ended, whether or not its `Exited` event has
+    /// been applied. A task that ended holds nothing any more.
+    pub(crate) fn is_running(&self) -> bool {
+        !self.done.is_cancelled()
+    }
+}
+
+/// Why a worker record's removal may wait: how many failover timeouts a worker's heartbeat must
+/// stand still before its record is removed. A worker that stopped heartbeating fenced itself
+/// after one failover timeout and comes back under a new id, so its record is garbage long before
+/// this; a process restarted under the same id beats again, and the removal is conditional on the
+/// beat, so it never loses a live record.
+const DEAD_RECORD_AGE_IN_FAILOVERS: u32 = 10;
+
+/// Everything the balance loop owns.
+pub(crate) struct Owner {
+    /// The lease tasks this worker started.
+    pub tasks: BTreeMap<LeaseKey, LeaseTask>,
+    /// The epoch at which this process acquired each lease it runs or is about to run (by its own
+    /// compare-and-set, or by a handoff answering its own claim). A lease the store says this
+    /// worker owns at any other epoch was not given to this process (a crashed predecessor with
+    /// the same id held it, or a listing predates a handoff): it is re-taken by compare-and-set
+    /// with a new epoch, never resumed, so a peer taking it at the same moment cannot also win.
+    pub granted: BTreeMap<LeaseKey, Epoch>,
+    /// Claims this worker made. The claim timeout only runs while the lease record stands still
+    /// (the owner writes nothing), so an owner that is alive, checkpointing or acknowledging a
+    /// handoff is never stolen from.
+    pub my_claims: BTreeMap<LeaseKey, MyClaim>,
+    /// Who is alive, from the heartbeat's listings of the worker records.
+    pub liveness: Liveness,
+    /// Each peer's published count of ownership changes, as last listed.
+    peers: Option<BTreeMap<WorkerId, u64>>,
+    /// When the latest listing of the worker records was sent.
+    pub workers_listed: Option<Instant>,
+    /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
+    /// repair a store that lost or rolled back writes, and when its own write last updated each
+    /// entry (see `recovery`).
+    pub memory: recovery::Memory,
+    /// Until when this worker takes no lease that merely looks available: the store was seen
+    /// going back in time (a worker's beat went backwards), so a lease may look free only because
+    /// its owner's writes were lost; its running owner repairs it within a pass.
+    pub hold_takes_until: Option<Instant>,
+    /// Ownership changes this process made: published on [`Shared::changes`] for the heartbeat.
+    pub changes: u64,
+    /// Bumped for every reason to list the leases at the next pass (a peer's changes, a worker
+    /// that came, went or died, a lease task that ended, a refused write); a pass that starts
+    /// listing records the value it saw, so a bump during the pass is never lost.
+    pub listing_wanted: u64,
+    /// Whether a pass is running: changes made meanwhile are published at its end, so peers see
+    /// all of a pass's claims at once.
+    pub in_pass: bool,
+    /// An event asked for a pass at once.
+    pub pass_now: bool,
+    /// A peer published a change (or a worker came): list soon, no sooner than half a balance
+    /// interval after the last listing.
+    pub peer_moved: bool,
+    /// Callers of `balance_now`, answered after the coming pass.
+    pub answering: Vec<oneshot::Sender<()>>,
+    /// The shutdown's request, once it arrived.
+    pub shutdown: Option<(Instant, oneshot::Sender<ShutdownReport>)>,
+    /// Reports of tasks that ended after taking stopped: the shutdown collects them from here.
+    pub exited_while_stopping: Vec<Exited>,
+    /// When the previous pass's listing was sent.
+    pub previous_listing: Option<Instant>,
+    /// Leases this worker owns that a peer claimed: the record version last listed, and the
+    /// earliest moment that version can have been written (see `yield_unanswered_claims`).
+    pub claims_on_mine: BTreeMap<LeaseKey, (Version, Instant)>,
+    /// Since when each lost lease has been found lost, in passes without a break.
+    pub lost_since: BTreeMap<LeaseKey, Instant>,
+    /// Corrupt records already reported (reported once, then counted quietly).
+    pub reported_corrupt: BTreeSet<String>,
+    /// The loop's jitter and backoff.
+    pub timing: Timing,
+}
+
+impl Owner {
+    pub(crate) fn new(shared: &Shared) -> Self {
+        Owner {
+            tasks: BTreeMap::new(),
+            granted: BTreeMap::new(),
+            my_claims: BTreeMap::new(),
+            liveness: Liveness::new(shared.cfg.failover_timeout),
+            peers: None,
+            workers_listed: None,
+            memory: BTreeMap::new(),
+            hold_takes_until: None,
+            changes: 0,
+            listing_wanted: 0,
+            in_pass: false,
+            pass_now: false,
+            peer_moved: false,
+            answering: Vec::new(),
+            shutdown: None,
+            exited_while_stopping: Vec::new(),
+            previous_listing: None,
+            claims_on_mine: BTreeMap::new(),
+            lost_since: BTreeMap::new(),
+            reported_corrupt: BTreeSet::new(),
+            timing: Timing::new(&shared.cfg, shared.rng(1)),
+        }
+    }
+
+    /// Applies one event.
+    pub(crate) fn apply(&mut self, shared: &Shared, event: Event) {
+        match event {
+            Event::Exited(exited) => self.on_exit(shared, exited),
+            Event::Workers { records, sent, received } => {
+                self.on_workers(shared, &records, sent, received)
+            }
+            Event::Fenced { old } => {
+                // The fence token stopped every task of the old incarnation already; their
+                // `Exited` events follow. Its claims and grants mean nothing to the new one.
+                debug!(%old, "fenced: forgetting the old incarnation's claims and grants");
+                self.my_claims.clear();
+                self.granted.clear();
+            }
+            Event::Resumed => self.want_listing(true),
+            Event::Changed { n } => self.changed(shared, n),
+            Event::WantListing { now } => self.want_listing(now),
+            Event::Remember(lease, at) => self.remember(&lease, at),
+            Event::Checkpointed(token, position, at) => self.checkpointed(&token, &position, at),
+            Event::Request(Request::Pass(reply)) => {
+                self.answering.push(reply);
+                self.want_listing(true);
+            }
+            Event::Request(Request::Shutdown { deadline, reply }) => {
+                self.shutdown = Some((deadline, reply));
+            }
+            Event::Request(Request::Memory(reply)) => {
+                let _ = reply.send(self.memory.values().map(|r| r.lease.clone()).collect());
+            }
+        }
+    }
+
+    /// Applies every event waiting in the channel.
+    pub(crate) fn drain(
+        &mut self,
+        shared: &Shared,
+        events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
+    ) {
+        while let Ok(event) = events.try_recv() {
+            self.apply(shared, event);
+        }
+    }
+
+    /// Asks for a listing at the next pass, and for that pass at once with `now`.
+    pub(crate) fn want_listing(&mut self, now: bool) {
+        self.listing_wanted += 1;
+        self.pass_now |= now;
+    }
+
+    /// Counts `n` ownership changes: published for the heartbeat at once, or at the end of the
+    /// running pass; this worker's own next pass lists too.
+    pub(crate) fn changed(&mut self, shared: &Shared, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.changes += n;
+        self.listing_wanted += 1;
+        if !self.in_pass {
+            self.publish_changes(shared);
+        }
+    }
+
+    /// Publishes the change count (the heartbeat beats early when it moves).
+    pub(crate) fn publish_changes(&self, shared: &Shared) {
+        shared.changes.send_if_modified(|c| {
+            let moved = *c != self.changes;
+            *c = self.changes;
+            moved
+        });
+    }
+
+    /// Publishes the task map for those outside the loop (see [`Shared::held`]).
+    pub(crate) fn publish_tasks(&self, shared: &Shared) {
+        let held: Vec<HeldLease> = self
+            .tasks
+            .iter()
+            .map(|(key, t)| HeldLease {
+                key: key.clone(),
+                done: t.done.clone(),
+                abort: t.abort.clone(),
+                metrics: t.metrics.clone(),
+            })
+            .collect();
+        shared.held.send_replace(Arc::new(held));
+    }
+
+    /// The keys of the leases this worker is running.
+    pub(crate) fn held(&self) -> usize {
+        self.tasks.values().filter(|t| t.is_running()).count()
+    }
+
+    /// Whether takes are on hold (the store was seen going back in time).
+    pub(crate) fn holding_takes(&self) -> bool {
+        self.hold_takes_until.is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Removes a task that reported its end, and forgets its grant, both only if they are still
+    /// the ones of that task (a later task for the key has its own epoch).
+    fn on_exit(&mut self, shared: &Shared, exited: Exited) {
+        if self.tasks.get(&exited.key).is_some_and(|t| t.epoch == exited.epoch) {
+            self.tasks.remove(&exited.key);
+            self.publish_tasks(shared);
+        }
+        if self.granted.get(&exited.key) == Some(&exited.epoch) {
+            self.granted.remove(&exited.key);
+        }
+        // Whatever ended the task, the next pass looks at the lease again.
+        self.listing_wanted += 1;
+        if shared.stop_taking.is_cancelled() {
+            self.exited_while_stopping.push(exited);
+        }
+    }
+
+    /// A listing of the worker records: the liveness view, the peers' published change counts,
+    /// and the listings and holds they call for.
+    fn on_workers(
+        &mut self,
+        shared: &Shared,
+        records: &[WorkerRecord],
+        sent: Instant,
+        received: Instant,
+    ) {
+        let change = self.observe_workers(records, sent, received);
+        if !change.went_back.is_empty() {
+            // A running owner repairs what it runs within a (jittered) pass; give it that and a
+            // heartbeat before taking anything that only looks available.
+            let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
+                + shared.cfg.heartbeat_interval;
+            self.hold_takes_until = Some(Instant::now() + grace);
+            warn!(
+                workers = ?change.went_back,
+                ?grace,
+                "worker records went back in time (the store lost writes): taking no lease that \
+                 looks available for a while, so their owners repair them first"
+            );
+        }
+        let me = shared.id();
+        let now: BTreeMap<_, _> =
+            records.iter().filter(|r| r.id != me).map(|r| (r.id.clone(), r.changes)).collect();
+        let moved = self.peers.as_ref() != Some(&now);
+        if moved {
+            debug!("a peer changed owners, came or went: the next pass lists the leases");
+        }
+        self.peers = Some(now);
+        self.workers_listed = self.workers_listed.max(Some(sent));
+        self.remove_long_dead(shared);
+        shared.metrics.live_workers(records.len());
+        if change.needs_balance() || !change.went_back.is_empty() {
+            self.want_listing(true);
+        } else if moved {
+            // Listed soon (a claim on this worker's leases is answered, a lease handed to it
+            // resumed, without waiting for the regular pass), but no sooner than half a balance
+            // interval after the last listing: with many workers changing owners together (a
+            // fleet starting, a rolling deploy), a pass per signal would list the leases back to
+            // back on every worker.
+            self.listing_wanted += 1;
+            self.peer_moved = true;
+        }
+    }
+
+    /// Updates the liveness view from a listing of worker records, and logs the peers judged
+    /// dead or gone since the last view. The heartbeat's listings and a take-over's fresh look
+    /// at the workers both observe through here.
+    pub(crate) fn observe_workers(
+        &mut self,
+        records: &[WorkerRecord],
+        sent: Instant,
+        received: Instant,
+    ) -> crate::liveness::LivenessChange {
+        let change = self.liveness.observe(records, sent, received);
+        for w in &change.newly_dead {
+            info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
+        }
+        for w in &change.vanished {
+            info!(worker = %w, "peer left");
+        }
+        change
+    }
+
+    /// Removes, from a task of its own, the records of workers dead for
+    /// [`DEAD_RECORD_AGE_IN_FAILOVERS`] failover timeouts (crashed processes with generated ids
+    /// would otherwise leave one record each, listed by every worker on every heartbeat forever).
+    fn remove_long_dead(&mut self, shared: &Shared) {
+        let age = shared.cfg.failover_timeout.saturating_mul(DEAD_RECORD_AGE_IN_FAILOVERS);
+        let garbage = self.liveness.long_dead(age);
+        if garbage.is_empty() {
+            return;
+        }
+        let store = shared.store.clone();
+        let limit: Duration = shared.cfg.heartbeat_interval;
+        tokio::spawn(async move {
+            for (id, beat) in garbage {
+                match tokio::time::timeout(limit, store.remove_worker_if(&id, beat)).await {
+                    Ok(Ok(true)) => {
+                        info!(worker = %id, beat, ?age, "removed the record of a long-dead worker")
+                    }
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => {
+                        debug!(worker = %id, error = %crate::error::ErrorChain(&e), "removing a long-dead worker's record failed")
+                    }
+                    Err(_) => {
+                        debug!(worker = %id, "removing a long-dead worker's record timed out")
+                    }
+                }
+            }
+        });
+    }
+
+    /// Records a write this worker made to a lease (at `at`) in its memory of the namespace (see
+    /// `recovery`), so the memory does not wait for the next listing to know what this worker
+    /// itself did: a store that loses the write is then repaired to it.
+    pub(crate) fn remember(&mut self, lease: &Lease, at: Instant) {
+        let entry = self
+            .memory
+            .entry(lease.key.clone())
+            .or_insert_with(|| recovery::Remembered::listed(lease.clone()));
+        entry.written_at = entry.written_at.max(Some(at));
+        let seen = &mut entry.lease;
+        if seen.epoch <= lease.epoch {
+            let checkpoint = if seen.checkpoint.would_regress_to(&lease.checkpoint) {
+                seen.checkpoint.clone()
+            } else {
+                lease.checkpoint.clone()
+            };
+            *seen = Lease { checkpoint, ..lease.clone() };
+        }
+    }
+
+    /// Keeps the memory of this worker's own leases' checkpoints current without a listing (a
+    /// quiet fleet does not list), so a store that loses writes is repaired to the latest one.
+    /// (Lease tasks send these only when positions live in the lease record: a custom
+    /// checkpointer's positions are never in the record, and a listing would then look like a
+    /// store that lost writes.)
+    fn checkpointed(&mut self, token: &LeaseToken, position: &Position, at: Instant) {
+        if let Some(seen) = self.memory.get_mut(&token.key) {
+            if seen.lease.epoch <= token.epoch && !seen.lease.checkpoint.would_regress_to(position)
+            {
+                seen.written_at = seen.written_at.max(Some(at));
+                seen.lease.checkpoint = position.clone();
+            }
+        }
+    }
+}
