@@ -100,7 +100,7 @@ async fn run(shared: &Arc<Shared>, inbox: &mut Inbox, state: &mut LoopState) -> 
         },
         _ = shared.stop_taking.cancelled() => return None,
     };
-    let ready = first + shared.cfg.heartbeat_interval;
+    let ready = first + shared.cfg.heartbeat_interval();
     let mut listed = shared.workers_listed.subscribe();
     tokio::select! {
         biased;
@@ -109,7 +109,7 @@ async fn run(shared: &Arc<Shared>, inbox: &mut Inbox, state: &mut LoopState) -> 
     }
     let mut listed_at: Option<(u64, Instant)> = None;
     let mut settled = false;
-    let mut safety_net = shared.cfg.shard_sync_interval;
+    let mut safety_net = shared.cfg.shard_sync_interval();
     // Callers of `balance_now` answered after the coming pass.
     let mut answering: Vec<oneshot::Sender<()>> = Vec::new();
     loop {
@@ -150,7 +150,7 @@ async fn run(shared: &Arc<Shared>, inbox: &mut Inbox, state: &mut LoopState) -> 
         }
         // Wake at a claim's deadline too: the task must stop before the claimant may take it.
         let now = Instant::now();
-        let mut wake = now + shared.jittered(shared.cfg.balance_interval);
+        let mut wake = now + shared.jittered(shared.cfg.balance_interval());
         if let Some(deadline) = next_unanswered_deadline(shared, state, now) {
             wake = wake.min(deadline);
         }
@@ -167,7 +167,7 @@ async fn run(shared: &Arc<Shared>, inbox: &mut Inbox, state: &mut LoopState) -> 
                     // an interval after the last listing, so a fleet changing owners together does
                     // not list back to back. The deadline only comes closer: a stream of signals
                     // never puts the pass off.
-                    let soonest = listed_at.map(|(_, at)| at + shared.cfg.balance_interval / 2);
+                    let soonest = listed_at.map(|(_, at)| at + shared.cfg.balance_interval() / 2);
                     match soonest {
                         Some(at) if at > Instant::now() => wake = wake.min(at),
                         _ => break,
@@ -302,7 +302,7 @@ pub(crate) const SAFETY_NET_RECORDS_PER_SEC: u32 = 10;
 /// shard-sync interval, stretched to keep the listing within [`SAFETY_NET_RECORDS_PER_SEC`].
 pub(crate) fn safety_net_interval(cfg: &crate::config::Config, leases: usize) -> Duration {
     let budget = Duration::from_secs(leases as u64 / u64::from(SAFETY_NET_RECORDS_PER_SEC));
-    cfg.shard_sync_interval.max(budget).min(crate::config::MAX_DURATION)
+    cfg.shard_sync_interval().max(budget).min(crate::config::MAX_DURATION)
 }
 
 /// What a pass that listed the leases found.
@@ -411,7 +411,7 @@ async fn list_and_act(
     // in one pass, and one at a time that cost a store round trip each (about a second for four
     // on a busy SQLite file).
     if !holding {
-        for chunk in retake.chunks(shared.cfg.take_concurrency) {
+        for chunk in retake.chunks(shared.cfg.take_concurrency()) {
             join_all(chunk.iter().map(|v| async move {
                 if take(shared, v).await {
                     info!(shard = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
@@ -426,8 +426,8 @@ async fn list_and_act(
         leases: leases.iter().map(|v| v.lease.clone()).collect(),
         withheld,
         live_workers: live,
-        max_leases_per_worker: shared.cfg.max_leases_per_worker,
-        max_claims_per_pass: shared.cfg.max_claims_per_pass,
+        max_leases_per_worker: shared.cfg.max_leases_per_worker(),
+        max_claims_per_pass: shared.cfg.max_claims_per_pass(),
         expired_claims: expired,
         seed: shared.random(),
     };
@@ -576,9 +576,9 @@ async fn restore_lost(
         let now = Instant::now();
         // A live owner runs a pass within a (jittered) balance interval; give it that and a
         // heartbeat to repair the leases it runs itself, without interrupting them.
-        let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
-            + shared.cfg.heartbeat_interval;
-        let restart_window = grace + shared.cfg.failover_timeout;
+        let grace = shared.cfg.balance_interval().mul_f64(1.0 + shared.cfg.jitter())
+            + shared.cfg.heartbeat_interval();
+        let restart_window = grace + shared.cfg.failover_timeout();
         lost.iter()
             .filter_map(|l| {
                 let first = *since.entry(l.key().clone()).or_insert(now);
@@ -640,7 +640,7 @@ async fn restore_lost(
                 }
             }
         })
-        .buffer_unordered(shared.cfg.take_concurrency)
+        .buffer_unordered(shared.cfg.take_concurrency())
         .collect()
         .await;
     let restored = results.iter().filter(|ok| **ok).count();
@@ -705,7 +705,7 @@ async fn look_again_at_owners_judged_dead(
         return true;
     }
     let started = Instant::now();
-    match tokio::time::timeout(shared.cfg.heartbeat_interval, shared.store.list_workers()).await {
+    match tokio::time::timeout(shared.cfg.heartbeat_interval(), shared.store.list_workers()).await {
         Ok(Ok(listing)) => {
             shared.observe_workers(&listing.items, started);
             true
@@ -855,7 +855,7 @@ fn yield_unanswered_claims(
 /// How long a claim on one of this worker's leases may stand unanswered, from the send time of
 /// the listing before the one that showed the record's current version, before its task stops.
 fn unanswered_claim_limit(shared: &Shared) -> Duration {
-    shared.cfg.claim_timeout.saturating_sub(shared.cfg.heartbeat_interval)
+    shared.cfg.claim_timeout().saturating_sub(shared.cfg.heartbeat_interval())
 }
 
 /// The earliest moment after `now` a watched claim on this worker's leases reaches its limit:
@@ -919,7 +919,7 @@ fn expired_claims(
             // starts its handoff): it is not stuck; restart the clock.
             claim.since = now;
             claim.seen = *current;
-        } else if now.saturating_duration_since(claim.since) >= shared.cfg.claim_timeout {
+        } else if now.saturating_duration_since(claim.since) >= shared.cfg.claim_timeout() {
             expired.insert(key.clone());
         }
     }
@@ -987,7 +987,7 @@ async fn execute(
                 }
             }
         })
-        .buffer_unordered(shared.cfg.take_concurrency)
+        .buffer_unordered(shared.cfg.take_concurrency())
         .collect::<Vec<()>>()
         .await;
     // Handoffs: acknowledge every claim first, concurrently (bounded), so an owner answering
@@ -1022,12 +1022,12 @@ async fn execute(
                 acked.then_some((key, to, epoch, sent))
             }
         })
-        .buffer_unordered(shared.cfg.take_concurrency)
+        .buffer_unordered(shared.cfg.take_concurrency())
         .collect::<Vec<_>>()
         .await;
     for (key, to, epoch, sent) in acks.into_iter().flatten() {
         answered.insert(key.clone());
-        let deadline = sent + shared.cfg.shutdown_timeout;
+        let deadline = sent + shared.cfg.shutdown_timeout();
         if let Some(t) = lock(&shared.tasks).get(&key) {
             if t.epoch == epoch && t.stop.borrow().is_none() {
                 t.stop.send_replace(Some(StopReason::Handoff { to, deadline }));
@@ -1076,7 +1076,7 @@ async fn take_share(
         plan.take_candidates.iter().filter_map(|k| by_key.get(k).copied()).collect();
     while taken < plan.take_count && !shared.stop_taking.is_cancelled() {
         let missing = plan.take_count - taken;
-        if conflicts >= missing.max(shared.cfg.take_concurrency) && !candidates.is_empty() {
+        if conflicts >= missing.max(shared.cfg.take_concurrency()) && !candidates.is_empty() {
             if refreshes == MAX_CANDIDATE_REFRESHES {
                 debug!(taken, missing, "take candidates keep going stale; the next pass goes on");
                 break;
@@ -1087,7 +1087,7 @@ async fn take_share(
             debug!(taken, missing, candidates = fresh, "take candidates refreshed");
             continue;
         }
-        let want = missing.min(shared.cfg.take_concurrency);
+        let want = missing.min(shared.cfg.take_concurrency());
         let chunk: Vec<&VersionedLease> = candidates.drain(..want.min(candidates.len())).collect();
         if chunk.is_empty() {
             break;

@@ -23,7 +23,7 @@ use super::shared::{lock, Shared, StopReason};
 use crate::worker_record::WorkerRecord;
 
 pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
-    let hb = shared.cfg.heartbeat_interval;
+    let hb = shared.cfg.heartbeat_interval();
     let mut beat: u64 = WorkerRecord::first_beat();
     // Each peer's published count of ownership changes, as last listed.
     let mut peers: Option<BTreeMap<crate::ids::WorkerId, u64>> = None;
@@ -32,7 +32,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         let sent = Instant::now();
         let mut record = WorkerRecord::new(shared.id(), beat);
         record.lease_count = shared.held().len() as u32;
-        record.capacity = shared.cfg.max_leases_per_worker.map(|m| m as u32);
+        record.capacity = shared.cfg.max_leases_per_worker().map(|m| m as u32);
         record.changes = shared.changes.load(Ordering::SeqCst);
         match timeout(hb, shared.store.heartbeat(&record)).await {
             Ok(Ok(())) => {
@@ -62,8 +62,8 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 if !change.went_back.is_empty() {
                     // A running owner repairs what it runs within a (jittered) pass; give it that
                     // and a heartbeat before taking anything that only looks available.
-                    let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
-                        + shared.cfg.heartbeat_interval;
+                    let grace = shared.cfg.balance_interval().mul_f64(1.0 + shared.cfg.jitter())
+                        + shared.cfg.heartbeat_interval();
                     *lock(&shared.hold_takes_until) = Some(Instant::now() + grace);
                     warn!(
                         workers = ?change.went_back,
@@ -136,10 +136,11 @@ const DEAD_RECORD_AGE_IN_FAILOVERS: u32 = 10;
 /// (crashed processes with generated ids would otherwise leave one record each, listed by every
 /// worker on every heartbeat forever).
 async fn remove_long_dead(shared: &Shared) {
-    let age = shared.cfg.failover_timeout.saturating_mul(DEAD_RECORD_AGE_IN_FAILOVERS);
+    let age = shared.cfg.failover_timeout().saturating_mul(DEAD_RECORD_AGE_IN_FAILOVERS);
     let garbage = lock(&shared.liveness).long_dead(age);
     for (id, beat) in garbage {
-        match timeout(shared.cfg.heartbeat_interval, shared.store.remove_worker_if(&id, beat)).await
+        match timeout(shared.cfg.heartbeat_interval(), shared.store.remove_worker_if(&id, beat))
+            .await
         {
             Ok(Ok(true)) => {
                 info!(worker = %id, beat, ?age, "removed the record of a long-dead worker")
@@ -155,7 +156,7 @@ async fn remove_long_dead(shared: &Shared) {
 
 /// Fences the worker when heartbeats stop succeeding, before peers may judge it dead.
 pub(crate) async fn watchdog(shared: Arc<Shared>) {
-    let limit = shared.cfg.failover_timeout.saturating_sub(shared.cfg.heartbeat_interval);
+    let limit = shared.cfg.failover_timeout().saturating_sub(shared.cfg.heartbeat_interval());
     let mut rx = shared.heartbeat_ok.subscribe();
     loop {
         let last = *rx.borrow_and_update();
@@ -211,7 +212,7 @@ pub(crate) async fn fence(shared: &Shared) {
     );
     // One deadline for the whole fence, not one per task: with thousands of leases, half a
     // heartbeat each would outlast the failover timeout.
-    let deadline = Instant::now() + shared.cfg.heartbeat_interval / 2;
+    let deadline = Instant::now() + shared.cfg.heartbeat_interval() / 2;
     let ended = futures::future::join_all(running.iter().map(|(done, _)| done.cancelled()));
     if tokio::time::timeout_at(deadline, ended).await.is_err() {
         for (_, abort) in &running {

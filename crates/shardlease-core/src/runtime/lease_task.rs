@@ -228,7 +228,7 @@ async fn run(
 /// Only acts while `token` is still current: a lease that moved on is left alone. Gives up when
 /// the store keeps failing past the shutdown timeout (the lease then expires with this worker).
 pub(crate) async fn transfer(shared: &Shared, token: &LeaseToken, to: Option<WorkerId>) -> Ended {
-    let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
+    let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout();
     let policy = super::cas::Policy::until(deadline);
     let outcome = super::cas::write(shared, &token.key, None, policy, "hand the lease over", |l| {
         if !token.matches(l) {
@@ -496,7 +496,7 @@ impl Task {
                 return self.shard_end(children).await;
             }
             if batch.records.is_empty() {
-                let base = self.shared.cfg.idle_poll_interval;
+                let base = self.shared.cfg.idle_poll_interval();
                 let d = self.shared.jittered(base.saturating_mul(idle_factor));
                 idle_factor = (idle_factor * 2).min(IDLE_BACKOFF_MAX_FACTOR);
                 if let Some(r) = self.pause(d).await {
@@ -722,7 +722,7 @@ impl Task {
                         Err(e) => return Err(e),
                     }
                 }
-                let start = super::shard_sync::child_start(&self.shared.cfg.initial_position);
+                let start = super::shard_sync::child_start(self.shared.cfg.initial_position());
                 let lease = Lease {
                     epoch: super::recovery::creation_epoch(),
                     ..Lease::new(child.id.clone(), start)
@@ -757,7 +757,7 @@ impl Task {
         }
         let limit = match reason.deadline() {
             Some(d) => d.saturating_duration_since(tokio::time::Instant::now()),
-            None => self.shared.cfg.shutdown_timeout,
+            None => self.shared.cfg.shutdown_timeout(),
         };
         if limit.is_zero() {
             warn!(?reason, "the graceful stop's deadline passed during the last batch; stopping without shutdown_requested");
@@ -782,7 +782,7 @@ impl Task {
     /// Tells the processor its lease is gone, waiting at most half a heartbeat: a fence must
     /// finish before peers may judge this worker dead, whatever `lease_lost` does.
     async fn tell_lost(&mut self) {
-        let limit = self.shared.cfg.heartbeat_interval / 2;
+        let limit = self.shared.cfg.heartbeat_interval() / 2;
         if let Some(p) = self.processor.as_mut() {
             let told = AssertUnwindSafe(p.lease_lost()).catch_unwind();
             match tokio::time::timeout(limit, told).await {

@@ -58,8 +58,8 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
     // the new tip and the records since its lost checkpoint skipped, a newcomer that finds
     // nothing waits two heartbeats and looks again before deciding the application is new. Only
     // the very first start of an application pays that wait.
-    if empty && !established && shared.cfg.initial_position == Position::Latest {
-        let wait = shared.cfg.heartbeat_interval.saturating_mul(2);
+    if empty && !established && *shared.cfg.initial_position() == Position::Latest {
+        let wait = shared.cfg.heartbeat_interval().saturating_mul(2);
         tokio::select! {
             biased;
             _ = shared.stop_taking.cancelled() => return,
@@ -75,7 +75,7 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
         // then know the shards and list the leases again only when those change.
         let synced = match shared.source.list_shards().await {
             Ok(shards) => {
-                let initial = shared.cfg.initial_position.clone();
+                let initial = shared.cfg.initial_position().clone();
                 sync_shards_listed(&shared, shards, &initial, listing.filter(|_| !empty)).await
             }
             Err(e) => Err(e),
@@ -85,7 +85,7 @@ pub(crate) async fn shard_sync_loop(shared: Arc<Shared>) {
         }
     }
     loop {
-        let d = shared.jittered(shared.cfg.shard_sync_interval);
+        let d = shared.jittered(shared.cfg.shard_sync_interval());
         tokio::select! {
             biased;
             _ = tokio::time::sleep(d) => {}
@@ -128,7 +128,7 @@ async fn sync_if_changed(shared: &Shared) -> Result<()> {
     let shards = shared.source.list_shards().await?;
     let last = lock(&shared.last_sync).clone();
     let Some(last) = last.filter(|l| l.complete && l.shards == shards) else {
-        return sync_shards(shared, shards, &shared.cfg.initial_position).await;
+        return sync_shards(shared, shards, shared.cfg.initial_position()).await;
     };
     let mut pending = Vec::with_capacity(last.pending.len());
     let mut collected = Vec::new();
@@ -212,14 +212,14 @@ fn parents_first(shards: &[ShardInfo]) -> Vec<&ShardInfo> {
 
 /// One sync pass.
 pub(crate) async fn sync(shared: &Shared) -> Result<()> {
-    sync_from(shared, &shared.cfg.initial_position).await
+    sync_from(shared, shared.cfg.initial_position()).await
 }
 
 /// A sync right after the store lost every lease: the namespace is not new, so a shard nobody
 /// remembers is read from its start rather than from `LATEST` (whose records up to now would be
 /// skipped, though a lost lease may have been reading them). `AT_TIMESTAMP` stays.
 pub(crate) async fn sync_after_loss(shared: &Shared) -> Result<()> {
-    let initial = match &shared.cfg.initial_position {
+    let initial = match shared.cfg.initial_position() {
         Position::Latest => Position::TrimHorizon,
         other => other.clone(),
     };

@@ -221,16 +221,18 @@ impl Shared {
         let (exits, exits_rx) = tokio::sync::mpsc::unbounded_channel();
         let (requests, requests_rx) = tokio::sync::mpsc::unbounded_channel();
         let inbox = super::balance::Inbox { exits: exits_rx, requests: requests_rx };
-        let rng = match cfg.rng_seed {
+        let rng = match cfg.rng_seed() {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_os_rng(),
         };
-        let metrics =
-            crate::telemetry::WorkerMetrics::new(cfg.namespace.as_str(), cfg.worker_id.as_str());
+        let metrics = crate::telemetry::WorkerMetrics::new(
+            cfg.namespace().as_str(),
+            cfg.worker_id().as_str(),
+        );
         let shared = Shared {
-            id: Mutex::new(cfg.worker_id.clone()),
+            id: Mutex::new(cfg.worker_id().clone()),
             former_ids: Mutex::new(Default::default()),
-            liveness: Mutex::new(Liveness::new(cfg.failover_timeout)),
+            liveness: Mutex::new(Liveness::new(cfg.failover_timeout())),
             cfg,
             store,
             source,
@@ -275,7 +277,7 @@ impl Shared {
     pub(crate) fn reincarnate(&self) -> (WorkerId, WorkerId) {
         let suffix = self.random() as u32;
         let new =
-            WorkerId::new(format!("{}{INCARNATION_SEPARATOR}{suffix:08x}", self.cfg.worker_id));
+            WorkerId::new(format!("{}{INCARNATION_SEPARATOR}{suffix:08x}", self.cfg.worker_id()));
         let old = std::mem::replace(&mut *lock(&self.id), new.clone());
         lock(&self.former_ids).insert(old.clone());
         (old, new)
@@ -368,7 +370,7 @@ impl Shared {
 
     /// `d` moved at random by up to ± the configured jitter fraction.
     pub(crate) fn jittered(&self, d: Duration) -> Duration {
-        let j = self.cfg.jitter;
+        let j = self.cfg.jitter();
         if j <= 0.0 {
             return d;
         }
@@ -378,7 +380,7 @@ impl Shared {
 
     /// A fresh exponential backoff using the configured delays.
     pub(crate) fn backoff(&self) -> Backoff {
-        Backoff { next: self.cfg.retry_min_delay, max: self.cfg.retry_max_delay }
+        Backoff { next: self.cfg.retry_min_delay(), max: self.cfg.retry_max_delay() }
     }
 
     /// The keys of the leases this worker is running (a task that ended is not counted, even
