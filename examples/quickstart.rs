@@ -251,10 +251,10 @@ impl Demo {
         println!("  store:   {}", shardlease::redact_url(&self.args.fleet.store));
         println!(
             "  timing:  heartbeat {} ms, failover timeout {}, balance pass every {}, claim timeout {}",
-            cfg.heartbeat_interval.as_millis(),
-            secs(cfg.failover_timeout),
-            secs(cfg.balance_interval),
-            secs(cfg.claim_timeout)
+            cfg.heartbeat_interval().as_millis(),
+            secs(cfg.failover_timeout()),
+            secs(cfg.balance_interval()),
+            secs(cfg.claim_timeout())
         );
 
         let all_active_seen = |d: &Distribution| d.active > 0;
@@ -301,7 +301,7 @@ impl Demo {
                 &format!(
                     "no release: peers take its leases once its heartbeat has stood still for \
                      the failover timeout ({})",
-                    secs(cfg.failover_timeout)
+                    secs(cfg.failover_timeout())
                 ),
                 || async move {
                     h.crash();

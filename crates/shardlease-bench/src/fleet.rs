@@ -47,7 +47,7 @@ pub fn config_template(
         .with_balance_interval(t.balance)
         .with_failover_timeout(t.failover)
         .with_initial_position(Position::TrimHorizon);
-    let shutdown = c.shutdown_timeout.max(t.failover);
+    let shutdown = c.shutdown_timeout().max(t.failover);
     let c = c.with_shutdown_timeout(shutdown);
     Ok(match seed {
         Some(seed) => c.with_rng_seed(seed),

@@ -42,11 +42,11 @@ fn world(shards: usize, records: usize, seed: u64) -> World {
         source.put(&format!("k{i}"), format!("r{i}"));
     }
     let rec = Recorder::new();
-    let mut cfg = Config::new("faults")
+    let cfg = Config::new("faults")
         .unwrap()
         .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon);
-    cfg.rng_seed = Some(seed);
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(seed);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let cluster = Cluster::with_store_per_worker(base, store_for, src, rec.factory(), cfg);
     World { cluster, source, rec, faults, audit }
@@ -76,20 +76,13 @@ fn invalid_config_is_a_clear_error_when_the_worker_is_built() {
     let cases: Vec<(Config, &str)> = vec![
         (
             {
-                let mut c = Config::new("app").unwrap();
-                c.failover_timeout = c.heartbeat_interval * 2;
-                c
+                let c = Config::new("app").unwrap();
+                let twice = c.heartbeat_interval() * 2;
+                c.with_failover_timeout(twice)
             },
             "failover_timeout",
         ),
-        (
-            {
-                let mut c = Config::new("app").unwrap();
-                c.max_leases_per_worker = Some(0);
-                c
-            },
-            "max_leases_per_worker",
-        ),
+        (Config::new("app").unwrap().with_max_leases_per_worker(0), "max_leases_per_worker"),
         (Config::new("app").unwrap().with_worker_id(""), "worker id"),
         (Config::new("app").unwrap().with_worker_id("w#2"), "must not contain '#'"),
         // The store is opened on "app": a Config naming another namespace is refused.

@@ -107,7 +107,7 @@ struct World {
     log: Arc<Mutex<Log>>,
 }
 
-fn world(shards: usize, seed: u64, tune: impl FnOnce(&mut Config)) -> World {
+fn world(shards: usize, seed: u64, tune: impl FnOnce(Config) -> Config) -> World {
     let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
     let log = Arc::new(Mutex::new(Log::default()));
     let views = {
@@ -117,13 +117,13 @@ fn world(shards: usize, seed: u64, tune: impl FnOnce(&mut Config)) -> World {
         })
     };
     let source = MemorySource::new(shards);
-    let mut cfg = Config::new("default")
+    let cfg = Config::new("default")
         .unwrap()
         .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon);
-    cfg.rng_seed = Some(seed);
-    cfg.idle_poll_interval = HB / 10;
-    tune(&mut cfg);
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(seed)
+        .with_idle_poll_interval(HB / 10);
+    let cfg = tune(cfg);
     let src: Arc<dyn ShardSource> = Arc::new(source);
     let cluster = Cluster::with_store_per_worker(base, views, src, Recorder::new().factory(), cfg);
     World { cluster, log }
@@ -145,7 +145,7 @@ impl World {
 /// Three workers on 24 shards, balanced; then `w4` joins, marked in the log by `mark` first, and
 /// the fleet balances again with `w4` at its share of 6.
 async fn w4_joins_three(seed: u64, mark: impl FnOnce(&mut Log, &WorkerId)) -> (World, WorkerId) {
-    let mut w = world(24, seed, |_| {});
+    let mut w = world(24, seed, |c| c);
     w.cluster.sync_shards().await.unwrap();
     w.cluster.start_workers(3).unwrap();
     w.balanced().await;
@@ -181,9 +181,7 @@ async fn claims_that_meet_a_checkpoint_are_all_made_in_the_first_pass() {
 async fn owners_answer_claims_as_soon_as_they_hear_of_them() {
     let balance = HB * 30;
     for seed in 1..=4 {
-        let mut w = world(24, seed, |c| {
-            *c = c.clone().with_balance_interval(balance);
-        });
+        let mut w = world(24, seed, |c| c.with_balance_interval(balance));
         w.cluster.sync_shards().await.unwrap();
         w.cluster.start_workers(3).unwrap();
         w.balanced().await;
@@ -213,7 +211,7 @@ async fn owners_answer_claims_as_soon_as_they_hear_of_them() {
 #[tokio::test(start_paused = true)]
 async fn a_join_after_a_crash_aims_at_the_share_of_the_live_fleet() {
     for seed in 1..=4 {
-        let mut w = world(24, seed, |c| c.failover_timeout = HB * 10);
+        let mut w = world(24, seed, |c| c.with_failover_timeout(HB * 10));
         w.cluster.sync_shards().await.unwrap();
         let ids = w.cluster.start_workers(4).unwrap();
         w.balanced().await;

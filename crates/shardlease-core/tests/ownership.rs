@@ -31,20 +31,25 @@ struct World {
     producing: CancellationToken,
 }
 
-fn world(shards: usize, rec: Recorder, latency: Duration, tune: impl FnOnce(&mut Config)) -> World {
+fn world(
+    shards: usize,
+    rec: Recorder,
+    latency: Duration,
+    tune: impl FnOnce(Config) -> Config,
+) -> World {
     let base: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
     let faults = Faults::new(5);
     faults.set_latency(latency, latency);
     let audit = AuditLog::new();
     let views = audited_faulty_views(base.clone(), faults, audit.clone());
     let source = MemorySource::new(shards);
-    let mut cfg = Config::new("default")
+    let cfg = Config::new("default")
         .unwrap()
         .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon);
-    cfg.rng_seed = Some(5);
-    cfg.idle_poll_interval = HB / 10;
-    tune(&mut cfg);
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(5)
+        .with_idle_poll_interval(HB / 10);
+    let cfg = tune(cfg);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let cluster = Cluster::with_store_per_worker(base, views, src, rec.factory(), cfg);
     let producing = CancellationToken::new();
@@ -87,7 +92,7 @@ impl World {
 /// the process that died.
 #[tokio::test(start_paused = true)]
 async fn a_restart_under_the_same_id_retakes_every_lease_with_a_new_epoch() {
-    let mut w = world(64, Recorder::new(), Duration::from_millis(10), |_| {});
+    let mut w = world(64, Recorder::new(), Duration::from_millis(10), |c| c);
     w.cluster.sync_shards().await.unwrap();
     let ids = w.cluster.start_workers(2).unwrap();
     w.cluster.wait_balanced(LONG, HB / 2).await.unwrap();
@@ -111,7 +116,7 @@ async fn a_restart_under_the_same_id_retakes_every_lease_with_a_new_epoch() {
 #[tokio::test(start_paused = true)]
 async fn a_restart_under_the_same_id_during_a_takeover_never_runs_two_owners() {
     let mut w = world(512, Recorder::new(), Duration::from_millis(100), |c| {
-        c.failover_timeout = HB * 8;
+        c.with_failover_timeout(HB * 8)
     });
     w.cluster.sync_shards().await.unwrap();
     let ids = w.cluster.start_workers(2).unwrap();
@@ -143,9 +148,9 @@ async fn a_slow_flush_in_a_graceful_handoff_is_never_cut_short() {
             .with_checkpoint_every(1000)
             .with_shutdown_delay(Duration::from_millis(6_300));
         let mut w = world(8, rec, Duration::from_millis(1), |c| {
-            c.shutdown_timeout = Duration::from_millis(6_400);
-            c.claim_timeout = Duration::from_millis(7_500);
-            c.rng_seed = Some(seed);
+            c.with_shutdown_timeout(Duration::from_millis(6_400))
+                .with_claim_timeout(Duration::from_millis(7_500))
+                .with_rng_seed(seed)
         });
         w.cluster.sync_shards().await.unwrap();
         let first = w.cluster.start_worker().unwrap();

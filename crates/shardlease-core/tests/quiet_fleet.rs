@@ -35,11 +35,11 @@ fn fleet(shards: usize, seed: u64) -> Fleet {
     let counting = Arc::new(CountingStore::new(base));
     let source = MemorySource::new(shards);
     let rec = Recorder::new();
-    let mut cfg = Config::new("quiet")
+    let cfg = Config::new("quiet")
         .unwrap()
         .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon);
-    cfg.rng_seed = Some(seed);
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(seed);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let store: Arc<dyn LeaseStore> = counting.clone();
     let cluster = Cluster::new(store, src, rec.factory(), cfg.clone());
@@ -72,8 +72,8 @@ impl Fleet {
     /// heartbeat, the peer's next listing of worker records (each up to a jittered heartbeat),
     /// and the peer's next pass (a jittered balance interval), with a heartbeat to spare.
     fn notice_bound(&self) -> Duration {
-        let jittered = |d: Duration| d.mul_f64(1.0 + self.cfg.jitter);
-        jittered(HB) * 3 + jittered(self.cfg.balance_interval)
+        let jittered = |d: Duration| d.mul_f64(1.0 + self.cfg.jitter());
+        jittered(HB) * 3 + jittered(self.cfg.balance_interval())
     }
 
     /// Waits until every worker in `who` has listed the leases since `before`, within `bound`.
@@ -104,7 +104,7 @@ async fn a_settled_fleet_lists_no_leases() {
     // Twenty heartbeats with nothing happening: under the safety net's interval (the shard-sync
     // interval, 30 heartbeats here, jittered by at most 10%).
     let window = HB * 20;
-    assert!(window < f.cfg.shard_sync_interval.mul_f64(1.0 - f.cfg.jitter));
+    assert!(window < f.cfg.shard_sync_interval().mul_f64(1.0 - f.cfg.jitter()));
     tokio::time::sleep(window).await;
     let ops = f.counting.counts().since(&before);
     assert_eq!(f.listings(), listings, "no balance pass listed the leases");
@@ -150,7 +150,7 @@ async fn every_change_reaches_every_worker_within_a_heartbeat_and_a_balance_inte
     let victim = f.cluster.running()[0].clone();
     f.cluster.crash(&victim);
     let rest = f.cluster.running();
-    f.all_list_within("a crash noticed", &rest, &before, f.cfg.failover_timeout + bound).await;
+    f.all_list_within("a crash noticed", &rest, &before, f.cfg.failover_timeout() + bound).await;
     f.settle().await;
 
     // A shard end: the owner finishes the parent (a change) and every worker lists, so the
@@ -159,7 +159,7 @@ async fn every_change_reaches_every_worker_within_a_heartbeat_and_a_balance_inte
     let parent = f.source.shards()[0].id.clone();
     let (a, b) = f.source.split(&parent).unwrap();
     let all = f.cluster.running();
-    let bound_end = f.cfg.idle_poll_interval * 2 + bound;
+    let bound_end = f.cfg.idle_poll_interval() * 2 + bound;
     f.all_list_within("a shard end noticed", &all, &before, bound_end).await;
     let store = f.cluster.store().clone();
     wait_until("both children owned", bound_end + bound, HB / 20, || async {
@@ -233,11 +233,11 @@ async fn refused_checkpoint_stops_the_task(on_refusal: OnRefusal) {
         move |_: &shardlease_core::LeaseContext| -> Box<dyn shardlease_core::RecordProcessor> {
             Box::new(Checkpointing { on_refusal, batches: counted.clone() })
         };
-    let mut cfg = Config::new("refused")
+    let cfg = Config::new("refused")
         .unwrap()
         .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon);
-    cfg.rng_seed = Some(3);
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(3);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster = Cluster::new(store.clone(), src, Arc::new(factory), cfg);
     cluster.sync_shards().await.unwrap();
@@ -300,7 +300,7 @@ async fn the_safety_net_catches_a_change_nobody_signalled() {
     let listings = f.listings();
     let all = f.cluster.running();
     // The safety net's interval (the shard-sync interval at 16 leases), jittered, and a pass.
-    let bound = f.cfg.shard_sync_interval.mul_f64(1.0 + f.cfg.jitter) + f.notice_bound();
+    let bound = f.cfg.shard_sync_interval().mul_f64(1.0 + f.cfg.jitter()) + f.notice_bound();
     f.all_list_within("the safety net listed", &all, &listings, bound).await;
     wait_until("every lease back", bound, HB / 10, || async {
         store.list_leases().await.unwrap().items.len() == before.len()
@@ -332,7 +332,7 @@ async fn a_claim_left_on_a_finished_lease_keeps_nobody_listing() {
     f.settle().await;
     let listings = f.listings();
     let window = HB * 20;
-    assert!(window < f.cfg.shard_sync_interval.mul_f64(1.0 - f.cfg.jitter));
+    assert!(window < f.cfg.shard_sync_interval().mul_f64(1.0 - f.cfg.jitter()));
     tokio::time::sleep(window).await;
     assert_eq!(f.listings(), listings, "no balance pass listed the leases");
     let VersionedLease { lease: still, .. } = f.counting.get_lease(&parent).await.unwrap().unwrap();
@@ -417,12 +417,12 @@ async fn a_claim_whose_answer_was_lost_is_still_answered() {
     let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("quiet".parse().unwrap()));
     let source = MemorySource::new(3);
     let rec = Recorder::new();
-    let mut cfg = Config::new("quiet")
+    let cfg = Config::new("quiet")
         .unwrap()
         .with_heartbeat(HB)
         .with_shard_sync_interval(Duration::from_secs(3600))
-        .with_initial_position(Position::TrimHorizon);
-    cfg.rng_seed = Some(9);
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(9);
     let answers = Arc::new(ClaimAnswers::default());
     let store: Arc<dyn LeaseStore> = Arc::new(LosesClaimAnswers {
         inner: base,
@@ -449,8 +449,8 @@ async fn a_claim_whose_answer_was_lost_is_still_answered() {
     .unwrap();
     // Heard within about a heartbeat and a balance interval, answered, and handed over; far
     // sooner than the safety net (an hour here).
-    let jittered = |d: Duration| d.mul_f64(1.0 + cfg.jitter);
-    let bound = jittered(HB) * 3 + jittered(cfg.balance_interval) * 2 + cfg.shutdown_timeout;
+    let jittered = |d: Duration| d.mul_f64(1.0 + cfg.jitter());
+    let bound = jittered(HB) * 3 + jittered(cfg.balance_interval()) * 2 + cfg.shutdown_timeout();
     let cov = cluster.wait_balanced(bound, HB / 10).await.unwrap_or_else(|e| {
         panic!("{e}; {:?}", cluster.stats_report());
     });

@@ -24,12 +24,11 @@ const HB: Duration = Duration::from_secs(1);
 const LONG: Duration = Duration::from_secs(600);
 
 fn config() -> Config {
-    let mut c = Config::new("default")
+    Config::new("default")
         .unwrap()
         .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon);
-    c.rng_seed = Some(3);
-    c
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(3)
 }
 
 /// A worker with 64 leases whose processors hang in `lease_lost` is cut off from the store: its
@@ -159,7 +158,7 @@ async fn a_dead_workers_record_is_removed_after_ten_failover_timeouts() {
     let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(4));
     let factory = shardlease_testkit::recorder::Recorder::new().factory();
     let cfg = config();
-    let failover = cfg.failover_timeout;
+    let failover = cfg.failover_timeout();
     let mut cluster = Cluster::new(store.clone(), source, factory, cfg);
     cluster.sync_shards().await.unwrap();
     let ids = cluster.start_workers(2).unwrap();

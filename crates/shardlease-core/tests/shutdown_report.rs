@@ -24,11 +24,11 @@ async fn fleet_with_records(hang_on_shutdown: bool) -> (Cluster, Arc<MemoryStore
         source.put(&format!("key-{i}"), vec![b'x'; 8]);
     }
     let factory = Checkpointing { hang_on_shutdown, ..Default::default() }.factory();
-    let mut config = Config::new("default")
+    let config = Config::new("default")
         .unwrap()
         .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon);
-    config.rng_seed = Some(11);
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(11);
     let shards: Arc<dyn ShardSource> = source.clone();
     let mut cluster = Cluster::new(store.clone(), shards, factory, config);
     cluster.sync_shards().await.unwrap();

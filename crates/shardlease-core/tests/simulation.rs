@@ -211,12 +211,12 @@ async fn simulate(seed: u64) -> Result<String, String> {
     let rec = Recorder::new()
         .with_checkpoint_every(d.checkpoint_every)
         .with_shutdown_delay(d.shutdown_delay);
-    let mut cfg = Config::new("sim")
+    let cfg = Config::new("sim")
         .unwrap()
         .with_heartbeat(HEARTBEAT)
-        .with_initial_position(d.start.clone());
-    cfg.rng_seed = Some(seed);
-    cfg.idle_poll_interval = Duration::from_millis(200);
+        .with_initial_position(d.start.clone())
+        .with_rng_seed(seed)
+        .with_idle_poll_interval(Duration::from_millis(200));
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster =
         Cluster::with_store_per_worker(base.clone(), store_for, src, rec.factory(), cfg);

@@ -85,14 +85,14 @@ async fn a_stale_candidate_list_is_refreshed_and_the_share_still_taken_in_one_pa
                 Arc::new(View { inner: base.clone(), stale })
             })
         };
-        let mut cfg = Config::new("default")
+        let cfg = Config::new("default")
             .unwrap()
             .with_heartbeat(HB)
             .with_initial_position(Position::TrimHorizon)
-            .with_take_concurrency(TAKE_CONCURRENCY);
-        cfg.rng_seed = Some(seed);
-        cfg.idle_poll_interval = HB / 10;
-        cfg.max_leases_per_worker = Some(CAP);
+            .with_take_concurrency(TAKE_CONCURRENCY)
+            .with_rng_seed(seed)
+            .with_idle_poll_interval(HB / 10)
+            .with_max_leases_per_worker(CAP);
         let src: Arc<dyn ShardSource> = Arc::new(MemorySource::new(SHARDS));
         let mut cluster = Cluster::with_store_per_worker(
             base.clone(),

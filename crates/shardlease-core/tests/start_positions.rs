@@ -67,9 +67,12 @@ fn world(shards: usize, initial: Position) -> World {
     let source = MemorySource::new(shards);
     let counting = OpenCounting::new(source.clone());
     let rec = Recorder::new();
-    let mut cfg = Config::new("default").unwrap().with_heartbeat(HB).with_initial_position(initial);
-    cfg.idle_poll_interval = Duration::from_secs(60);
-    cfg.rng_seed = Some(11);
+    let cfg = Config::new("default")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_initial_position(initial)
+        .with_idle_poll_interval(Duration::from_secs(60))
+        .with_rng_seed(11);
     let src: Arc<dyn ShardSource> = Arc::new(counting.clone());
     let cluster = Cluster::new(store.clone(), src, rec.factory(), cfg);
     World { cluster, store, source, counting, rec }

@@ -15,11 +15,11 @@ async fn eight_workers_started_together_take_128_each_in_one_pass_without_churn(
     let store: Arc<dyn LeaseStore> =
         Arc::new(MemoryBackend::new().store("startup".parse().unwrap()));
     let source: Arc<dyn ShardSource> = Arc::new(MemorySource::new(1024));
-    let mut cfg = Config::new("startup")
+    let cfg = Config::new("startup")
         .unwrap()
         .with_heartbeat(Duration::from_secs(1))
-        .with_initial_position(Position::TrimHorizon);
-    cfg.rng_seed = Some(7);
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(7);
     let mut cluster = Cluster::new(store, source, Recorder::new().factory(), cfg);
     cluster.sync_shards().await.unwrap();
     let ids = cluster.start_workers(8).unwrap();

@@ -60,12 +60,12 @@ async fn a_graceful_leave_is_taken_over_before_the_takers_next_heartbeat() {
         .unwrap();
 
         let hb = Duration::from_secs(60);
-        let mut slow_cfg = Config::new(ns.as_str())
+        let slow_cfg = Config::new(ns.as_str())
             .unwrap()
             .with_heartbeat(hb)
             .with_worker_id("slow")
-            .with_initial_position(Position::TrimHorizon);
-        slow_cfg.jitter = 0.0;
+            .with_initial_position(Position::TrimHorizon)
+            .with_jitter(0.0);
         let slow = start(slow_cfg, store.clone(), &source, &rec);
         // Its first pass comes one heartbeat after its first beat; it claims half, and the fast
         // worker hands them over.

@@ -114,9 +114,10 @@ async fn run(url: &str) -> Result<Vec<String>> {
 
     let source = MemorySource::new(SHARDS);
     let recorder = Recorder::new();
-    let mut config = Config::new(ns.as_str())?.with_heartbeat(HEARTBEAT);
-    config.initial_position = Position::TrimHorizon;
-    config.idle_poll_interval = Duration::from_millis(50);
+    let config = Config::new(ns.as_str())?
+        .with_heartbeat(HEARTBEAT)
+        .with_initial_position(Position::TrimHorizon)
+        .with_idle_poll_interval(Duration::from_millis(50));
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster = Cluster::new(Arc::new(store.clone()), src, recorder.factory(), config);
     cluster.sync_shards().await?;

@@ -152,18 +152,18 @@ impl Cluster {
 
     /// The configuration of worker number `n` (`w<n>`, its own RNG seed).
     fn config_for(&self, n: u32) -> Config {
-        let mut cfg = self.template.clone();
-        cfg.worker_id = WorkerId::new(format!("w{n}"));
-        cfg.rng_seed =
-            self.template.rng_seed.map(|s| s.wrapping_mul(31).wrapping_add(u64::from(n)));
-        cfg
+        let cfg = self.template.clone().with_worker_id(WorkerId::new(format!("w{n}")));
+        match self.template.rng_seed() {
+            Some(s) => cfg.with_rng_seed(s.wrapping_mul(31).wrapping_add(u64::from(n))),
+            None => cfg,
+        }
     }
 
     /// Builds the next worker (id `w1`, `w2`, ...) without starting it.
     pub fn build_worker(&mut self) -> Result<Worker> {
         self.started += 1;
         let cfg = self.config_for(self.started);
-        let store = (self.store_for)(&cfg.worker_id);
+        let store = (self.store_for)(cfg.worker_id());
         self.worker(cfg, store)
     }
 
@@ -198,8 +198,7 @@ impl Cluster {
     pub fn restart_as(&mut self, id: &WorkerId) -> Result<()> {
         self.crash(id);
         self.started += 1;
-        let mut cfg = self.config_for(self.started);
-        cfg.worker_id = id.clone();
+        let cfg = self.config_for(self.started).with_worker_id(id.clone());
         let store = (self.store_for)(id);
         let h = self.worker(cfg, store)?.start();
         self.workers.insert(id.clone(), h);

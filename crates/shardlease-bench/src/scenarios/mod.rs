@@ -112,9 +112,8 @@ impl Run<'_> {
 
     /// The worker configuration template.
     pub fn config(&self) -> Result<Config, BenchError> {
-        let mut c = config_template(&self.namespace, &self.args.timings, self.args.seed)?;
-        c.dedicated_heartbeat_thread = self.args.dedicated_heartbeat;
-        Ok(c)
+        let c = config_template(&self.namespace, &self.args.timings, self.args.seed)?;
+        Ok(c.with_dedicated_heartbeat_thread(self.args.dedicated_heartbeat))
     }
 
     /// An in-memory stream of `--shards` shards with the `--batch-limit`.

@@ -24,7 +24,7 @@ use crate::ids::WorkerId;
 use crate::worker_record::WorkerRecord;
 
 pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
-    let hb = shared.cfg.heartbeat_interval;
+    let hb = shared.cfg.heartbeat_interval();
     let mut timing = Timing::new(&shared.cfg, shared.rng(3));
     let mut beat: u64 = WorkerRecord::first_beat();
     let mut changes = shared.changes.subscribe();
@@ -34,7 +34,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         let mut record = WorkerRecord::new(shared.id(), beat);
         record.lease_count = shared.held_leases().len() as u32;
         record.capacity =
-            shared.cfg.max_leases_per_worker.map(|m| u32::try_from(m).unwrap_or(u32::MAX));
+            shared.cfg.max_leases_per_worker().map(|m| u32::try_from(m).unwrap_or(u32::MAX));
         record.changes = *changes.borrow_and_update();
         match timeout(hb, shared.store.heartbeat(&record)).await {
             Ok(Ok(())) => {
@@ -109,7 +109,7 @@ fn resume(shared: &Shared) -> bool {
 
 /// Fences the worker when heartbeats stop succeeding, before peers may judge it dead.
 pub(crate) async fn watchdog(shared: Arc<Shared>) {
-    let limit = shared.cfg.failover_timeout.saturating_sub(shared.cfg.heartbeat_interval);
+    let limit = shared.cfg.failover_timeout().saturating_sub(shared.cfg.heartbeat_interval());
     let mut rng = shared.rng(4);
     let mut rx = shared.heartbeat_ok.subscribe();
     loop {
@@ -150,7 +150,8 @@ pub(crate) async fn fence(shared: &Shared, rng: &mut rand::rngs::StdRng) {
     // Start over as a new worker: peers that judged the old incarnation dead (possibly from a
     // listing older than our recovery) must never mistake the new one for it.
     let suffix: u32 = rng.random();
-    let new = WorkerId::new(format!("{}{INCARNATION_SEPARATOR}{suffix:08x}", shared.cfg.worker_id));
+    let new =
+        WorkerId::new(format!("{}{INCARNATION_SEPARATOR}{suffix:08x}", shared.cfg.worker_id()));
     let old = shared.incarnation.borrow().clone();
     let mut former: Vec<WorkerId> = old.former.as_ref().clone();
     former.push(old.id.clone());
@@ -170,7 +171,7 @@ pub(crate) async fn fence(shared: &Shared, rng: &mut rand::rngs::StdRng) {
     );
     // One deadline for the whole fence, not one per task: with thousands of leases, half a
     // heartbeat each would outlast the failover timeout.
-    let deadline = Instant::now() + shared.cfg.heartbeat_interval / 2;
+    let deadline = Instant::now() + shared.cfg.heartbeat_interval() / 2;
     let ended = futures::future::join_all(running.iter().map(|t| t.done.cancelled()));
     if tokio::time::timeout_at(deadline, ended).await.is_err() {
         for t in &running {

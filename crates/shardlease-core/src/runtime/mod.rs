@@ -48,7 +48,7 @@ impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
             .field("id", &self.shared.id())
-            .field("namespace", &self.shared.cfg.namespace)
+            .field("namespace", &self.shared.cfg.namespace())
             .finish_non_exhaustive()
     }
 }
@@ -91,12 +91,12 @@ impl WorkerBuilder {
         // The store decides where leases live (a URL's `?namespace=`, the namespace a store was
         // opened on); a `Config` naming another would be a second, silently ignored answer.
         if let Some(ns) = self.store.namespace() {
-            if ns != self.config.namespace {
+            if ns != *self.config.namespace() {
                 return Err(crate::error::Error::Config(format!(
                     "the store is opened on namespace {:?} but the Config names {:?}; leases live \
                      in the store's namespace, so make the two agree",
                     ns.as_str(),
-                    self.config.namespace.as_str()
+                    self.config.namespace().as_str()
                 )));
             }
         }
@@ -157,9 +157,9 @@ impl Worker {
     pub fn start(self) -> WorkerHandle {
         let Worker { shared, receivers } = self;
         let Receivers { events, sync } = receivers;
-        let span = tracing::info_span!("worker", worker = %shared.cfg.worker_id, namespace = %shared.cfg.namespace);
+        let span = tracing::info_span!("worker", worker = %shared.cfg.worker_id(), namespace = %shared.cfg.namespace());
         info!(parent: &span, "worker starting");
-        let dedicated = shared.cfg.dedicated_heartbeat_thread;
+        let dedicated = shared.cfg.dedicated_heartbeat_thread();
         let loops = vec![
             heartbeat_thread::spawn(
                 dedicated,
@@ -307,7 +307,7 @@ impl WorkerHandle {
         let shared = &self.shared;
         info!(worker = %shared.id(), "shutting down");
         shared.stop_taking.cancel();
-        let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
+        let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout();
         // Every lease task sees this at once and stops gracefully, whatever the balance loop is
         // doing; the loop, which owns the tasks, collects how each of them ended (or cuts it short
         // at the deadline) and withdraws this worker's claims.
@@ -382,7 +382,7 @@ async fn remove_record(shared: &Shared) -> Result<()> {
             attempt,
             "the worker record came back after removal (a late heartbeat); removing again"
         );
-        tokio::time::sleep(shared.cfg.heartbeat_interval).await;
+        tokio::time::sleep(shared.cfg.heartbeat_interval()).await;
     }
     result
 }

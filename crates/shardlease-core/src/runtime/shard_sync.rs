@@ -87,8 +87,8 @@ pub(crate) async fn shard_sync_loop(
     // the new tip and the records since its lost checkpoint skipped, a newcomer that finds
     // nothing waits two heartbeats and looks again before deciding the application is new. Only
     // the very first start of an application pays that wait.
-    if empty && !established && shared.cfg.initial_position == Position::Latest {
-        let wait = shared.cfg.heartbeat_interval.saturating_mul(2);
+    if empty && !established && *shared.cfg.initial_position() == Position::Latest {
+        let wait = shared.cfg.heartbeat_interval().saturating_mul(2);
         tokio::select! {
             biased;
             _ = shared.stop_taking.cancelled() => return,
@@ -104,7 +104,7 @@ pub(crate) async fn shard_sync_loop(
         // then know the shards and list the leases again only when those change.
         let synced = match shared.source.list_shards().await {
             Ok(shards) => {
-                let initial = shared.cfg.initial_position.clone();
+                let initial = shared.cfg.initial_position().clone();
                 let memory = memory(&shared).await;
                 let listing = listing.filter(|_| !empty);
                 sync_shards_listed(&shared, &mut state, shards, &initial, listing, &memory).await
@@ -116,7 +116,7 @@ pub(crate) async fn shard_sync_loop(
         }
     }
     loop {
-        let d = timing.jittered(shared.cfg.shard_sync_interval);
+        let d = timing.jittered(shared.cfg.shard_sync_interval());
         let mut replies = Vec::new();
         tokio::select! {
             biased;
@@ -172,7 +172,7 @@ async fn sync_if_changed(shared: &Shared, state: &mut SyncState) -> Result<()> {
     let last = state.last.take();
     let Some(mut last) = last.filter(|l| l.complete && l.shards == shards) else {
         let memory = memory(shared).await;
-        let initial = &shared.cfg.initial_position;
+        let initial = shared.cfg.initial_position();
         return sync_shards_listed(shared, state, shards, initial, None, &memory).await;
     };
     let mut pending = Vec::with_capacity(last.pending.len());
@@ -260,7 +260,7 @@ fn parents_first(shards: &[ShardInfo]) -> Vec<&ShardInfo> {
 /// One full sync, outside the sync loop, given the balance loop's memory of the namespace (empty
 /// before the worker starts).
 pub(crate) async fn sync(shared: &Shared, memory: &[Lease]) -> Result<()> {
-    sync_from(shared, &shared.cfg.initial_position, memory).await
+    sync_from(shared, shared.cfg.initial_position(), memory).await
 }
 
 /// One full sync by the sync loop, for the handle: the loop's answer, or (the loop has ended) a
@@ -280,7 +280,7 @@ pub(crate) async fn sync_now(shared: &Shared) -> Result<()> {
 /// remembers is read from its start rather than from `LATEST` (whose records up to now would be
 /// skipped, though a lost lease may have been reading them). `AT_TIMESTAMP` stays.
 pub(crate) async fn sync_after_loss(shared: &Shared, memory: &[Lease]) -> Result<()> {
-    let initial = match &shared.cfg.initial_position {
+    let initial = match shared.cfg.initial_position() {
         Position::Latest => Position::TrimHorizon,
         other => other.clone(),
     };

@@ -182,10 +182,12 @@ impl Shared {
     ) -> (Self, Receivers) {
         let (events, events_rx) = tokio::sync::mpsc::unbounded_channel();
         let (sync, sync_rx) = tokio::sync::mpsc::unbounded_channel();
-        let metrics =
-            crate::telemetry::WorkerMetrics::new(cfg.namespace.as_str(), cfg.worker_id.as_str());
+        let metrics = crate::telemetry::WorkerMetrics::new(
+            cfg.namespace().as_str(),
+            cfg.worker_id().as_str(),
+        );
         let incarnation = Incarnation {
-            id: cfg.worker_id.clone(),
+            id: cfg.worker_id().clone(),
             former: Arc::new(Vec::new()),
             fence: CancellationToken::new(),
             live: true,
@@ -240,7 +242,7 @@ impl Shared {
     /// An RNG for one of the worker's loops or tasks: seeded from the configured seed and
     /// `stream` (so a replay draws the same numbers in each), from the OS otherwise.
     pub(crate) fn rng(&self, stream: u64) -> StdRng {
-        match self.cfg.rng_seed {
+        match self.cfg.rng_seed() {
             Some(seed) => StdRng::seed_from_u64(seed ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             None => StdRng::from_os_rng(),
         }
@@ -267,9 +269,9 @@ impl Timing {
     pub(crate) fn new(cfg: &Config, rng: StdRng) -> Self {
         Timing {
             rng,
-            jitter: cfg.jitter,
-            retry_min: cfg.retry_min_delay,
-            retry_max: cfg.retry_max_delay,
+            jitter: cfg.jitter(),
+            retry_min: cfg.retry_min_delay(),
+            retry_max: cfg.retry_max_delay(),
         }
     }
 

@@ -139,11 +139,11 @@ where
         })
     };
     let source = MemorySource::new(4);
-    let mut cfg = Config::new(ns.as_str())
+    let cfg = Config::new(ns.as_str())
         .unwrap()
         .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon);
-    cfg.rng_seed = Some(seed);
+        .with_initial_position(Position::TrimHorizon)
+        .with_rng_seed(seed);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster = Cluster::with_store_per_worker(base.clone(), store_for, src, factory, cfg);
     if let Some(cp) = &cp {

@@ -78,12 +78,12 @@ pub async fn workers_go_on_across_a_restart(
     };
     put(0, 200);
     let rec = Recorder::new();
-    let mut cfg = Config::new(namespace)
+    let cfg = Config::new(namespace)
         .unwrap_or_else(|e| panic!("{e}"))
         .with_heartbeat(how.heartbeat)
-        .with_initial_position(Position::TrimHorizon);
-    // An empty namespace is noticed by the shard sync too: keep it frequent.
-    cfg.shard_sync_interval = how.heartbeat * 3;
+        .with_initial_position(Position::TrimHorizon)
+        // An empty namespace is noticed by the shard sync too: keep it frequent.
+        .with_shard_sync_interval(how.heartbeat * 3);
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster = Cluster::new(observer.clone(), src, rec.factory(), cfg);
     // No explicit shard sync: a worker syncs by itself when it finds the namespace empty.

@@ -56,7 +56,7 @@ pub(super) fn yield_unanswered_claims(
 /// How long a claim on one of this worker's leases may stand unanswered, from the send time of
 /// the listing before the one that showed the record's current version, before its task stops.
 pub(super) fn unanswered_claim_limit(shared: &Shared) -> Duration {
-    shared.cfg.claim_timeout.saturating_sub(shared.cfg.heartbeat_interval)
+    shared.cfg.claim_timeout().saturating_sub(shared.cfg.heartbeat_interval())
 }
 
 /// The earliest moment after `now` a watched claim on this worker's leases reaches its limit:
@@ -124,7 +124,7 @@ pub(super) fn expired_claims(
             // starts its handoff): it is not stuck; restart the clock.
             claim.since = now;
             claim.seen = *current;
-        } else if now.saturating_duration_since(claim.since) >= shared.cfg.claim_timeout {
+        } else if now.saturating_duration_since(claim.since) >= shared.cfg.claim_timeout() {
             expired.insert(key.clone());
         }
     }

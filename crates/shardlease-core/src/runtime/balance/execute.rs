@@ -76,7 +76,7 @@ pub(super) async fn execute(
                 }
             }
         })
-        .buffer_unordered(shared.cfg.take_concurrency)
+        .buffer_unordered(shared.cfg.take_concurrency())
         .collect()
         .await;
     for (key, v, current) in written.into_iter().flatten() {
@@ -120,12 +120,12 @@ pub(super) async fn execute(
                 acked.then_some((key, to, epoch, sent))
             }
         })
-        .buffer_unordered(shared.cfg.take_concurrency)
+        .buffer_unordered(shared.cfg.take_concurrency())
         .collect::<Vec<_>>()
         .await;
     for (key, to, epoch, sent) in acks.into_iter().flatten() {
         answered.insert(key.clone());
-        let deadline = sent + shared.cfg.shutdown_timeout;
+        let deadline = sent + shared.cfg.shutdown_timeout();
         if let Some(t) = owner.tasks.get(&key) {
             if t.epoch == epoch && t.stop.borrow().is_none() {
                 t.stop.send_replace(Some(StopReason::Handoff { to, deadline }));
@@ -175,7 +175,7 @@ pub(super) async fn take_share(
         plan.take_candidates.iter().filter_map(|k| by_key.get(k).copied()).collect();
     while taken < plan.take_count && !shared.stop_taking.is_cancelled() {
         let missing = plan.take_count - taken;
-        if conflicts >= missing.max(shared.cfg.take_concurrency) && !candidates.is_empty() {
+        if conflicts >= missing.max(shared.cfg.take_concurrency()) && !candidates.is_empty() {
             if refreshes == MAX_CANDIDATE_REFRESHES {
                 debug!(taken, missing, "take candidates keep going stale; the next pass goes on");
                 break;
@@ -188,7 +188,7 @@ pub(super) async fn take_share(
             debug!(taken, missing, candidates = fresh, "take candidates refreshed");
             continue;
         }
-        let want = missing.min(shared.cfg.take_concurrency);
+        let want = missing.min(shared.cfg.take_concurrency());
         let chunk: Vec<&VersionedLease> = candidates.drain(..want.min(candidates.len())).collect();
         if chunk.is_empty() {
             break;

@@ -64,7 +64,7 @@ async fn wait_for_first_view(
     let mut first: Option<Instant> = None;
     loop {
         first = first.or(*ok.borrow_and_update());
-        let ready = first.map(|t| t + shared.cfg.heartbeat_interval);
+        let ready = first.map(|t| t + shared.cfg.heartbeat_interval());
         if ready.is_some_and(|r| owner.workers_listed.is_some_and(|t| t >= r)) {
             return true;
         }
@@ -87,7 +87,7 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
     }
     let mut listed_at: Option<(u64, Instant)> = None;
     let mut settled = false;
-    let mut safety_net = shared.cfg.shard_sync_interval;
+    let mut safety_net = shared.cfg.shard_sync_interval();
     loop {
         // Callers waiting now are answered after the coming pass; one asking during it waits for
         // the next.
@@ -125,7 +125,7 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
         }
         // Wake at a claim's deadline too: the task must stop before the claimant may take it.
         let now = Instant::now();
-        let mut wake = now + owner.timing.jittered(shared.cfg.balance_interval);
+        let mut wake = now + owner.timing.jittered(shared.cfg.balance_interval());
         if let Some(deadline) = next_unanswered_deadline(shared, owner, now) {
             wake = wake.min(deadline);
         }
@@ -143,7 +143,7 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
                 // after the last listing, so a fleet changing owners together does not list back
                 // to back. The deadline only comes closer: a stream of signals never puts the
                 // pass off.
-                let soonest = listed_at.map(|(_, at)| at + shared.cfg.balance_interval / 2);
+                let soonest = listed_at.map(|(_, at)| at + shared.cfg.balance_interval() / 2);
                 match soonest {
                     Some(at) if at > Instant::now() => wake = wake.min(at),
                     _ => break,
@@ -207,7 +207,7 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
             lease_task::Ended::Nothing => report.ended.push(key),
         }
     };
-    let until = deadline + shared.cfg.heartbeat_interval;
+    let until = deadline + shared.cfg.heartbeat_interval();
     loop {
         for exited in std::mem::take(&mut owner.exited_while_stopping) {
             record(&mut held, exited);
@@ -276,5 +276,5 @@ pub(crate) const SAFETY_NET_RECORDS_PER_SEC: u32 = 10;
 /// shard-sync interval, stretched to keep the listing within [`SAFETY_NET_RECORDS_PER_SEC`].
 pub(crate) fn safety_net_interval(cfg: &crate::config::Config, leases: usize) -> Duration {
     let budget = Duration::from_secs(leases as u64 / u64::from(SAFETY_NET_RECORDS_PER_SEC));
-    cfg.shard_sync_interval.max(budget).min(crate::config::MAX_DURATION)
+    cfg.shard_sync_interval().max(budget).min(crate::config::MAX_DURATION)
 }

@@ -131,7 +131,7 @@ impl Owner {
             tasks: BTreeMap::new(),
             granted: BTreeMap::new(),
             my_claims: BTreeMap::new(),
-            liveness: Liveness::new(shared.cfg.failover_timeout),
+            liveness: Liveness::new(shared.cfg.failover_timeout()),
             peers: None,
             workers_listed: None,
             memory: BTreeMap::new(),
@@ -278,8 +278,8 @@ impl Owner {
         if !change.went_back.is_empty() {
             // A running owner repairs what it runs within a (jittered) pass; give it that and a
             // heartbeat before taking anything that only looks available.
-            let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
-                + shared.cfg.heartbeat_interval;
+            let grace = shared.cfg.balance_interval().mul_f64(1.0 + shared.cfg.jitter())
+                + shared.cfg.heartbeat_interval();
             self.hold_takes_until = Some(Instant::now() + grace);
             warn!(
                 workers = ?change.went_back,
@@ -335,13 +335,13 @@ impl Owner {
     /// [`DEAD_RECORD_AGE_IN_FAILOVERS`] failover timeouts (crashed processes with generated ids
     /// would otherwise leave one record each, listed by every worker on every heartbeat forever).
     fn remove_long_dead(&mut self, shared: &Shared) {
-        let age = shared.cfg.failover_timeout.saturating_mul(DEAD_RECORD_AGE_IN_FAILOVERS);
+        let age = shared.cfg.failover_timeout().saturating_mul(DEAD_RECORD_AGE_IN_FAILOVERS);
         let garbage = self.liveness.long_dead(age);
         if garbage.is_empty() {
             return;
         }
         let store = shared.store.clone();
-        let limit: Duration = shared.cfg.heartbeat_interval;
+        let limit: Duration = shared.cfg.heartbeat_interval();
         tokio::spawn(async move {
             for (id, beat) in garbage {
                 match tokio::time::timeout(limit, store.remove_worker_if(&id, beat)).await {

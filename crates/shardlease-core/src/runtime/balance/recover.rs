@@ -91,9 +91,9 @@ pub(super) async fn restore_lost(
         let now = Instant::now();
         // A live owner runs a pass within a (jittered) balance interval; give it that and a
         // heartbeat to repair the leases it runs itself, without interrupting them.
-        let grace = shared.cfg.balance_interval.mul_f64(1.0 + shared.cfg.jitter)
-            + shared.cfg.heartbeat_interval;
-        let restart_window = grace + shared.cfg.failover_timeout;
+        let grace = shared.cfg.balance_interval().mul_f64(1.0 + shared.cfg.jitter())
+            + shared.cfg.heartbeat_interval();
+        let restart_window = grace + shared.cfg.failover_timeout();
         lost.iter()
             .filter_map(|l| {
                 let first = *since.entry(l.key().clone()).or_insert(now);
@@ -149,7 +149,7 @@ pub(super) async fn restore_lost(
                 }
             }
         })
-        .buffer_unordered(shared.cfg.take_concurrency)
+        .buffer_unordered(shared.cfg.take_concurrency())
         .collect()
         .await;
     let mut restored = 0;

@@ -127,7 +127,7 @@ pub(super) async fn list_and_act(
     // in one pass, and one at a time that cost a store round trip each (about a second for four
     // on a busy SQLite file).
     if !holding {
-        for chunk in retake.chunks(shared.cfg.take_concurrency) {
+        for chunk in retake.chunks(shared.cfg.take_concurrency()) {
             let chunk: Vec<&VersionedLease> = chunk.iter().collect();
             let won = take_all(shared, owner, &chunk).await;
             for (v, won) in chunk.iter().zip(won) {
@@ -143,8 +143,8 @@ pub(super) async fn list_and_act(
         leases: leases.iter().map(|v| v.lease.clone()).collect(),
         withheld,
         live_workers: live,
-        max_leases_per_worker: shared.cfg.max_leases_per_worker,
-        max_claims_per_pass: shared.cfg.max_claims_per_pass,
+        max_leases_per_worker: shared.cfg.max_leases_per_worker(),
+        max_claims_per_pass: shared.cfg.max_claims_per_pass(),
         expired_claims: expired,
         seed: owner.timing.random(),
     };
@@ -264,7 +264,7 @@ pub(super) async fn look_again_at_owners_judged_dead(
         return true;
     }
     let started = Instant::now();
-    match tokio::time::timeout(shared.cfg.heartbeat_interval, shared.store.list_workers()).await {
+    match tokio::time::timeout(shared.cfg.heartbeat_interval(), shared.store.list_workers()).await {
         Ok(Ok(listing)) => {
             owner.observe_workers(&listing.items, started, Instant::now());
             true

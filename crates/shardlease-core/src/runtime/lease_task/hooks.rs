@@ -188,7 +188,7 @@ impl Task {
     pub(super) async fn request_shutdown(&mut self, reason: &StopReason) {
         let limit = match reason.deadline() {
             Some(d) => d.saturating_duration_since(tokio::time::Instant::now()),
-            None => self.shared.cfg.shutdown_timeout,
+            None => self.shared.cfg.shutdown_timeout(),
         };
         if let Some(p) = self.processor.as_mut() {
             let fut = AssertUnwindSafe(p.shutdown_requested(&self.cp)).catch_unwind();
@@ -211,7 +211,7 @@ impl Task {
     /// Tells the processor its lease is gone, waiting at most half a heartbeat: a fence must
     /// finish before peers may judge this worker dead, whatever `lease_lost` does.
     pub(super) async fn tell_lost(&mut self) {
-        let limit = self.shared.cfg.heartbeat_interval / 2;
+        let limit = self.shared.cfg.heartbeat_interval() / 2;
         if let Some(p) = self.processor.as_mut() {
             let told = AssertUnwindSafe(p.lease_lost()).catch_unwind();
             match tokio::time::timeout(limit, told).await {

@@ -270,7 +270,7 @@ pub(crate) async fn transfer(
     token: &LeaseToken,
     to: Option<WorkerId>,
 ) -> Ended {
-    let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout;
+    let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout();
     let policy = super::cas::Policy::until(deadline);
     let what = "hand the lease over";
     let outcome = super::cas::write(shared, timing, &token.key, None, policy, what, |l| {

@@ -239,7 +239,7 @@ impl Task {
                 return self.shard_end(children).await;
             }
             if batch.records.is_empty() {
-                let base = self.shared.cfg.idle_poll_interval;
+                let base = self.shared.cfg.idle_poll_interval();
                 let d = self.timing.jittered(base.saturating_mul(idle_factor));
                 idle_factor = (idle_factor * 2).min(IDLE_BACKOFF_MAX_FACTOR);
                 if let Some(r) = self.pause(d).await {
@@ -411,7 +411,7 @@ impl Task {
                     }
                 }
                 let start =
-                    crate::runtime::shard_sync::child_start(&self.shared.cfg.initial_position);
+                    crate::runtime::shard_sync::child_start(self.shared.cfg.initial_position());
                 let lease = Lease {
                     epoch: crate::runtime::recovery::creation_epoch(),
                     ..Lease::new(child.id.clone(), start)
