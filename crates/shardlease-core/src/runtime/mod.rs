@@ -216,7 +216,11 @@ pub struct WorkerStats {
 /// Controls a running worker.
 pub struct WorkerHandle {
     shared: Arc<Shared>,
+    /// The join handles of the worker's loops, taken once (by `shutdown` or an abrupt stop). The
+    /// lock guards these handles only, never coordination state (the balance loop owns that).
     loops: Mutex<Vec<JoinHandle<()>>>,
+    /// Whether a shutdown ran: held across `shutdown` so that concurrent calls run it once (the
+    /// second returns an empty report). Guards this flag only.
     shutdown: tokio::sync::Mutex<bool>,
 }
 
