@@ -17,9 +17,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease::{
-    Config, LeaseStore, MemoryBackend, MemorySource, Namespace, Position, ShardSource, Worker,
-};
+use shardlease::store::{LeaseStore, MemoryBackend};
+use shardlease::{Config, MemorySource, Namespace, Position, ShardSource, Worker};
 use shardlease_examples::poll_until;
 use shardlease_sql::effectively_once::{transactional_fn, TxCheckpointer};
 use shardlease_sql::{redact_url, SqlStore};
@@ -102,7 +101,7 @@ async fn run(args: Args) -> Result<(), String> {
                   (run TEXT NOT NULL, shard TEXT NOT NULL, seq TEXT NOT NULL, payload BYTEA)";
     sqlx::query(create).execute(&pool).await.map_err(|e| e.to_string())?;
     // Every run has a namespace of its own, so runs never see each other's rows or positions.
-    let millis = shardlease::worker_record::now_millis();
+    let millis = shardlease::store::now_millis();
     let run = format!("demo-{millis}");
     let namespace: Namespace = run.parse().map_err(|e: shardlease::Error| e.to_string())?;
 

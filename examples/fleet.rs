@@ -14,7 +14,7 @@
 //! so a lease that moves between processes resumes in the new owner's copy exactly where the
 //! old owner's checkpoint says.
 
-use shardlease::VersionedLease;
+use shardlease::store::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,7 +80,7 @@ async fn run(args: Args) -> shardlease::Result<()> {
                     continue;
                 }
                 last_slot = slot;
-                let first = shardlease::FIRST_SEQUENCE + slot * shards.len() as u128;
+                let first = MemorySource::FIRST_SEQUENCE + slot * shards.len() as u128;
                 for (i, shard) in shards.iter().enumerate() {
                     source.advance_sequence_to(first + i as u128);
                     if source.put_to_shard(shard, format!("{shard} at slot {slot}")).is_err() {
@@ -95,7 +95,7 @@ async fn run(args: Args) -> shardlease::Result<()> {
     for _ in 0..args.fleet.workers {
         // The store's namespace (the URL's `?namespace=`, "default" otherwise) is where the
         // leases live; the Config must name the same one.
-        let namespace = shardlease::LeaseStore::namespace(&*store).unwrap_or_default();
+        let namespace = shardlease::store::LeaseStore::namespace(&*store).unwrap_or_default();
         let config = Config::new(namespace)?
             .with_heartbeat(args.fleet.heartbeat)
             .with_initial_position(Position::TrimHorizon);

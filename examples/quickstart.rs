@@ -20,9 +20,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use clap::Parser;
+use shardlease::store::LeaseStore;
 use shardlease::{
-    Config, LeaseKey, LeaseStore, MemorySource, Position, ProcessorFactory, ShardSource, Worker,
-    WorkerHandle, WorkerId,
+    Config, LeaseKey, MemorySource, Position, ProcessorFactory, ShardSource, Worker, WorkerHandle,
+    WorkerId,
 };
 use shardlease_examples::cli::FleetArgs;
 use shardlease_examples::{poll_until, DeliveryLog, Distribution};
@@ -470,7 +471,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         )));
     }
     // The namespace the store was opened in (the URL's, read the way `connect` reads it).
-    let namespace = shardlease::store_url::namespace_of(&args.fleet.store)
+    let namespace = shardlease::store::url::namespace_of(&args.fleet.store)
         .map_err(|e| Failure::Usage(format!("--store: {e}")))?;
     let template = Config::new(namespace)?
         .with_heartbeat(args.fleet.heartbeat)

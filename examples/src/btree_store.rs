@@ -10,10 +10,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use shardlease::{
-    async_trait, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result,
-    Version, VersionedLease, WorkerId, WorkerRecord,
+use shardlease::store::{
+    CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
 };
+use shardlease::{async_trait, Error, LeaseKey, Namespace, Result, WorkerId};
 
 /// The records of every namespace, keyed by `(namespace, key)` so one namespace is a range.
 #[derive(Debug, Default)]

@@ -17,9 +17,9 @@ use std::time::Duration;
 pub mod prometheus;
 
 use shardlease::balancer::is_active;
+use shardlease::store::{Lease, LeaseStore};
 use shardlease::{
-    processor_fn, Batch, Lease, LeaseKey, LeaseStore, ProcessorFactory, SequenceNumber,
-    WorkerHandle, WorkerId,
+    processor_fn, Batch, LeaseKey, ProcessorFactory, SequenceNumber, WorkerHandle, WorkerId,
 };
 
 /// One record of one shard: the shard, the sequence number and the sub-sequence number.

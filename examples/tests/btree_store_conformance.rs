@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use shardlease::LeaseStore;
+use shardlease::store::LeaseStore;
 use shardlease_examples::btree_store::BTreeBackend;
 use shardlease_testkit::FnFactory;
 

@@ -9,13 +9,14 @@
 //! start, a join and a graceful leave process nothing twice (an owner checkpoints before it lets
 //! a lease go); a crash may deliver again what its victim processed after its last checkpoint.
 
-use shardlease::VersionedLease;
+use shardlease::store::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use shardlease::{LeaseKey, LeaseStore, MemorySource, SequenceNumber, ShardSource, WorkerHandle};
+use shardlease::store::LeaseStore;
+use shardlease::{LeaseKey, MemorySource, SequenceNumber, ShardSource, WorkerHandle};
 use shardlease_examples::{poll_until, DeliveryLog, Distribution};
 use tokio::time::Instant;
 

@@ -8,11 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease::runtime::WorkerStats;
-use shardlease::{
-    Balancer, Config, GreedyBalancer, Lease, LeaseKey, LeaseStore, OnePerPassBalancer, Position,
-    ProcessorFactory, ShardSource, WorkerId,
-};
+use shardlease::balancer::{Balancer, GreedyBalancer, OnePerPassBalancer};
+use shardlease::store::{Lease, LeaseStore};
+use shardlease::WorkerStats;
+use shardlease::{Config, LeaseKey, Position, ProcessorFactory, ShardSource, WorkerId};
 use shardlease_testkit::cluster::Cluster;
 
 use crate::args::Policy;

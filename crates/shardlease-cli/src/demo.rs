@@ -4,7 +4,7 @@
 //! leave gracefully. Against a shared store (a SQLite file, PostgreSQL, Redis) the other
 //! commands can watch it from another terminal.
 
-use shardlease::VersionedLease;
+use shardlease::store::VersionedLease;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -1,13 +1,13 @@
 //! The read-only commands: `leases`, `workers` and `status`. They list, observe heartbeats for a
 //! window and report; they never write to the store.
 
-use shardlease::VersionedLease;
+use shardlease::store::VersionedLease;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use serde::Serialize;
-use shardlease::worker_record::now_millis;
+use shardlease::store::now_millis;
 
 use crate::error::{code, CliError};
 use crate::observe::Observation;

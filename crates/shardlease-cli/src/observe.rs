@@ -7,9 +7,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use shardlease::{
-    CorruptRecord, LeaseKey, LeaseStore, Version, VersionedLease, WorkerId, WorkerRecord,
-};
+use shardlease::store::{CorruptRecord, LeaseStore, Version, VersionedLease, WorkerRecord};
+use shardlease::{LeaseKey, WorkerId};
 
 use crate::error::CliError;
 

@@ -3,11 +3,12 @@
 //! (a parent that is not finished, or whose record is corrupt, blocks its children exactly as the
 //! balancer sees it). Only liveness comes from the CLI's own observation.
 
-use shardlease::VersionedLease;
+use shardlease::store::VersionedLease;
 use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
-use shardlease::{Lease, LeaseKey};
+use shardlease::store::Lease;
+use shardlease::LeaseKey;
 
 use crate::observe::Observation;
 

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use shardlease::store_url::{namespace_of, QueryOptions, NAMESPACE_OPTION};
-use shardlease::LeaseStore;
+use shardlease::store::url::{namespace_of, QueryOptions, NAMESPACE_OPTION};
+use shardlease::store::LeaseStore;
 
 use crate::error::CliError;
 

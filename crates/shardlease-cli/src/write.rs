@@ -7,12 +7,14 @@
 //! runtime's own epoch rule (`lease::transition::release`), which fences the old owner (its next checkpoint is refused
 //! and its task stops), and the fleet takes the unowned lease at its checkpoint.
 
-use shardlease::{Epoch, VersionedLease};
+use shardlease::store::VersionedLease;
+use shardlease::Epoch;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use serde::Serialize;
-use shardlease::{Lease, LeaseKey, Position, SequenceNumber, WorkerId};
+use shardlease::store::Lease;
+use shardlease::{LeaseKey, Position, SequenceNumber, WorkerId};
 
 use crate::error::CliError;
 use crate::observe::Observation;

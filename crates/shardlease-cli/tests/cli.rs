@@ -7,17 +7,17 @@
 //! are dev-dependency features of this crate). Conditions are awaited by polling with generous
 //! deadlines, never by a fixed sleep (the machine running this is small and busy).
 
+use shardlease::store::VersionedLease;
 use shardlease::Epoch;
-use shardlease::VersionedLease;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use shardlease::store::{Lease, LeaseStore, WorkerRecord};
 use shardlease::{
-    processor_fn, Config, Lease, LeaseKey, LeaseStore, MemorySource, Position, Worker,
-    WorkerHandle, WorkerId, WorkerRecord,
+    processor_fn, Config, LeaseKey, MemorySource, Position, Worker, WorkerHandle, WorkerId,
 };
 
 const DEADLINE: Duration = Duration::from_secs(90);

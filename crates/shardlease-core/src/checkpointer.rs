@@ -16,7 +16,13 @@ use crate::lease::{Lease, LeaseKey, LeaseToken, Version, VersionedLease};
 use crate::position::Position;
 use crate::store::LeaseStore;
 
-/// Persists positions for leases.
+/// Persists positions for leases, fenced by the lease's epoch.
+///
+/// The default [`StoreCheckpointer`] keeps positions inside the lease record and writes them with
+/// the store's compare-and-set, so a worker that lost its lease (a zombie) can never move a
+/// checkpoint. For effectively-once output, implement this trait on your own database and write
+/// the position in the same transaction as the output, checking the epoch of the [`LeaseToken`]
+/// (set it with `WorkerBuilder::checkpointer`).
 #[async_trait]
 pub trait Checkpointer: Send + Sync + Debug {
     /// Records that everything up to `position` is processed. Fails with `Error::LeaseLost` when

@@ -14,6 +14,12 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in shardlease.
+///
+/// Every backend maps its native errors into this enum; the runtime decides what to retry by
+/// looking only at it ([`Error::is_retryable`]). `Conflict` (someone else wrote the record first:
+/// re-read and decide again) and `LeaseLost` (the caller no longer owns the lease: stop) are
+/// deliberately different variants, because confusing them is how lease libraries end up with two
+/// owners.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -59,9 +65,6 @@ pub enum Error {
         #[source]
         source: Option<BoxError>,
     },
-    /// The worker is shutting down; the operation was abandoned.
-    #[error("shutting down")]
-    Shutdown,
 }
 
 impl Error {

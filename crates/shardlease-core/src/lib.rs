@@ -5,47 +5,52 @@
 //! Backends live in their own crates and depend only on this one; applications normally depend on
 //! the `shardlease` facade instead.
 //!
-//! The moving parts, each in a module of its own:
-//! - [`LeaseStore`](store::LeaseStore): the compare-and-set contract every backend implements;
-//! - [`ShardSource`](source::ShardSource): where records come from;
-//! - [`Checkpointer`](checkpointer::Checkpointer): where positions are persisted, fenced by epoch;
-//! - [`RecordProcessor`](processor::RecordProcessor): user code, one per held lease;
-//! - [`Balancer`](balancer::Balancer): a pure function from a snapshot to the actions of one pass;
-//! - [`Worker`](runtime::Worker): heartbeats, liveness, balance passes, shard sync, one task per lease.
+//! The public surface is curated the same way as the facade's:
+//! - the crate root holds what an application uses: [`Worker`] and its builder, handle, stats and
+//!   shutdown report, [`Config`], the processor side ([`RecordProcessor`], [`ProcessorFactory`],
+//!   [`processor_fn`], [`LeaseContext`], [`CheckpointHandle`], [`Checkpointer`], [`LeaseToken`],
+//!   [`Epoch`]), the records ([`Record`], [`Batch`], [`Position`], [`SequenceNumber`]), the ids,
+//!   the sources ([`ShardSource`], [`ShardReader`], [`ShardInfo`], [`HashRange`],
+//!   [`MemorySource`]) and the one [`Error`];
+//! - [`store`]: what a store author needs: the [`LeaseStore`](store::LeaseStore)
+//!   compare-and-set contract every backend implements, the records it stores, decorators,
+//!   change notification, the in-memory store and the store URL helpers;
+//! - [`balancer`]: the [`Balancer`](balancer::Balancer) trait (a pure function from a snapshot to
+//!   the actions of one pass) and the greedy balancer, for those who plug their own;
+//! - [`telemetry`]: the names of the metrics the worker and the stores emit.
 //!
 //! See `docs/algorithm.md` in the repository for why each rule exists.
 
 pub mod balancer;
-pub mod checkpointer;
-pub mod clock;
-pub mod config;
-pub mod error;
+mod checkpointer;
+mod clock;
+mod config;
+mod error;
 mod ids;
-pub mod instrumented;
-pub mod lease;
-pub mod liveness;
-pub mod memory;
-pub mod notify;
-pub mod position;
-pub mod processor;
-pub mod redact;
-pub mod runtime;
-pub mod source;
+mod instrumented;
+mod lease;
+mod liveness;
+mod memory;
+mod notify;
+mod position;
+mod processor;
+mod redact;
+mod runtime;
+mod source;
 pub mod store;
-pub mod store_decorator;
-pub mod store_url;
+mod store_decorator;
+mod store_url;
 pub mod telemetry;
-pub mod worker_record;
+mod worker_record;
 
-pub use balancer::{Balancer, GreedyBalancer, OnePerPassBalancer, Plan, Snapshot};
-pub use checkpointer::{Checkpointer, StoreCheckpointer};
+// The root holds what an application uses; a store author's items are in [`store`], a balancer
+// author's in [`balancer`], the metric names in [`telemetry`].
+pub use checkpointer::Checkpointer;
 pub use config::Config;
 pub use error::{BoxError, Error, ErrorChain, Result};
 pub use ids::{LeaseKey, Namespace, WorkerId, DEFAULT_NAMESPACE};
-pub use instrumented::InstrumentedStore;
-pub use lease::{Claim, Epoch, Lease, LeaseToken, Version, VersionedLease};
-pub use memory::{MemoryBackend, MemorySnapshot, MemorySource, MemoryStore, FIRST_SEQUENCE};
-pub use notify::{ChangeStream, StoreChange};
+pub use lease::{Epoch, LeaseToken};
+pub use memory::MemorySource;
 pub use position::{Position, SequenceNumber};
 pub use processor::{
     processor_fn, CheckpointHandle, LeaseContext, ProcessorFactory, RecordProcessor,
@@ -54,6 +59,9 @@ pub use runtime::{
     ReleasedLease, ShutdownReport, Worker, WorkerBuilder, WorkerHandle, WorkerStats,
 };
 pub use source::{Batch, HashRange, Record, ShardInfo, ShardReader, ShardSource};
-pub use store::{CorruptRecord, CreateOutcome, LeaseStore, Listing};
-pub use store_decorator::StoreDecorator;
-pub use worker_record::WorkerRecord;
+
+/// The separator of a worker id's incarnation suffix (`<id>#<random>`), for the testkit's audit
+/// (feature `test-util`).
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub use runtime::INCARNATION_SEPARATOR;

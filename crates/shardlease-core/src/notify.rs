@@ -2,7 +2,7 @@
 //! instead of at their next heartbeat or balance pass.
 //!
 //! A store that can push changes (an etcd watch, PostgreSQL `LISTEN/NOTIFY`, Redis pub/sub)
-//! returns a [`ChangeStream`] from [`LeaseStore::subscribe_changes`](crate::LeaseStore::subscribe_changes);
+//! returns a [`ChangeStream`] from [`LeaseStore::subscribe_changes`](crate::store::LeaseStore::subscribe_changes);
 //! the default says "not supported" and the worker runs exactly as without it. A notice is only a
 //! hint to look again: the runtime acts on it by listing, never on its content, so a notice that
 //! is late, repeated or spurious costs a listing and nothing else. What is relevant (an ownership
@@ -20,6 +20,15 @@ use crate::lease::{Lease, LeaseKey};
 pub type ChangeStream = BoxStream<'static, StoreChange>;
 
 /// One change in a namespace, as a store reports it.
+///
+/// Change notification is an optional store capability that lets workers react to a change at
+/// once instead of at their next heartbeat or balance pass: a store that can push changes (an
+/// etcd watch, PostgreSQL `LISTEN/NOTIFY`, Redis pub/sub) returns a [`ChangeStream`] from
+/// [`LeaseStore::subscribe_changes`](crate::store::LeaseStore::subscribe_changes). A notice is
+/// only a hint to look again: the runtime acts on it by listing, never on its content, so a
+/// notice that is late, repeated or spurious costs a listing and nothing else. What is relevant
+/// (an ownership change, not a checkpoint) is decided by the core, in
+/// [`StoreChange::calls_for_listing`].
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum StoreChange {

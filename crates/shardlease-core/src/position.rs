@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// A non-negative decimal integer of any size, as Kinesis uses for sequence numbers.
+///
+/// Kinesis sequence numbers are decimal strings of up to 129 digits (values up to and beyond
+/// 2^128), so they fit no integer type and must not be compared as strings ("9" > "10"): this
+/// type keeps the canonical digits and orders by length first, then lexically, which is numeric
+/// order.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct SequenceNumber(String);

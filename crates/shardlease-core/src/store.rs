@@ -1,8 +1,28 @@
-//! The store contract: the whole of what a coordination backend implements.
+//! What a store author needs: the [`LeaseStore`] contract, the records it holds ([`Lease`],
+//! [`VersionedLease`], [`Version`], [`Claim`], [`WorkerRecord`]), what its calls return
+//! ([`CreateOutcome`], [`Listing`], [`CorruptRecord`]), decorators ([`StoreDecorator`],
+//! [`InstrumentedStore`]), change notification ([`ChangeStream`], [`StoreChange`]), the
+//! in-memory store ([`MemoryStore`] over a [`MemoryBackend`], with [`MemorySnapshot`]s), the
+//! default [`StoreCheckpointer`], the helpers for a store URL ([`url`]) and for keeping secrets
+//! out of messages ([`Redactor`]).
 //!
-//! It is deliberately tiny and free of lease logic: create-if-absent, read, list, compare-and-set
-//! on an opaque [`Version`], delete, and a per-worker heartbeat upsert. Everything algorithmic
-//! (who may take what, fencing, handoff) lives in the core and is written once.
+//! The contract is deliberately tiny and free of lease logic: create-if-absent, read, list,
+//! compare-and-set on an opaque [`Version`], delete, and a per-worker heartbeat upsert.
+//! Everything algorithmic (who may take what, fencing, handoff) lives in the core and is written
+//! once. The ids, [`Position`](crate::Position), [`Epoch`](crate::Epoch), [`Error`](crate::Error)
+//! and `Result` that a store also names are at the crate root.
+//!
+//! # Proving a store: the conformance suite
+//!
+//! The `shardlease-testkit` crate (a dev-dependency of the store's crate) checks a store against
+//! this contract. Implement its `StoreFactory` (or build an `FnFactory` from a closure for a
+//! store living in process), then one line in a test file,
+//! `shardlease_testkit::store_conformance_tests!(my_factory())`, expands to one `#[test]` per
+//! case (`shardlease_testkit::suite::run_all` runs them all from a custom harness, and each case
+//! is a public async fn of `shardlease_testkit::suite`, listed in `suite::STORE_CASES`). The
+//! opt-in cases that need raw access to the backend are in `shardlease_testkit::extensions`
+//! (`corrupt_record_tests!`, `redaction_tests!`, `extensions::restart`). `docs/implementing-a-store.md`
+//! walks through it.
 
 use std::fmt::Debug;
 
@@ -10,8 +30,29 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::ids::{Namespace, WorkerId};
-use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
-use crate::worker_record::WorkerRecord;
+use crate::lease::LeaseKey;
+
+pub use crate::checkpointer::StoreCheckpointer;
+pub use crate::instrumented::InstrumentedStore;
+pub use crate::lease::{Claim, Lease, Version, VersionedLease};
+pub use crate::memory::{MemoryBackend, MemorySnapshot, MemoryStore};
+pub use crate::notify::{ChangeStream, StoreChange};
+pub use crate::redact::{Redactor, MASK};
+pub use crate::store_decorator::StoreDecorator;
+pub use crate::worker_record::{now_millis, WorkerRecord};
+
+/// Store URLs: their query options, their namespace, their credentials and their redacted form.
+///
+/// Every backend is opened from a URL whose query carries shardlease options (`namespace=`,
+/// `page_size=`, ...). [`QueryOptions`](url::QueryOptions) takes them out one typed call at a
+/// time, so every store parses, bounds and reports them the same way, and
+/// [`redact_url`](url::redact_url) is the one way a URL is shown in logs and messages.
+pub mod url {
+    pub use crate::store_url::{
+        credentials, is_secret_option, namespace_of, percent_decode, redact_url, redactor,
+        QueryOptions, NAMESPACE_OPTION,
+    };
+}
 
 /// Outcome of [`LeaseStore::create_lease`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +128,7 @@ impl<T> Listing<T> {
 /// including the ones with a default body ([`remove_worker_if`](LeaseStore::remove_worker_if),
 /// [`namespace`](LeaseStore::namespace), [`subscribe_changes`](LeaseStore::subscribe_changes)),
 /// or the wrapped store's native behaviour is lost: implement
-/// [`StoreDecorator`](crate::StoreDecorator), which does that, instead of this trait.
+/// [`StoreDecorator`], which does that, instead of this trait.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + Debug {
     /// Creates `lease` if no lease with its key exists, at a version the key never had (see
@@ -161,13 +202,14 @@ pub trait LeaseStore: Send + Sync + Debug {
     }
 
     /// Subscribes to notices of changes in this namespace, for stores that can push them (an
-    /// etcd watch, PostgreSQL `LISTEN/NOTIFY`, Redis pub/sub); see [`crate::notify`].
+    /// etcd watch, PostgreSQL `LISTEN/NOTIFY`, Redis pub/sub): a [`ChangeStream`] of
+    /// [`StoreChange`]s.
     ///
     /// `Ok(None)`, the default, means "not supported": the worker then runs exactly as without
     /// notification. A returned stream carries the changes made after this call returned; it ends
     /// when the subscription is lost, and the runtime subscribes again and lists once, so a
     /// change made in between is never missed.
-    async fn subscribe_changes(&self) -> Result<Option<crate::notify::ChangeStream>> {
+    async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
         Ok(None)
     }
 }

@@ -1,41 +1,5 @@
-//! [`StoreDecorator`]: the one place a [`LeaseStore`] wrapper's forwarding is written.
-//!
-//! A decorator (fault injection, auditing, call counting, metrics) changes a few methods of the
-//! store it wraps and must pass every other one through unchanged, including the methods with a
-//! default body in [`LeaseStore`] (`remove_worker_if`, `namespace`, `subscribe_changes`), or the
-//! wrapped store's native behaviour is silently lost. Writing that forwarding by hand in each
-//! decorator meant that a new store method had to be added to every one of them.
-//!
-//! Here every method of [`StoreDecorator`] forwards to [`StoreDecorator::inner`] by default, and
-//! every `StoreDecorator` (that is `Debug`) is a [`LeaseStore`]. A decorator implements `inner`
-//! and overrides only what it changes; a new `LeaseStore` method is added to the trait below and
-//! to the blanket impl, once.
-//!
-//! ```
-//! use std::sync::Arc;
-//! use std::sync::atomic::{AtomicU64, Ordering};
-//!
-//! use shardlease_core::store_decorator::StoreDecorator;
-//! use shardlease_core::{Lease, LeaseStore, Result, Version};
-//!
-//! /// Counts compare-and-set writes; everything else passes through.
-//! #[derive(Debug)]
-//! struct CountUpdates {
-//!     inner: Arc<dyn LeaseStore>,
-//!     updates: AtomicU64,
-//! }
-//!
-//! #[async_trait::async_trait]
-//! impl StoreDecorator for CountUpdates {
-//!     fn inner(&self) -> &dyn LeaseStore {
-//!         &*self.inner
-//!     }
-//!     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
-//!         self.updates.fetch_add(1, Ordering::Relaxed);
-//!         self.inner.update_lease(lease, expected).await
-//!     }
-//! }
-//! ```
+//! [`StoreDecorator`]: the one place a [`LeaseStore`] wrapper's forwarding is written (the trait's
+//! documentation says why it exists and how to use it).
 
 use std::fmt::Debug;
 
@@ -49,7 +13,44 @@ use crate::store::{CreateOutcome, LeaseStore, Listing};
 use crate::worker_record::WorkerRecord;
 
 /// A [`LeaseStore`] wrapper: each method defaults to calling the same method of
-/// [`inner`](StoreDecorator::inner). See the [module documentation](self).
+/// [`inner`](StoreDecorator::inner).
+///
+/// A decorator (fault injection, auditing, call counting, metrics) changes a few methods of the
+/// store it wraps and must pass every other one through unchanged, including the methods with a
+/// default body in [`LeaseStore`] (`remove_worker_if`, `namespace`, `subscribe_changes`), or the
+/// wrapped store's native behaviour is silently lost. Writing that forwarding by hand in each
+/// decorator meant that a new store method had to be added to every one of them.
+///
+/// Here every method of [`StoreDecorator`] forwards to [`StoreDecorator::inner`] by default, and
+/// every `StoreDecorator` (that is `Debug`) is a [`LeaseStore`]. A decorator implements `inner`
+/// and overrides only what it changes; a new `LeaseStore` method is added to this trait and
+/// to the blanket impl, once.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+///
+/// use shardlease_core::store::{Lease, LeaseStore, StoreDecorator, Version};
+/// use shardlease_core::Result;
+///
+/// /// Counts compare-and-set writes; everything else passes through.
+/// #[derive(Debug)]
+/// struct CountUpdates {
+///     inner: Arc<dyn LeaseStore>,
+///     updates: AtomicU64,
+/// }
+///
+/// #[async_trait::async_trait]
+/// impl StoreDecorator for CountUpdates {
+///     fn inner(&self) -> &dyn LeaseStore {
+///         &*self.inner
+///     }
+///     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+///         self.updates.fetch_add(1, Ordering::Relaxed);
+///         self.inner.update_lease(lease, expected).await
+///     }
+/// }
+/// ```
 #[async_trait]
 pub trait StoreDecorator: Send + Sync {
     /// The wrapped store.

@@ -32,7 +32,7 @@ pub fn is_secret_option(name: &str) -> bool {
 /// The query options of a store URL, taken out one by one.
 ///
 /// ```
-/// use shardlease_core::store_url::QueryOptions;
+/// use shardlease_core::store::url::QueryOptions;
 /// let mut q = QueryOptions::parse("etcd", "namespace=orders&page_size=50&watch=false").unwrap();
 /// assert_eq!(q.string("namespace").unwrap().as_deref(), Some("orders"));
 /// assert_eq!(q.integer("page_size", 1..=10_000).unwrap(), Some(50));
@@ -199,7 +199,7 @@ pub fn namespace_of(url: &str) -> Result<Namespace> {
 /// a shape this function cannot find.
 ///
 /// ```
-/// use shardlease_core::store_url::redact_url;
+/// use shardlease_core::store::url::redact_url;
 /// assert_eq!(redact_url("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
 /// assert_eq!(redact_url("mysql://u@h/db?password=s3cret"), "mysql://u@h/db?password=***");
 /// assert_eq!(redact_url("dynamodb://AKID:sk@t?region=r"), "dynamodb://***:***@t?region=r");

@@ -3,8 +3,8 @@
 //!
 //! Metrics go through the [`metrics`] facade: install any recorder (the Prometheus exporter, say)
 //! and they appear; install none and they cost next to nothing. Each worker keeps a
-//! [`WorkerMetrics`] labelled with its `namespace` and `worker`, and each lease task a
-//! [`LeaseMetrics`] that adds `shard`, so two workers in one process (or one worker's many shards)
+//! `WorkerMetrics` labelled with its `namespace` and `worker`, and each lease task a
+//! `LeaseMetrics` that adds `shard`, so two workers in one process (or one worker's many shards)
 //! never write the same series. Handles resolve their series at every call, so a recorder
 //! installed after the workers were built still receives everything from then on.
 //!
@@ -30,7 +30,8 @@ pub const WORKER: &str = "worker";
 pub const SHARD: &str = "shard";
 /// Label: the store operation (`create_lease`, `list_leases`, ...).
 pub const OPERATION: &str = "operation";
-/// Label: the kind of a store error (see [`error_kind`]).
+/// Label: the kind of a store error (`conflict`, `lease_lost`, `corrupt`, `config`,
+/// `invalid_input`, `retryable`, `permanent`).
 pub const KIND: &str = "kind";
 
 /// Gauge: leases this worker is running.
@@ -154,7 +155,7 @@ pub fn describe() {
 }
 
 /// The `kind` label of a store error.
-pub fn error_kind(e: &crate::error::Error) -> &'static str {
+pub(crate) fn error_kind(e: &crate::error::Error) -> &'static str {
     use crate::error::Error;
     match e {
         Error::Conflict { .. } => "conflict",
@@ -164,7 +165,6 @@ pub fn error_kind(e: &crate::error::Error) -> &'static str {
         Error::InvalidInput(_) => "invalid_input",
         Error::Backend { retryable: true, .. } => "retryable",
         Error::Backend { retryable: false, .. } => "permanent",
-        Error::Shutdown => "shutdown",
     }
 }
 

@@ -79,7 +79,7 @@ impl WorkerRecord {
     }
 
     /// Whether a heartbeat writing beat `new` may replace a stored record whose beat is
-    /// `stored` (the rule of [`LeaseStore::heartbeat`](crate::LeaseStore::heartbeat)): yes,
+    /// `stored` (the rule of [`LeaseStore::heartbeat`](crate::store::LeaseStore::heartbeat)): yes,
     /// unless both come from the same process and the stored beat is not lower. A process writes
     /// each beat value once, counting up, so a stored beat at or above `new` is this write's
     /// own later heartbeat (or this very write, landed already), and the write is a late one.
@@ -102,7 +102,8 @@ impl WorkerRecord {
 }
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it): the engine's one
-/// clock, [`crate::clock::now_millis`].
+/// clock, which stores use for the informational `updated_at` of their records. Under tokio's
+/// paused time (simulations, tests) it advances with the simulated time.
 pub fn now_millis() -> u64 {
     crate::clock::now_millis()
 }

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use shardlease_core::store::{LeaseStore, MemoryBackend};
 use shardlease_core::{
-    Checkpointer, Config, Error, LeaseKey, LeaseStore, LeaseToken, MemoryBackend, MemorySource,
-    Position, Result, ShardSource,
+    Checkpointer, Config, Error, LeaseKey, LeaseToken, MemorySource, Position, Result, ShardSource,
 };
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::logs::capture;

@@ -6,13 +6,14 @@
 //! lines of every task land in this test's capture.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shardlease_core::store::{LeaseStore, MemoryBackend, StoreCheckpointer};
 use shardlease_core::{
-    Checkpointer, Config, Error, LeaseKey, LeaseStore, MemoryBackend, MemorySource, Position,
-    SequenceNumber, ShardSource, StoreCheckpointer, Worker,
+    Checkpointer, Config, Error, LeaseKey, MemorySource, Position, SequenceNumber, ShardSource,
+    Worker,
 };
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};

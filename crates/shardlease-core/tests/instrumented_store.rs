@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use futures::StreamExt;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use shardlease_core::{
-    ChangeStream, CreateOutcome, Error, InstrumentedStore, Lease, LeaseKey, LeaseStore, Listing,
-    MemoryBackend, MemoryStore, Namespace, Position, Result, StoreChange, Version, VersionedLease,
-    WorkerId, WorkerRecord,
+use shardlease_core::store::{
+    ChangeStream, CreateOutcome, InstrumentedStore, Lease, LeaseStore, Listing, MemoryBackend,
+    MemoryStore, StoreChange, Version, VersionedLease, WorkerRecord,
 };
+use shardlease_core::{Error, LeaseKey, Namespace, Position, Result, WorkerId};
 
 /// A memory store that logs which method was called, and overrides every default-bodied method
 /// with something the default would not do (so a decorator falling back to the default shows).

@@ -15,10 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::{
-    Config, Lease, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position, Result, ShardSource,
-    StoreDecorator, Version, WorkerId,
-};
+use shardlease_core::store::{Lease, LeaseStore, MemoryStore, StoreDecorator, Version};
+use shardlease_core::{Config, LeaseKey, MemorySource, Position, Result, ShardSource, WorkerId};
 use shardlease_testkit::cluster::{wait_until, Cluster, Coverage};
 use shardlease_testkit::recorder::Recorder;
 use tokio::time::Instant;

@@ -9,10 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::{
-    Config, Error, LeaseStore, MemorySource, MemoryStore, Position, Result, ShardSource,
-    StoreDecorator, WorkerId, WorkerRecord,
-};
+use shardlease_core::store::{LeaseStore, MemoryStore, StoreDecorator, WorkerRecord};
+use shardlease_core::{Config, Error, MemorySource, Position, Result, ShardSource, WorkerId};
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
 

@@ -11,9 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{
-    Config, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position, ShardSource,
-};
+use shardlease_core::store::{LeaseStore, MemoryStore};
+use shardlease_core::{Config, LeaseKey, MemorySource, Position, ShardSource};
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;

@@ -7,14 +7,13 @@
 //! Time is paused, so the bounds are virtual time and hold on a loaded machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{
-    Config, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource, WorkerId,
-};
+use shardlease_core::store::{LeaseStore, MemoryBackend};
+use shardlease_core::{Config, MemorySource, Position, ShardSource, WorkerId};
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::counting::CountingStore;
 use shardlease_testkit::recorder::Recorder;
@@ -250,7 +249,7 @@ async fn refused_checkpoint_stops_the_task(on_refusal: OnRefusal) {
     .unwrap();
     // Someone else takes the lease (an operator, or a peer that judged this worker dead).
     let VersionedLease { lease, version } = store.get_lease(&key).await.unwrap().unwrap();
-    let other = shardlease_core::Lease {
+    let other = shardlease_core::store::Lease {
         epoch: lease.epoch.next(),
         ..lease.transferred_to(Some(WorkerId::new("someone-else")))
     };
@@ -317,7 +316,7 @@ async fn the_safety_net_catches_a_change_nobody_signalled() {
 /// which is as long as its children read nothing.)
 #[tokio::test(start_paused = true)]
 async fn a_claim_left_on_a_finished_lease_keeps_nobody_listing() {
-    use shardlease_core::{Claim, Lease};
+    use shardlease_core::store::{Claim, Lease};
     let mut f = fleet(1, 4);
     let parent = f.source.shards()[0].id.clone();
     let (low, high) = f.source.split(&parent).unwrap();
@@ -381,16 +380,16 @@ struct LosesClaimAnswers {
 }
 
 #[async_trait::async_trait]
-impl shardlease_core::store_decorator::StoreDecorator for LosesClaimAnswers {
+impl shardlease_core::store::StoreDecorator for LosesClaimAnswers {
     fn inner(&self) -> &dyn LeaseStore {
         &*self.inner
     }
 
     async fn update_lease(
         &self,
-        lease: &shardlease_core::Lease,
-        expected: shardlease_core::Version,
-    ) -> shardlease_core::Result<shardlease_core::Version> {
+        lease: &shardlease_core::store::Lease,
+        expected: shardlease_core::store::Version,
+    ) -> shardlease_core::Result<shardlease_core::store::Version> {
         use std::sync::atomic::Ordering::SeqCst;
         let claims = lease.claim.as_ref().is_some_and(|c| c.by == self.claimant)
             && lease.owner.as_ref() != Some(&self.claimant);

@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardlease_core::store::CreateOutcome;
+use shardlease_core::store::{
+    Lease, LeaseStore, Listing, MemoryStore, Version, VersionedLease, WorkerRecord,
+};
 use shardlease_core::{
-    Config, Error, Lease, LeaseKey, LeaseStore, Listing, MemorySource, MemoryStore, Position,
-    Result, ShardSource, Version, VersionedLease, WorkerId, WorkerRecord,
+    Config, Error, LeaseKey, MemorySource, Position, Result, ShardSource, WorkerId,
 };
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::processors::Checkpointing;

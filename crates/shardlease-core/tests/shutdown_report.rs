@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{Config, MemorySource, MemoryStore, Position, ShardSource};
+use shardlease_core::store::MemoryStore;
+use shardlease_core::{Config, MemorySource, Position, ShardSource};
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::processors::Checkpointing;
 

@@ -24,16 +24,15 @@
 //! `SHARDLEASE_SIM_FIRST_SEED`, default 1), or `scripts/soak.sh` for 10,000 in release.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shardlease_core::{
-    Config, LeaseKey, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource, WorkerId,
-};
+use shardlease_core::store::{LeaseStore, MemoryBackend};
+use shardlease_core::{Config, LeaseKey, MemorySource, Position, ShardSource, WorkerId};
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
@@ -161,7 +160,7 @@ fn draw(rng: &mut StdRng) -> Draw {
     let start = match rng.random_range(0..3) {
         0 => Position::TrimHorizon,
         1 => Position::Latest,
-        _ => Position::AtTimestamp { millis: shardlease_core::clock::now_millis_i64() - 1_000 },
+        _ => Position::AtTimestamp { millis: shardlease_core::store::now_millis() as i64 - 1_000 },
     };
     Draw {
         start,

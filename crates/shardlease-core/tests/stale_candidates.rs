@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::{
-    Config, Error, Lease, LeaseStore, Listing, MemorySource, MemoryStore, Position, Result,
-    ShardSource, StoreDecorator, Version, VersionedLease, WorkerId,
+use shardlease_core::store::{
+    Lease, LeaseStore, Listing, MemoryStore, StoreDecorator, Version, VersionedLease,
 };
+use shardlease_core::{Config, Error, MemorySource, Position, Result, ShardSource, WorkerId};
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
 

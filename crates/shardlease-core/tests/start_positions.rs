@@ -7,15 +7,15 @@
 //! opened stays unread until the lease changes hands, which is the window these tests are about.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use shardlease_core::store::{LeaseStore, MemoryStore};
 use shardlease_core::{
-    Config, LeaseKey, LeaseStore, MemorySource, MemoryStore, Position, Result, ShardInfo,
-    ShardReader, ShardSource,
+    Config, LeaseKey, MemorySource, Position, Result, ShardInfo, ShardReader, ShardSource,
 };
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
@@ -237,7 +237,7 @@ async fn a_newcomer_after_a_wipe_of_leases_and_workers_does_not_start_at_latest(
 /// creates the parent's lease again and its records are processed (before the children's).
 #[tokio::test(start_paused = true)]
 async fn a_lost_parent_whose_children_did_not_move_on_is_created_again() {
-    use shardlease_core::Lease;
+    use shardlease_core::store::Lease;
     let mut w = world(1, Position::TrimHorizon);
     let parent = w.source.shards()[0].id.clone();
     w.source.put_to_shard(&parent, "in the parent").unwrap();

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{Config, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource};
+use shardlease_core::store::{LeaseStore, MemoryBackend};
+use shardlease_core::{Config, MemorySource, Position, ShardSource};
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
 

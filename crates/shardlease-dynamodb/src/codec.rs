@@ -19,11 +19,13 @@
 //! (they count toward item size, but an operator reading the table in the console should not
 //! need a decoder ring).
 
-use shardlease_core::{Epoch, VersionedLease};
+use shardlease_core::store::VersionedLease;
+use shardlease_core::Epoch;
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use shardlease_core::{Claim, Lease, LeaseKey, Position, Version, WorkerId, WorkerRecord};
+use shardlease_core::store::{Claim, Lease, Version, WorkerRecord};
+use shardlease_core::{LeaseKey, Position, WorkerId};
 use tracing::debug;
 
 use crate::layout::{PK, SK};

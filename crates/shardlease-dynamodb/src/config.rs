@@ -14,8 +14,8 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
-use shardlease_core::redact::{Redactor, MASK};
-use shardlease_core::store_url::{self, redact_url, QueryOptions, NAMESPACE_OPTION};
+use shardlease_core::store::url::{self as store_url, redact_url, QueryOptions, NAMESPACE_OPTION};
+use shardlease_core::store::{Redactor, MASK};
 use shardlease_core::{Error, Namespace, Result};
 use url::Url;
 

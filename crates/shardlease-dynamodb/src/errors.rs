@@ -13,7 +13,7 @@
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use shardlease_core::Error;
 
-use shardlease_core::redact::Redactor;
+use shardlease_core::store::Redactor;
 
 /// Service error codes worth repeating the call for.
 const RETRYABLE_CODES: &[&str] = &[

@@ -38,7 +38,7 @@
 //!
 //! ## Versions, conflicts, corruption, retries
 //!
-//! Every write draws a random 63-bit `version` ([`Version::random`](shardlease_core::Version)),
+//! Every write draws a random 63-bit `version` ([`Version::random`](shardlease_core::store::Version)),
 //! so a version never repeats for a key, even after a table is restored from a backup.
 //! Conditional writes return the current item on failure (`ReturnValuesOnConditionCheckFailure`),
 //! so a `Conflict` carries it at no extra cost. An item that does not decode is
@@ -56,14 +56,15 @@ mod table;
 
 use std::sync::Arc;
 
-use shardlease_core::{LeaseStore, Result};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::Result;
 
 pub use config::{
     DynamoDbStoreBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS,
     DEFAULT_NAMESPACE, DEFAULT_TABLE_READY_TIMEOUT,
 };
 /// `url` with its keys masked, for logs and messages (core's, the one every store uses).
-pub use shardlease_core::store_url::redact_url;
+pub use shardlease_core::store::url::redact_url;
 pub use store::DynamoDbStore;
 pub use table::Billing;
 

@@ -21,17 +21,17 @@ use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
-use shardlease_core::{
-    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result,
-    Version, VersionedLease, WorkerId, WorkerRecord,
+use shardlease_core::store::{
+    CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
 };
+use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 use tracing::debug;
 
 use crate::codec::{self, Item};
 use crate::config::DynamoDbStoreBuilder;
 use crate::errors::backend;
 use crate::layout::{Layout, PK, SK};
-use shardlease_core::redact::Redactor;
+use shardlease_core::store::Redactor;
 
 /// A [`LeaseStore`] on one DynamoDB table, for one namespace.
 ///

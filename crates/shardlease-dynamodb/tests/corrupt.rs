@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use shardlease_core::{Error, LeaseKey, LeaseStore, Result, WorkerId};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::{Error, LeaseKey, Result, WorkerId};
 use shardlease_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use shardlease_dynamodb::DynamoDbStore;
 use shardlease_testkit::extensions::{CorruptRecords, Corruption};

@@ -7,10 +7,11 @@
 
 mod common;
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::collections::BTreeMap;
 
-use shardlease_core::{CreateOutcome, Lease, LeaseStore, Position, WorkerId, WorkerRecord};
+use shardlease_core::store::{CreateOutcome, Lease, LeaseStore, WorkerRecord};
+use shardlease_core::{Position, WorkerId};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_pages_list_every_record_exactly_once() {

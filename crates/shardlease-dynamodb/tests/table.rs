@@ -7,7 +7,8 @@
 
 mod common;
 
-use shardlease_core::{Error, Lease, LeaseStore, Position};
+use shardlease_core::store::{Lease, LeaseStore};
+use shardlease_core::{Error, Position};
 use shardlease_dynamodb::aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
 };

@@ -15,9 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use shardlease_core::store::{
+    CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
+};
 use shardlease_core::{
-    Config, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, MemorySource, Namespace,
-    Position, Result, ShardSource, Version, VersionedLease, WorkerId, WorkerRecord,
+    Config, Error, LeaseKey, MemorySource, Namespace, Position, Result, ShardSource, WorkerId,
 };
 use shardlease_testkit::cluster::{wait_until, Cluster, StoreForWorker};
 use shardlease_testkit::recorder::Recorder;

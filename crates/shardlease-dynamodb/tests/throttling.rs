@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{Error, LeaseStore, WorkerRecord};
+use shardlease_core::store::{LeaseStore, WorkerRecord};
+use shardlease_core::Error;
 use shardlease_dynamodb::DynamoDbStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -6,7 +6,8 @@
 
 mod common;
 
-use shardlease_core::{Lease, Position};
+use shardlease_core::store::Lease;
+use shardlease_core::Position;
 use shardlease_dynamodb::connect_url;
 
 #[tokio::test]

@@ -13,11 +13,13 @@
 //! snapshot and its revisions went back (see the crate docs). A value with another `format`, or
 //! one that does not decode, is reported as `Corrupt` for that record only.
 
-use shardlease_core::{Epoch, VersionedLease};
+use shardlease_core::store::VersionedLease;
+use shardlease_core::Epoch;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use shardlease_core::{Claim, Lease, LeaseKey, Position, Version, WorkerId, WorkerRecord};
+use shardlease_core::store::{Claim, Lease, Version, WorkerRecord};
+use shardlease_core::{LeaseKey, Position, WorkerId};
 
 /// The format number this version of the crate writes and reads.
 pub const FORMAT: u32 = 1;

@@ -8,8 +8,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use shardlease_core::redact::{Redactor, MASK};
-use shardlease_core::store_url::{percent_decode, QueryOptions, NAMESPACE_OPTION};
+use shardlease_core::store::url::{percent_decode, QueryOptions, NAMESPACE_OPTION};
+use shardlease_core::store::{Redactor, MASK};
 use shardlease_core::{Error, Result};
 
 /// The etcd client port used when a host names none.
@@ -200,7 +200,7 @@ fn endpoint(host: &str) -> Result<String> {
 
 /// `url` with its password masked, for logs and messages (core's, the one every store uses;
 /// it keeps an etcd host list as written).
-pub use shardlease_core::store_url::redact_url;
+pub use shardlease_core::store::url::redact_url;
 
 #[cfg(test)]
 mod tests {

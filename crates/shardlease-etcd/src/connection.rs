@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
-use shardlease_core::redact::Redactor;
+use shardlease_core::store::Redactor;
 use shardlease_core::{Error, Result};
 
 use crate::config::EtcdOptions;

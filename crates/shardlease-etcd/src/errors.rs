@@ -7,7 +7,7 @@
 //! not. Every message passes through the [`Redactor`] so the password never leaves the crate.
 
 use etcd_client::Error as EtcdError;
-use shardlease_core::redact::Redactor;
+use shardlease_core::store::Redactor;
 use shardlease_core::Error;
 
 /// Whether repeating the call that failed with `e` may succeed.

@@ -32,7 +32,7 @@
 //! namespace's range holds another's keys). Values are JSON documents with a `format` number (see
 //! [`codec`]); a value that does not decode is `Error::Corrupt` for that key, never a panic.
 //!
-//! A lease's [`Version`](shardlease_core::Version) is a random 63-bit number the writer draws for
+//! A lease's [`Version`](shardlease_core::store::Version) is a random 63-bit number the writer draws for
 //! every write and stores in the value; it is not the key's `mod_revision`, because etcd restored
 //! from a snapshot (without `--bump-revision`) hands out revisions it already gave, so a revision
 //! can repeat for a key with other contents. Compare-and-set is one `Txn` comparing the key's
@@ -45,7 +45,7 @@
 //!
 //! [`LeaseStore::subscribe_changes`] reads the namespace's leases once and opens one etcd watch on
 //! the namespace's prefix from the next revision (the stream keeps each lease's previous state
-//! itself rather than asking etcd for `prev_kv`), turned into `shardlease_core::StoreChange` notices; the core decides which
+//! itself rather than asking etcd for `prev_kv`), turned into `shardlease_core::store::StoreChange` notices; the core decides which
 //! call for a listing (ownership changes, not checkpoints). Each worker holds one watch; every
 //! write in the namespace (checkpoints and heartbeats included) is sent to every worker's watch.
 //! `watch=false` (or [`EtcdStore::with_watch`]) turns it off.
@@ -62,7 +62,8 @@ mod watch;
 
 use std::sync::Arc;
 
-use shardlease_core::{LeaseStore, Result};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::Result;
 
 pub use config::{
     redact_url, EtcdOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PAGE_SIZE,

@@ -14,11 +14,12 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
-use shardlease_core::redact::Redactor;
-use shardlease_core::{
-    ChangeStream, CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing,
-    Namespace, Result, Version, VersionedLease, WorkerId, WorkerRecord,
+use shardlease_core::store::Redactor;
+use shardlease_core::store::{
+    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version,
+    VersionedLease, WorkerRecord,
 };
+use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
 use crate::codec;
 use crate::config::EtcdOptions;

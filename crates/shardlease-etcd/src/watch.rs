@@ -12,13 +12,14 @@
 //! connection, a server restart); the runtime then subscribes again and lists once. Ending the
 //! stream drops the watch's request channel, which cancels it on the server.
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::collections::{HashMap, VecDeque};
 
 use etcd_client::{Client, Event, EventType, GetOptions, WatchOptions, WatchStream};
 use futures::StreamExt;
-use shardlease_core::redact::Redactor;
-use shardlease_core::{ChangeStream, Lease, LeaseKey, Result, StoreChange, WorkerId};
+use shardlease_core::store::Redactor;
+use shardlease_core::store::{ChangeStream, Lease, StoreChange};
+use shardlease_core::{LeaseKey, Result, WorkerId};
 use tracing::debug;
 
 use crate::codec;

@@ -10,7 +10,8 @@ mod common;
 
 use async_trait::async_trait;
 use common::EtcdFactory;
-use shardlease_core::{Error, Lease, LeaseKey, Position, Result, Version, WorkerId};
+use shardlease_core::store::{Lease, Version};
+use shardlease_core::{Error, LeaseKey, Position, Result, WorkerId};
 use shardlease_etcd::EtcdStore;
 use shardlease_testkit::extensions::{CorruptRecords, Corruption};
 

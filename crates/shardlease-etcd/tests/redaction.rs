@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::{LeaseStore, Result};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::Result;
 use shardlease_etcd::{redact_url, EtcdOptions, EtcdStore};
 use shardlease_testkit::extensions::redaction::{assert_hidden, renderings};
 use shardlease_testkit::extensions::SecretUrl;

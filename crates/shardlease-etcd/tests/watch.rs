@@ -27,7 +27,7 @@ const SHARDS: usize = 8;
 
 fn start(
     cfg: Config,
-    store: Arc<dyn shardlease_core::LeaseStore>,
+    store: Arc<dyn shardlease_core::store::LeaseStore>,
     source: &MemorySource,
     rec: &Recorder,
 ) -> WorkerHandle {

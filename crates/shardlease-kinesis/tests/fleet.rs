@@ -5,16 +5,16 @@
 
 mod common;
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::{emulator, eventually, fast_reads};
+use shardlease_core::store::{LeaseStore, MemoryBackend};
 use shardlease_core::{
-    processor_fn, Config, LeaseKey, LeaseStore, MemoryBackend, Position, SequenceNumber,
-    ShardSource, Worker, WorkerHandle,
+    processor_fn, Config, LeaseKey, Position, SequenceNumber, ShardSource, Worker, WorkerHandle,
 };
 use shardlease_kinesis::kpl::{self, UserRecord};
 

@@ -17,9 +17,8 @@ use std::time::{Duration, Instant};
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 use common::{emulator, eventually, fast_reads, Emulator};
-use shardlease_core::{
-    processor_fn, Config, LeaseStore, MemoryBackend, Position, ShardSource, Worker,
-};
+use shardlease_core::store::{LeaseStore, MemoryBackend};
+use shardlease_core::{processor_fn, Config, Position, ShardSource, Worker};
 
 /// Records per run: `SHARDLEASE_THROUGHPUT_RECORDS`, default 40 000 (a multiple of 500).
 fn records() -> usize {

@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
 use redis::Value;
-use shardlease_core::{Claim, Lease, LeaseKey, Position, Version, VersionedLease, WorkerRecord};
+use shardlease_core::store::{Claim, Lease, Version, VersionedLease, WorkerRecord};
+use shardlease_core::{LeaseKey, Position};
 
 /// The fields of one hash, as read.
 pub(crate) type Fields = HashMap<String, String>;

@@ -10,7 +10,7 @@
 use redis::{ErrorKind, RedisError, RetryMethod};
 use shardlease_core::Error;
 
-use shardlease_core::redact::Redactor;
+use shardlease_core::store::Redactor;
 
 /// Server error codes worth repeating the call for.
 const RETRYABLE_CODES: &[&str] =

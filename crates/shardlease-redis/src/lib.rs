@@ -92,10 +92,11 @@ mod store;
 
 use std::sync::Arc;
 
-use shardlease_core::{LeaseStore, Result};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::Result;
 
 /// `url` with every secret masked, for logs and messages (core's, the one every store uses).
-pub use shardlease_core::store_url::redact_url;
+pub use shardlease_core::store::url::redact_url;
 pub use store::{
     RedisStore, RedisStoreBuilder, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_KEY_PREFIX,
     DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, DEFAULT_RESPONSE_TIMEOUT,

@@ -13,10 +13,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, Value};
-use shardlease_core::{
-    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result,
-    Version, VersionedLease, WorkerId, WorkerRecord,
+use shardlease_core::store::{
+    CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
 };
+use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 use tracing::debug;
 use url::Url;
 
@@ -24,8 +24,8 @@ use crate::codec::{self, Fields};
 use crate::errors::{backend, unexpected};
 use crate::keys::Keys;
 use crate::scripts::Scripts;
-use shardlease_core::redact::Redactor;
-use shardlease_core::store_url::{self, redact_url, QueryOptions, NAMESPACE_OPTION};
+use shardlease_core::store::url::{self as store_url, redact_url, QueryOptions, NAMESPACE_OPTION};
+use shardlease_core::store::Redactor;
 
 /// The key prefix used unless another is configured.
 pub const DEFAULT_KEY_PREFIX: &str = "shardlease";

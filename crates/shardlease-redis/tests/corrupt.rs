@@ -11,9 +11,8 @@ mod common;
 use async_trait::async_trait;
 use common::RedisFactory;
 use redis::aio::ConnectionManager;
-use shardlease_core::{
-    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Position, Result, WorkerId,
-};
+use shardlease_core::store::{CreateOutcome, Lease, LeaseStore};
+use shardlease_core::{Error, LeaseKey, Position, Result, WorkerId};
 use shardlease_testkit::extensions::{CorruptRecords, Corruption};
 use shardlease_testkit::suite::with_scope;
 

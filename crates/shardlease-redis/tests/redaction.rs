@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::{Error, LeaseKey, LeaseStore, Result};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::{Error, LeaseKey, Result};
 use shardlease_redis::RedisStore;
 use shardlease_testkit::extensions::redaction::{assert_hidden, renderings};
 use shardlease_testkit::extensions::SecretUrl;

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::{Error, LeaseStore, Result};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::{Error, Result};
 use shardlease_redis::RedisStore;
 use shardlease_testkit::extensions::restart::{workers_go_on_across_a_restart, Restart};
 use shardlease_testkit::extensions::RestartServer;

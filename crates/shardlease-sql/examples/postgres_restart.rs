@@ -22,15 +22,14 @@
 //! Without `SHARDLEASE_TEST_POSTGRES_URL` it says it is skipped; without the two commands it runs
 //! the same workload with no restart.
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shardlease_core::{
-    Config, Error, LeaseKey, LeaseStore, MemorySource, Position, Result, ShardSource,
-};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::{Config, Error, LeaseKey, MemorySource, Position, Result, ShardSource};
 use shardlease_sql::SqlStore;
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::fresh_namespace;

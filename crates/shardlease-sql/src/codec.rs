@@ -11,10 +11,8 @@
 use shardlease_core::Epoch;
 use std::collections::BTreeMap;
 
-use shardlease_core::{
-    Claim, CorruptRecord, Error, Lease, LeaseKey, Position, Result, SequenceNumber, Version,
-    VersionedLease, WorkerId, WorkerRecord,
-};
+use shardlease_core::store::{Claim, CorruptRecord, Lease, Version, VersionedLease, WorkerRecord};
+use shardlease_core::{Error, LeaseKey, Position, Result, SequenceNumber, WorkerId};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 /// Longest namespace, lease key or worker id, in characters (a `VARCHAR(255)` on MySQL; the same
@@ -179,7 +177,7 @@ pub(crate) fn encode_worker(record: &WorkerRecord) -> Result<WorkerColumns<'_>> 
 }
 
 fn now_millis() -> i64 {
-    i64::try_from(shardlease_core::worker_record::now_millis()).unwrap_or(i64::MAX)
+    i64::try_from(shardlease_core::store::now_millis()).unwrap_or(i64::MAX)
 }
 
 /// One column as the driver decoded it, or why it could not.

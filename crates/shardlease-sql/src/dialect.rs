@@ -6,7 +6,7 @@
 //! which come from a prefix validated as `[a-z_][a-z0-9_]{0,30}`, and core's own integer constants
 //! (`WorkerRecord::BEAT_COUNT_BITS`) are spliced into the text.
 
-use shardlease_core::WorkerRecord;
+use shardlease_core::store::WorkerRecord;
 use std::fmt;
 use std::sync::Arc;
 

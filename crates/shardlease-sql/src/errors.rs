@@ -93,11 +93,11 @@ pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
 }
 
 /// `url` with every secret masked, for logs and messages (core's, the one every store uses).
-pub use shardlease_core::store_url::redact_url;
+pub use shardlease_core::store::url::redact_url;
 
 /// `message` with every secret of `url` replaced by `***`.
 pub(crate) fn scrub(message: &str, url: &str) -> String {
-    shardlease_core::store_url::redactor(url).scrub(message)
+    shardlease_core::store::url::redactor(url).scrub(message)
 }
 
 #[cfg(test)]

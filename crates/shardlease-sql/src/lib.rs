@@ -19,7 +19,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> shardlease_core::Result<()> {
-//! use shardlease_core::LeaseStore;
+//! use shardlease_core::store::LeaseStore;
 //! let store = shardlease_sql::SqlStore::connect("sqlite://leases.db", "orders").await?;
 //! let leases = store.list_leases().await?;
 //! # Ok(()) }
@@ -127,7 +127,8 @@
 
 use std::sync::Arc;
 
-use shardlease_core::{LeaseStore, Result};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::Result;
 
 /// Binds the encoded lease columns (`$c`, a `codec::LeaseColumns`) to `$query` in the order of
 /// `dialect::LEASE_WRITE_COLUMNS`: the one bind list of every lease write.

@@ -216,7 +216,7 @@ fn lock_key(prefix: &str) -> i64 {
 }
 
 fn now_millis() -> i64 {
-    i64::try_from(shardlease_core::worker_record::now_millis()).unwrap_or(i64::MAX)
+    i64::try_from(shardlease_core::store::now_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::{
-    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Namespace, Result,
-    Version, VersionedLease, WorkerId, WorkerRecord,
+use shardlease_core::store::{
+    CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
 };
+use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 use sqlx::AssertSqlSafe;
 use tracing::debug;
 

@@ -7,7 +7,7 @@
 //! everything else (`sslmode`, `mode=rwc`, ...) is handed to sqlx unchanged. The options are
 //! read with core's [`QueryOptions`] (a duplicate is refused); error messages never echo the URL.
 
-use shardlease_core::store_url::{QueryOptions, NAMESPACE_OPTION};
+use shardlease_core::store::url::{QueryOptions, NAMESPACE_OPTION};
 use shardlease_core::{Error, Result};
 
 use crate::dialect::Dialect;

@@ -10,16 +10,16 @@
 mod common;
 mod eonce;
 
+use shardlease_core::store::VersionedLease;
 use shardlease_core::Epoch;
-use shardlease_core::VersionedLease;
 use std::sync::Arc;
 use std::time::Duration;
 
 use eonce::fleet::{self, LeasesIn, Output, Report};
 use eonce::sink::Sink;
+use shardlease_core::store::{Lease, LeaseStore};
 use shardlease_core::{
-    Batch, CheckpointHandle, Checkpointer, Error, Lease, LeaseStore, LeaseToken, MemorySource,
-    Position, WorkerId,
+    Batch, CheckpointHandle, Checkpointer, Error, LeaseToken, MemorySource, Position, WorkerId,
 };
 use shardlease_sql::effectively_once::{FencedTx, TxCheckpointer};
 use shardlease_sql::{SqlPool, SqlStore};

@@ -17,10 +17,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use eonce::sink::Sink;
-use shardlease_core::{
-    Batch, CheckpointHandle, Checkpointer, Lease, LeaseStore, MemorySource, Position,
-    StoreCheckpointer, WorkerId,
-};
+use shardlease_core::store::{Lease, LeaseStore, StoreCheckpointer};
+use shardlease_core::{Batch, CheckpointHandle, Checkpointer, MemorySource, Position, WorkerId};
 use shardlease_sql::effectively_once::TxCheckpointer;
 use shardlease_sql::SqlStore;
 

@@ -7,13 +7,14 @@
 #[macro_use]
 mod common;
 
+use shardlease_core::store::VersionedLease;
 use shardlease_core::Epoch;
-use shardlease_core::VersionedLease;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use common::{SqlFactory, TempDb};
-use shardlease_core::{Error, Lease, LeaseKey, LeaseStore, Position, WorkerRecord};
+use shardlease_core::store::{Lease, LeaseStore, WorkerRecord};
+use shardlease_core::{Error, LeaseKey, Position};
 use shardlease_sql::SqlStore;
 
 async fn factory() -> Option<SqlFactory> {

@@ -9,8 +9,9 @@ mod common;
 use std::sync::Arc;
 
 use common::SqlFactory;
-use shardlease_core::VersionedLease;
-use shardlease_core::{Lease, LeaseStore, Position};
+use shardlease_core::store::VersionedLease;
+use shardlease_core::store::{Lease, LeaseStore};
+use shardlease_core::Position;
 use shardlease_sql::SqlStore;
 
 async fn factory() -> Option<SqlFactory> {

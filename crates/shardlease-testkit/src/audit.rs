@@ -6,12 +6,13 @@
 //! interleave between that read and the write: the in-memory store on a current-thread runtime,
 //! which is what simulations use.
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use shardlease_core::runtime::INCARNATION_SEPARATOR;
-use shardlease_core::{Lease, LeaseStore, Result, Version, WorkerId};
+use shardlease_core::store::{Lease, LeaseStore, Version};
+use shardlease_core::INCARNATION_SEPARATOR;
+use shardlease_core::{Result, WorkerId};
 
 /// Violations found by [`AuditStore`] views.
 #[derive(Clone, Debug, Default)]
@@ -92,7 +93,7 @@ impl AuditStore {
 }
 
 #[async_trait]
-impl shardlease_core::StoreDecorator for AuditStore {
+impl shardlease_core::store::StoreDecorator for AuditStore {
     fn inner(&self) -> &dyn LeaseStore {
         &*self.inner
     }
@@ -111,7 +112,7 @@ impl shardlease_core::StoreDecorator for AuditStore {
 
 #[cfg(test)]
 mod tests {
-    use shardlease_core::{MemoryStore, WorkerRecord};
+    use shardlease_core::store::{MemoryStore, WorkerRecord};
 
     use super::*;
 

@@ -1,17 +1,19 @@
 //! A fleet of workers in one process, for lease-loop tests, simulations and benchmarks: start,
 //! stop, crash and add workers, and wait for conditions on the store (never on sleeps).
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use shardlease_core::balancer::is_active;
-use shardlease_core::runtime::WorkerStats;
+use shardlease_core::balancer::Balancer;
+use shardlease_core::store::{Lease, LeaseStore};
+use shardlease_core::WorkerStats;
 use shardlease_core::{
-    Balancer, Checkpointer, Config, Lease, LeaseKey, LeaseStore, ProcessorFactory, Result,
-    ShardSource, ShutdownReport, Worker, WorkerHandle, WorkerId,
+    Checkpointer, Config, LeaseKey, ProcessorFactory, Result, ShardSource, ShutdownReport, Worker,
+    WorkerHandle, WorkerId,
 };
 
 /// Makes the store view a worker uses (the same store for all, or one fault-injecting view each).

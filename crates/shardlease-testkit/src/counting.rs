@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use shardlease_core::{
-    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Result, Version, VersionedLease,
-    WorkerId, WorkerRecord,
+use shardlease_core::store::{
+    CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
 };
+use shardlease_core::{Error, LeaseKey, Result, WorkerId};
 
 /// The operations of the store contract, in reporting order.
 pub const OPERATIONS: [&str; 9] = [
@@ -136,7 +136,7 @@ impl CountingStore {
 }
 
 #[async_trait]
-impl shardlease_core::StoreDecorator for CountingStore {
+impl shardlease_core::store::StoreDecorator for CountingStore {
     fn inner(&self) -> &dyn LeaseStore {
         &*self.inner
     }
@@ -199,7 +199,8 @@ impl shardlease_core::StoreDecorator for CountingStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shardlease_core::{MemoryStore, Position};
+    use shardlease_core::store::MemoryStore;
+    use shardlease_core::Position;
 
     #[tokio::test]
     async fn counts_each_operation_and_classifies_reads_and_writes() {

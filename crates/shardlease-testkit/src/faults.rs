@@ -16,10 +16,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use shardlease_core::{
-    CorruptRecord, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, Result, Version,
-    VersionedLease, WorkerId, WorkerRecord,
+use shardlease_core::store::{
+    CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
 };
+use shardlease_core::{Error, LeaseKey, Result, WorkerId};
 
 #[cfg(test)]
 mod tests;
@@ -333,7 +333,7 @@ impl FaultyStore {
 }
 
 #[async_trait]
-impl shardlease_core::StoreDecorator for FaultyStore {
+impl shardlease_core::store::StoreDecorator for FaultyStore {
     fn inner(&self) -> &dyn LeaseStore {
         &*self.inner
     }

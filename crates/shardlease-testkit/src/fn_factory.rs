@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use shardlease_core::{Lease, LeaseStore, Namespace, Result, Version};
+use shardlease_core::store::{Lease, LeaseStore, Version};
+use shardlease_core::{Namespace, Result};
 
 use crate::suite::StoreFactory;
 

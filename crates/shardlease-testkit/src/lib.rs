@@ -3,7 +3,7 @@
 //! Test support shared by every shardlease backend, so that "the store works" means the same
 //! thing for all of them:
 //!
-//! - [`suite`]: the conformance suite of the [`LeaseStore`](shardlease_core::LeaseStore)
+//! - [`suite`]: the conformance suite of the [`LeaseStore`](shardlease_core::store::LeaseStore)
 //!   contract, one public async fn per case, [`suite::run_all`], and the
 //!   [`store_conformance_tests!`] macro that turns the suite into one `#[test]` per case;
 //! - [`faults`]: a fault-injecting store wrapper (errors, lost answers, latency, per-worker

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use shardlease_core::{Lease, LeaseStore, MemoryBackend, Namespace, Result, Version};
+use shardlease_core::store::{Lease, LeaseStore, MemoryBackend, Version};
+use shardlease_core::{Namespace, Result};
 
 use crate::suite::StoreFactory;
 
@@ -42,7 +43,7 @@ impl StoreFactory for MemoryFactory {
         "memory".to_owned()
     }
 
-    /// Puts the record back with [`MemoryStore::restore_raw`](shardlease_core::MemoryStore),
+    /// Puts the record back with [`MemoryStore::restore_raw`](shardlease_core::store::MemoryStore),
     /// through a new handle on the namespace (it shares the records of `store`).
     async fn restore_raw(
         &self,

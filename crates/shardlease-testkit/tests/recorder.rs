@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
+use shardlease_core::store::{Lease, LeaseStore, MemoryBackend, StoreCheckpointer};
 use shardlease_core::{
-    Batch, CheckpointHandle, Epoch, Lease, LeaseContext, LeaseStore, LeaseToken, MemoryBackend,
-    Namespace, Position, Record, SequenceNumber, StoreCheckpointer, WorkerId,
+    Batch, CheckpointHandle, Epoch, LeaseContext, LeaseToken, Namespace, Position, Record,
+    SequenceNumber, WorkerId,
 };
 use shardlease_testkit::recorder::Recorder;
 

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use shardlease_core::{
-    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, MemoryBackend, Namespace, Result,
-    Version, VersionedLease, WorkerId, WorkerRecord,
+use shardlease_core::store::{
+    CreateOutcome, Lease, LeaseStore, Listing, MemoryBackend, Version, VersionedLease, WorkerRecord,
 };
+use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 use shardlease_testkit::{suite, FnFactory, StoreFactory};
 
 /// A bug to plant in a store.

@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use shardlease_core::{Error, InstrumentedStore, LeaseStore, MemoryBackend, Namespace, Result};
+use shardlease_core::store::{InstrumentedStore, LeaseStore, MemoryBackend};
+use shardlease_core::{Error, Namespace, Result};
 use url::Url;
 
 /// The namespace used when the URL or builder names none (defined once, in core).
@@ -46,7 +47,7 @@ pub async fn connect_namespace(url: &str, namespace: &str) -> Result<Arc<dyn Lea
 /// that instruments its stores its own way (or not at all).
 pub async fn connect_bare(url: &str) -> Result<Arc<dyn LeaseStore>> {
     let parsed = parse(url)?;
-    let namespace = shardlease_core::store_url::namespace_of(url)?;
+    let namespace = shardlease_core::store::url::namespace_of(url)?;
     open(url, &parsed, namespace.as_str()).await
 }
 
@@ -112,7 +113,7 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
 }
 
 /// `url` with every secret masked, for logs and messages (core's, the one every store uses).
-pub use shardlease_core::store_url::redact_url;
+pub use shardlease_core::store::url::redact_url;
 
 #[cfg(test)]
 mod tests {
@@ -130,7 +131,7 @@ mod tests {
     async fn memory_urls_share_one_process_wide_backend() {
         let a = connect("memory://?namespace=facade-a").await.unwrap();
         let b = connect_namespace("memory://", "facade-a").await.unwrap();
-        let lease = shardlease_core::Lease::new("k", shardlease_core::Position::Latest);
+        let lease = shardlease_core::store::Lease::new("k", shardlease_core::Position::Latest);
         a.create_lease(&lease).await.unwrap();
         assert!(b.get_lease(&"k".into()).await.unwrap().is_some());
         let other = connect("memory://?namespace=facade-b").await.unwrap();
@@ -193,7 +194,7 @@ mod tests {
         let url = format!("etcd://{host},{host}/?namespace=facade-etcd&prefix=shardlease-test");
         let store = connect(&url).await.unwrap();
         assert_eq!(store.namespace().map(|n| n.as_str().to_owned()), Some("facade-etcd".into()));
-        let lease = shardlease_core::Lease::new("k", shardlease_core::Position::Latest);
+        let lease = shardlease_core::store::Lease::new("k", shardlease_core::Position::Latest);
         let _ = store.create_lease(&lease).await.unwrap();
         assert!(store.get_lease(&"k".into()).await.unwrap().is_some());
         assert!(store.subscribe_changes().await.unwrap().is_some(), "watch is on by default");

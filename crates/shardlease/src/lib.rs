@@ -3,9 +3,22 @@
 //! Consume a sharded stream (Amazon Kinesis first) with a fleet of workers that share the shards
 //! through leases kept in a pluggable coordination store.
 //!
-//! This is the crate applications depend on. It re-exports everything from `shardlease-core`
-//! and adds [`connect`], which turns a URL into a store, so switching stores changes one string and
-//! no code. Each backend is behind a feature flag, off by default but for embedded SQLite:
+//! This is the crate applications depend on. Its root holds what an application uses: the
+//! [`Worker`] (built with a [`WorkerBuilder`], run through a [`WorkerHandle`]), its [`Config`],
+//! the processor side ([`RecordProcessor`], [`ProcessorFactory`], [`processor_fn`],
+//! [`LeaseContext`], [`CheckpointHandle`]; [`Checkpointer`], [`LeaseToken`] and [`Epoch`] for
+//! custom checkpointers and fencing sinks), the records ([`Record`], [`Batch`], [`Position`],
+//! [`SequenceNumber`]), the shard sources ([`ShardSource`], [`MemorySource`], Kinesis with the
+//! `kinesis` feature), the one [`Error`], and [`connect`], which turns a URL into a store, so
+//! switching stores changes one string and no code.
+//!
+//! What a store author needs is in [`store`], which is also where an application that reads the
+//! store it connected to finds the types it names ([`LeaseStore`](store::LeaseStore),
+//! [`VersionedLease`](store::VersionedLease), [`WorkerRecord`](store::WorkerRecord), ...). The
+//! [`Balancer`](balancer::Balancer) trait, for those who plug their own, is in [`balancer`]; the
+//! names of the metrics in [`telemetry`].
+//!
+//! Each backend is behind a feature flag, off by default but for embedded SQLite:
 //!
 //! | URL | store | feature |
 //! |---|---|---|
@@ -21,11 +34,12 @@
 //! are created on connect unless told not to) and `?max_connections=`.
 //!
 //! The shard source is the in-memory [`MemorySource`] or, with the `kinesis` feature, a Kinesis
-//! data stream ([`kinesis`]).
+//! data stream (the `kinesis` module and `KinesisSource`; `docs/kinesis.md`).
 //!
 //! Every URL may carry `?namespace=NAME` (default `default`); [`connect_namespace`] takes it as an
-//! argument instead. The store returned is wrapped in an [`InstrumentedStore`] (a span and a
-//! latency histogram per call, errors counted by kind); [`connect_bare`] skips the wrapper.
+//! argument instead. The store returned is wrapped in an
+//! [`InstrumentedStore`](store::InstrumentedStore) (a span and a latency histogram per call,
+//! errors counted by kind); [`connect_bare`] skips the wrapper.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> shardlease::Result<()> {
@@ -34,18 +48,27 @@
 //! # Ok(()) }
 //! ```
 
-pub use shardlease_core::*;
+pub use shardlease_core::{
+    processor_fn, Batch, BoxError, CheckpointHandle, Checkpointer, Config, Epoch, Error,
+    ErrorChain, HashRange, LeaseContext, LeaseKey, LeaseToken, MemorySource, Namespace, Position,
+    ProcessorFactory, Record, RecordProcessor, ReleasedLease, Result, SequenceNumber, ShardInfo,
+    ShardReader, ShardSource, ShutdownReport, Worker, WorkerBuilder, WorkerHandle, WorkerId,
+    WorkerStats,
+};
 
-/// The attribute that lets a trait like [`RecordProcessor`] or [`LeaseStore`] have async methods:
-/// re-exported so writing a processor or a store needs no dependency of its own.
+pub use shardlease_core::{balancer, store, telemetry};
+
+/// The attribute that lets a trait like [`RecordProcessor`] or [`LeaseStore`](store::LeaseStore)
+/// have async methods: re-exported so writing a processor or a store needs no dependency of its
+/// own.
 pub use async_trait::async_trait;
 
 mod connect;
 
 pub use connect::{connect, connect_bare, connect_namespace, redact_url, DEFAULT_NAMESPACE};
 
-/// Amazon Kinesis Data Streams as the [`ShardSource`] (feature `kinesis`): see
-/// [`KinesisSource`](kinesis::KinesisSource) and `docs/kinesis.md`.
+/// Amazon Kinesis Data Streams as the [`ShardSource`] (feature `kinesis`): see [`KinesisSource`]
+/// and `docs/kinesis.md`.
 #[cfg(feature = "kinesis")]
 pub use shardlease_kinesis as kinesis;
 #[cfg(feature = "kinesis")]

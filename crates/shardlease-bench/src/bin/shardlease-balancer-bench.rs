@@ -12,7 +12,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use shardlease::{Balancer, Epoch, GreedyBalancer, Lease, LeaseKey, Position, Snapshot, WorkerId};
+use shardlease::balancer::{Balancer, GreedyBalancer, Snapshot};
+use shardlease::store::Lease;
+use shardlease::{Epoch, LeaseKey, Position, WorkerId};
 
 /// A balanced fleet of `workers` owning `leases` leases, plus one newcomer that owns nothing.
 fn fleet(leases: usize, workers: usize) -> (Vec<Lease>, BTreeSet<WorkerId>, WorkerId) {

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use shardlease::{redact_url, CreateOutcome, Error, Lease, LeaseStore, Position, Result, Version};
+use shardlease::store::{CreateOutcome, Lease, LeaseStore, Version};
+use shardlease::{redact_url, Error, Position, Result};
 
 /// The variables naming test servers, measured when set.
 const URL_VARS: [&str; 5] = [

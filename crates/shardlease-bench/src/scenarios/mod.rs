@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde_json::Value;
-use shardlease::runtime::WorkerStats;
-use shardlease::{Config, LeaseStore, MemorySource, ProcessorFactory, WorkerId};
+use shardlease::store::LeaseStore;
+use shardlease::WorkerStats;
+use shardlease::{Config, MemorySource, ProcessorFactory, WorkerId};
 
 use crate::args::{Args, Policy};
 use crate::error::BenchError;
@@ -243,7 +244,7 @@ pub async fn run(
                 scenario,
                 policy,
                 namespace,
-                store: Arc::new(shardlease::MemoryStore::new()),
+                store: Arc::new(shardlease::store::MemoryStore::new()),
             };
             return Err((run.report(), e.into()));
         }

@@ -59,8 +59,7 @@ async fn measure(run: &Run<'_>, fleet: &mut Fleet) -> Result<Report, BenchError>
     let passes = stats.values().map(|s| s.taking_passes).max().unwrap_or(0);
     let (balanced, balanced_at) = run.wait_for(fleet, Goal::Balanced, &moves).await?;
     let after = fleet.stats();
-    let sum =
-        |f: fn(&shardlease::runtime::WorkerStats) -> u64| -> u64 { after.values().map(f).sum() };
+    let sum = |f: fn(&shardlease::WorkerStats) -> u64| -> u64 { after.values().map(f).sum() };
 
     let mut r = run.report();
     r.passes_to_full_coverage = Some(passes);

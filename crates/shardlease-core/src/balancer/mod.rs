@@ -11,9 +11,11 @@ use std::fmt::Debug;
 use crate::lease::{Lease, LeaseKey, WorkerId};
 
 mod greedy;
+#[cfg(any(test, feature = "test-util"))]
 mod one_per_pass;
 
 pub use greedy::GreedyBalancer;
+#[cfg(any(test, feature = "test-util"))]
 pub use one_per_pass::OnePerPassBalancer;
 
 /// What the balancer sees: every lease, the workers judged alive, and this worker's limits.

@@ -5,12 +5,13 @@
 //! `leases / workers` passes each. This balancer reproduces that rate on top of the greedy rules:
 //! it computes the [`GreedyBalancer`] plan and caps both the takes and the claims at one per pass.
 //! Handoffs, cleared claims and take-overs are left as the greedy plan decides them. It is useful
-//! in benchmarks and simulations, and as a conservative policy where churn matters more than
-//! start-up time.
+//! in benchmarks and simulations, so it is built only with the `test-util` feature (and for the
+//! balancer's own tests).
 
 use super::{Balancer, GreedyBalancer, Plan, Snapshot};
 
-/// At most one new lease and one claim per pass; otherwise the greedy plan.
+/// At most one new lease and one claim per pass; otherwise the greedy plan (feature `test-util`:
+/// a baseline for benchmarks and simulations, not a production policy).
 ///
 /// Build it with `OnePerPassBalancer::default()`.
 #[derive(Clone, Copy, Debug, Default)]

@@ -15,5 +15,5 @@ mod source;
 mod store;
 
 pub use snapshot::MemorySnapshot;
-pub use source::{MemorySource, DEFAULT_BATCH_LIMIT, FIRST_SEQUENCE};
+pub use source::MemorySource;
 pub use store::{MemoryBackend, MemoryStore};

@@ -82,10 +82,10 @@ mod tests {
     use super::*;
     use crate::error::Error;
     use crate::lease::{Lease, Version, VersionedLease};
+    use crate::memory::MemoryBackend;
     use crate::position::Position;
     use crate::store::{CreateOutcome, LeaseStore};
     use crate::worker_record::WorkerRecord;
-    use crate::MemoryBackend;
 
     fn lease(key: &str) -> Lease {
         Lease::new(key, Position::TrimHorizon)

@@ -22,13 +22,6 @@ use crate::lease::LeaseKey;
 use crate::position::{Position, SequenceNumber};
 use crate::source::{Batch, HashRange, Record, ShardInfo, ShardReader, ShardSource};
 
-/// The first sequence number a stream hands out: 10^37, so sequence numbers exceed `u64` and
-/// anything comparing them as strings or small integers breaks in tests.
-pub const FIRST_SEQUENCE: u128 = 10_u128.pow(37);
-
-/// Records per batch unless [`MemorySource::with_batch_limit`] says otherwise.
-pub const DEFAULT_BATCH_LIMIT: usize = 100;
-
 /// One shard and its records.
 struct Shard {
     id: LeaseKey,
@@ -192,24 +185,31 @@ pub struct MemorySource {
 }
 
 impl MemorySource {
+    /// The first sequence number a stream hands out: 10^37, so sequence numbers exceed `u64` and
+    /// anything comparing them as strings or small integers breaks in tests.
+    pub const FIRST_SEQUENCE: u128 = 10_u128.pow(37);
+
+    /// Records per batch unless [`MemorySource::with_batch_limit`] says otherwise.
+    pub const DEFAULT_BATCH_LIMIT: usize = 100;
+
     /// A stream with `shards` open shards (at least one) whose hash ranges evenly partition
     /// `0..=u128::MAX`, named `shardId-000000000000`, `shardId-000000000001`, ...
     pub fn new(shards: usize) -> Self {
         let n = shards.max(1);
         let mut state = StreamState {
             shards: Vec::with_capacity(n),
-            next_seq: FIRST_SEQUENCE,
+            next_seq: Self::FIRST_SEQUENCE,
             last_arrival: 0,
             produced: 0,
         };
         for i in 0..n {
             state.add_shard(Vec::new(), even_range(i, n));
         }
-        MemorySource { state: Arc::new(Mutex::new(state)), batch_limit: DEFAULT_BATCH_LIMIT }
+        MemorySource { state: Arc::new(Mutex::new(state)), batch_limit: Self::DEFAULT_BATCH_LIMIT }
     }
 
     /// The same stream with at most `n` records per batch (at least 1) in the readers this handle
-    /// opens. The default is [`DEFAULT_BATCH_LIMIT`].
+    /// opens. The default is [`DEFAULT_BATCH_LIMIT`](Self::DEFAULT_BATCH_LIMIT).
     pub fn with_batch_limit(mut self, n: usize) -> Self {
         self.batch_limit = n.max(1);
         self
@@ -474,16 +474,16 @@ mod tests {
         let (a, b) = (MemorySource::new(2), MemorySource::new(2));
         let s = key("shardId-000000000001");
         // b was started later: it skipped what a wrote before.
-        a.advance_sequence_to(FIRST_SEQUENCE + 100);
+        a.advance_sequence_to(MemorySource::FIRST_SEQUENCE + 100);
         let early = a.put_to_shard(&s, "early").unwrap_or_else(|e| panic!("{e}"));
         for src in [&a, &b] {
-            src.advance_sequence_to(FIRST_SEQUENCE + 200);
+            src.advance_sequence_to(MemorySource::FIRST_SEQUENCE + 200);
         }
         let x = a.put_to_shard(&s, "x").unwrap_or_else(|e| panic!("{e}"));
         let y = b.put_to_shard(&s, "x").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(x, y);
         assert!(early < x);
-        a.advance_sequence_to(FIRST_SEQUENCE);
+        a.advance_sequence_to(MemorySource::FIRST_SEQUENCE);
         let after = a.put_to_shard(&s, "later").unwrap_or_else(|e| panic!("{e}"));
         assert!(after > x, "never back: {after} after {x}");
     }
@@ -565,7 +565,7 @@ mod tests {
             last = Some(seq);
         }
         let first = src.shards().iter().flat_map(|s| src.records(&s.id)).map(|r| r.seq).min();
-        assert_eq!(first, Some(SequenceNumber::from(FIRST_SEQUENCE)));
+        assert_eq!(first, Some(SequenceNumber::from(MemorySource::FIRST_SEQUENCE)));
         for s in src.shards() {
             let records = src.records(&s.id);
             assert!(records.windows(2).all(|w| w[0].seq < w[1].seq));
@@ -764,7 +764,7 @@ mod tests {
             default.put_to_shard(&s, format!("r{i}")).unwrap();
         }
         let mut r = default.open(&s, &Position::TrimHorizon).await.unwrap();
-        assert_eq!(r.next_batch().await.unwrap().records.len(), DEFAULT_BATCH_LIMIT);
+        assert_eq!(r.next_batch().await.unwrap().records.len(), MemorySource::DEFAULT_BATCH_LIMIT);
         // A zero limit is clamped to one.
         let one = default.clone().with_batch_limit(0);
         let mut r = one.open(&s, &Position::TrimHorizon).await.unwrap();

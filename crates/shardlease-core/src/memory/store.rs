@@ -97,7 +97,11 @@ impl fmt::Debug for MemoryBackend {
 
 /// A [`LeaseStore`] over one namespace of a [`MemoryBackend`].
 ///
-/// Cheap to clone: clones share the same records.
+/// It exists so the whole runtime can be run, tested and demonstrated in one process with no
+/// external service (unit and conformance tests, simulations that roll the store back with
+/// [`MemoryStore::snapshot`] and [`MemoryStore::restore`], `memory://` URLs), and follows the same
+/// contract as the real backends: compare-and-set with versions that never repeat, even across a
+/// rollback. Cheap to clone: clones share the same records.
 #[derive(Clone)]
 pub struct MemoryStore {
     backend: MemoryBackend,

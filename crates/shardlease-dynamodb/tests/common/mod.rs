@@ -5,13 +5,14 @@
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::{Error, Lease, LeaseStore, Result, Version};
+use shardlease_core::store::{Lease, LeaseStore, Version};
+use shardlease_core::{Error, Result};
 use shardlease_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use shardlease_dynamodb::{DynamoDbStore, DynamoDbStoreBuilder};
 use shardlease_testkit::suite::{env_or_skip, fresh_namespace};

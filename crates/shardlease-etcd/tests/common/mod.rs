@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use shardlease_core::{Error, Lease, LeaseStore, Result, Version};
+use shardlease_core::store::{Lease, LeaseStore, Version};
+use shardlease_core::{Error, Result};
 use shardlease_etcd::{codec, EtcdStore};
 use shardlease_testkit::suite::{env_or_skip, skip};
 use shardlease_testkit::StoreFactory;

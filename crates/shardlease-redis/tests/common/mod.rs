@@ -5,7 +5,7 @@
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use shardlease_core::{Error, Lease, LeaseStore, Result, Version};
+use shardlease_core::store::{Lease, LeaseStore, Version};
+use shardlease_core::{Error, Result};
 use shardlease_redis::RedisStore;
 use shardlease_testkit::suite::{env_or_skip, skip};
 use shardlease_testkit::StoreFactory;

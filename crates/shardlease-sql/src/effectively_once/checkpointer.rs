@@ -67,7 +67,9 @@ impl RetryPolicy {
         let full = doubled.min(self.max_backoff);
         let half = full / 2;
         let spread = u64::try_from(half.as_micros()).unwrap_or(u64::MAX).max(1);
-        half + std::time::Duration::from_micros(shardlease_core::Version::random().0 % spread)
+        half + std::time::Duration::from_micros(
+            shardlease_core::store::Version::random().0 % spread,
+        )
     }
 }
 
@@ -325,7 +327,7 @@ impl<'c, DB: TxDatabase> FencedTx<'c, DB> {
             _ => position.clone(),
         };
         let cols = encode_position(&target)?;
-        let now = i64::try_from(shardlease_core::worker_record::now_millis()).unwrap_or(i64::MAX);
+        let now = i64::try_from(shardlease_core::store::now_millis()).unwrap_or(i64::MAX);
         let epoch = i64::try_from(token.epoch.get()).map_err(|_| {
             Error::InvalidInput(format!("epoch {} does not fit BIGINT", token.epoch))
         })?;
@@ -366,7 +368,7 @@ impl<'c, DB: TxDatabase> FencedTx<'c, DB> {
                 ],
             ),
             (Target::LeaseRows, Some(s)) => {
-                let replacing = u64::try_from(s.tag).ok().map(shardlease_core::Version);
+                let replacing = u64::try_from(s.tag).ok().map(shardlease_core::store::Version);
                 (
                     &cp.statements.update,
                     vec![

@@ -5,14 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unused_macros)]
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use shardlease_core::{
-    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Position, Result, Version, WorkerId,
-    WorkerRecord,
-};
+use shardlease_core::store::{CreateOutcome, Lease, LeaseStore, Version, WorkerRecord};
+use shardlease_core::{Error, LeaseKey, Position, Result, WorkerId};
 use shardlease_sql::{Dialect, SqlPool, SqlStore};
 use shardlease_testkit::extensions::{CorruptRecords, Corruption, SecretUrl};
 use shardlease_testkit::{fresh_namespace, StoreFactory};

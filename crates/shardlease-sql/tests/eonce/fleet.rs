@@ -5,13 +5,14 @@
 //! progress in the sink, never for a fixed time. The report counts rows per shard and sequence
 //! number against what the source produced.
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shardlease_core::store::{LeaseStore, MemoryBackend};
 use shardlease_core::{
-    processor_fn, Batch, CheckpointHandle, Checkpointer, Config, Error, LeaseKey, LeaseStore,
-    MemoryBackend, MemorySource, Position, ShardSource, WorkerId,
+    processor_fn, Batch, CheckpointHandle, Checkpointer, Config, Error, LeaseKey, MemorySource,
+    Position, ShardSource, WorkerId,
 };
 use shardlease_sql::effectively_once::{transactional_fn, TxCheckpointer};
 use shardlease_sql::{SqlPool, SqlStore};

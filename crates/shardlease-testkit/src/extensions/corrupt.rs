@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use shardlease_core::store::{CreateOutcome, Lease, Version, VersionedLease, WorkerRecord};
 use shardlease_core::{
-    Config, CreateOutcome, Error, Lease, LeaseKey, MemorySource, Position, Result, ShardSource,
-    Version, VersionedLease, WorkerId, WorkerRecord,
+    Config, Error, LeaseKey, MemorySource, Position, Result, ShardSource, WorkerId,
 };
 
 use crate::cluster::{wait_until, Cluster};

@@ -9,7 +9,8 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use shardlease_core::{Error, LeaseKey, LeaseStore, Result};
+use shardlease_core::store::LeaseStore;
+use shardlease_core::{Error, LeaseKey, Result};
 
 /// The hooks a store's test implements to run [`an_unreachable_server_hides_the_password`].
 #[async_trait]
@@ -79,7 +80,7 @@ pub async fn an_unreachable_server_hides_the_password(hooks: &dyn SecretUrl) {
         if let Some(debug) = hooks.builder_debug(&url) {
             assert_hidden("the builder's Debug", &debug, &secrets);
         }
-        let redacted = shardlease_core::store_url::redact_url(&url);
+        let redacted = shardlease_core::store::url::redact_url(&url);
         assert_hidden("redact_url", &redacted, &secrets);
         assert!(redacted.contains("***"), "{redacted}");
         let e = match hooks.connect(&url).await {

@@ -12,9 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::{
-    Config, Lease, LeaseStore, MemorySource, Position, Result, ShardSource, Version,
-};
+use shardlease_core::store::{Lease, LeaseStore, Version};
+use shardlease_core::{Config, MemorySource, Position, Result, ShardSource};
 
 use crate::cluster::{wait_until, Cluster};
 use crate::recorder::Recorder;

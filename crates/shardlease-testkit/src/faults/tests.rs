@@ -1,13 +1,11 @@
 //! Unit tests of the fault injector, run against the in-memory store.
 
-use shardlease_core::VersionedLease;
+use shardlease_core::store::VersionedLease;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{
-    CreateOutcome, Error, Lease, LeaseKey, LeaseStore, MemoryStore, Position, WorkerId,
-    WorkerRecord,
-};
+use shardlease_core::store::{CreateOutcome, Lease, LeaseStore, MemoryStore, WorkerRecord};
+use shardlease_core::{Error, LeaseKey, Position, WorkerId};
 
 use super::{Faults, FaultyStore, INJECTED_CORRUPTION};
 

@@ -2,7 +2,8 @@
 
 use std::fmt::{Debug, Display};
 
-use shardlease_core::{CreateOutcome, Error, LeaseKey, Result, Version, VersionedLease};
+use shardlease_core::store::{CreateOutcome, Version, VersionedLease};
+use shardlease_core::{Error, LeaseKey, Result};
 use tokio::task::JoinHandle;
 
 /// The value of a store call that must succeed.

@@ -1,11 +1,13 @@
 //! Cases about creating and reading leases: every field survives the round trip through the
 //! store's encoding, and concurrent creators of one key agree on a single winner.
 
-use shardlease_core::{Epoch, VersionedLease};
+use shardlease_core::store::VersionedLease;
+use shardlease_core::Epoch;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use shardlease_core::{Claim, CreateOutcome, Lease, LeaseKey, Position, SequenceNumber, WorkerId};
+use shardlease_core::store::{Claim, CreateOutcome, Lease};
+use shardlease_core::{LeaseKey, Position, SequenceNumber, WorkerId};
 use tokio::sync::Barrier;
 
 use super::check::{created, join_tasks, ok};

@@ -8,10 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::{
-    Checkpointer, Config, LeaseStore, MemorySource, Position, SequenceNumber, ShardSource,
-    StoreCheckpointer,
-};
+use shardlease_core::store::{LeaseStore, StoreCheckpointer};
+use shardlease_core::{Checkpointer, Config, MemorySource, Position, SequenceNumber, ShardSource};
 use tokio_util::sync::CancellationToken;
 
 use super::check::ok;

@@ -1,12 +1,13 @@
 //! Cases about listing: a list must page through everything exactly once, and a namespace must
 //! see only its own records (the classic bug: a key-prefix scan of `app` also matching `app-b`).
 
+use shardlease_core::store::VersionedLease;
 use shardlease_core::Epoch;
-use shardlease_core::VersionedLease;
 use std::collections::HashMap;
 
 use futures::stream::{self, StreamExt};
-use shardlease_core::{Lease, LeaseKey, LeaseStore, Position, WorkerId, WorkerRecord};
+use shardlease_core::store::{Lease, LeaseStore, WorkerRecord};
+use shardlease_core::{LeaseKey, Position, WorkerId};
 
 use super::check::{conflict, created, ok};
 use super::{with_scope, StoreFactory};

@@ -26,7 +26,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rand::Rng;
-use shardlease_core::{Lease, LeaseStore, Result, Version};
+use shardlease_core::store::{Lease, LeaseStore, Version};
+use shardlease_core::Result;
 
 pub use create::{create_and_get_round_trip, create_race_is_idempotent};
 pub use lease_loop::{

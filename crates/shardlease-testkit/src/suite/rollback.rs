@@ -8,8 +8,9 @@
 //! the factory's [`restore_raw`](super::StoreFactory::restore_raw) hook and checks that the
 //! version from the lost timeline is refused.
 
-use shardlease_core::VersionedLease;
-use shardlease_core::{Lease, Position, WorkerId};
+use shardlease_core::store::Lease;
+use shardlease_core::store::VersionedLease;
+use shardlease_core::{Position, WorkerId};
 
 use super::check::{conflict, created, ok};
 use super::skip::skip;

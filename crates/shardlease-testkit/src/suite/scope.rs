@@ -9,7 +9,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
-use shardlease_core::LeaseStore;
+use shardlease_core::store::LeaseStore;
 
 use super::{fresh_namespace, StoreFactory};
 

@@ -2,12 +2,13 @@
 //! version must fail and say what the record is now; versions must never repeat for a key (no
 //! ABA, even across delete and re-create); and concurrent read-modify-CAS loops lose nothing.
 
+use shardlease_core::store::VersionedLease;
 use shardlease_core::Epoch;
-use shardlease_core::VersionedLease;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use shardlease_core::{Error, Lease, LeaseKey, Position, Version, WorkerId};
+use shardlease_core::store::{Lease, Version};
+use shardlease_core::{Error, LeaseKey, Position, WorkerId};
 use tokio::sync::Barrier;
 
 use super::check::{conflict, created, join_tasks, ok};

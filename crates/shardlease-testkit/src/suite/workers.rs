@@ -2,7 +2,8 @@
 //! (never duplicate) a worker's record, a clean leave must make it vanish, and removing a dead
 //! worker's record must not remove a record its worker refreshed meanwhile.
 
-use shardlease_core::{WorkerId, WorkerRecord};
+use shardlease_core::store::WorkerRecord;
+use shardlease_core::WorkerId;
 
 use super::check::ok;
 use super::{with_scope, StoreFactory};
