@@ -138,7 +138,7 @@ fn released(lease: &Lease) -> Lease {
     let now_millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    shardlease::lease::transition::release(lease, now_millis).unwrap_or_else(|_| lease.clone())
+    shardlease::store::transition::release(lease, now_millis).unwrap_or_else(|_| lease.clone())
 }
 
 /// `release KEY [--force]`.

@@ -20,7 +20,7 @@ use crate::position::Position;
 
 /// The longest any configured duration may be (30 days): longer is surely a mistake, and every
 /// sum of timings stays far from overflowing an `Instant`.
-pub const MAX_DURATION: Duration = Duration::from_secs(30 * 86_400);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(30 * 86_400);
 
 /// The heartbeat interval when none was set; the other default timings are its multiples.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
@@ -31,6 +31,14 @@ const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(5);
 /// Configuration of one worker.
 ///
 /// Set options with the `with_*` methods and read them with the methods named like the options.
+/// A timing nobody set is derived when it is read, from the heartbeat interval (see
+/// [`Config::with_heartbeat`]), and a claim timeout nobody set from the balance interval and the
+/// shutdown timeout it must outlast, so the order of the `with_*` calls does not matter. Every
+/// rule [`Config::validate`] checks exists because breaking it silently breaks an invariant (a
+/// failover timeout shorter than three heartbeats lets one slow write get a live worker judged
+/// dead); any value gives `Ok` or `Error::Config` naming the option, never a panic, and no
+/// duration may exceed 30 days.
+///
 /// The fields are private, so a timing cannot be changed without the timings that follow it:
 ///
 /// ```compile_fail,E0616

@@ -34,6 +34,10 @@ use crate::lease::LeaseKey;
 
 pub use crate::checkpointer::StoreCheckpointer;
 pub use crate::instrumented::InstrumentedStore;
+/// Every change of a lease's owner as a pure function, with the one epoch rule: what a tool that
+/// writes lease records (an operator's release, an import) must use so its epochs agree with the
+/// runtime's.
+pub use crate::lease::transition;
 pub use crate::lease::{Claim, Lease, Version, VersionedLease};
 pub use crate::memory::{MemoryBackend, MemorySnapshot, MemoryStore};
 pub use crate::notify::{ChangeStream, StoreChange};

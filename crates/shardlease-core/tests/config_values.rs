@@ -13,10 +13,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardlease_core::config::MAX_DURATION;
-use shardlease_core::{
-    Config, Error, LeaseStore, MemoryBackend, MemorySource, Position, ShardSource, Worker,
-};
+use shardlease_core::store::{LeaseStore, MemoryBackend};
+use shardlease_core::{Config, Error, MemorySource, Position, ShardSource, Worker};
+
+/// The longest duration any option may take (30 days), as `Config`'s documentation states.
+const MAX_DURATION: Duration = Duration::from_secs(30 * 86_400);
 use shardlease_testkit::recorder::Recorder;
 
 /// One `with_*` call with one value.

@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use shardlease_core::store::MemoryStore;
 use shardlease_core::{
     Batch, BoxError, CheckpointHandle, Config, Epoch, LeaseContext, LeaseKey, MemorySource,
-    MemoryStore, Position, ProcessorFactory, RecordProcessor, ShardSource,
+    Position, ProcessorFactory, RecordProcessor, ShardSource,
 };
 use shardlease_testkit::cluster::{wait_until, Cluster};
 
