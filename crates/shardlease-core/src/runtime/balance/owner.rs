@@ -121,6 +121,9 @@ pub(crate) struct Owner {
     pub lost_since: BTreeMap<LeaseKey, Instant>,
     /// Corrupt records already reported (reported once, then counted quietly).
     pub reported_corrupt: BTreeSet<String>,
+    /// The shard sync's published expectation a listing last missed a lease of (a full sync was
+    /// asked for it).
+    pub missed: Option<super::super::events::Expected>,
     /// The loop's jitter and backoff.
     pub timing: Timing,
 }
@@ -148,6 +151,7 @@ impl Owner {
             claims_on_mine: BTreeMap::new(),
             lost_since: BTreeMap::new(),
             reported_corrupt: BTreeSet::new(),
+            missed: None,
             timing: Timing::new(&shared.cfg, shared.rng(1)),
         }
     }

@@ -71,10 +71,15 @@ pub(super) async fn list_and_act(
             .map(|v| v.lease.key.as_str())
             .chain(listing.corrupt.iter().map(|c| c.key.as_str()))
             .collect();
+        // Asked once per published expectation: the sync loop publishes a new one after the
+        // full sync this asks for.
         let expected = shared.expected.borrow().clone();
-        if expected.is_some_and(|e| e.iter().any(|k| !keys.contains(k.as_str()))) {
-            shared.expected.send_replace(None);
-            let _ = shared.sync.send(SyncRequest::Now(None));
+        if let Some(e) = expected {
+            let asked = owner.missed.as_ref().is_some_and(|m| Arc::ptr_eq(m, &e));
+            if !asked && e.iter().any(|k| !keys.contains(k.as_str())) {
+                owner.missed = Some(e);
+                let _ = shared.sync.send(SyncRequest::Now(None));
+            }
         }
     }
     report_corrupt(shared, owner, &listing.corrupt);
