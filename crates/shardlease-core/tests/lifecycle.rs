@@ -86,35 +86,11 @@ impl ProcessorFactory for Factory {
 /// batch, and the task ended without a word to it).
 #[tokio::test(start_paused = true)]
 async fn a_processor_stuck_in_a_batch_hears_lease_lost_when_its_lease_is_handed_over() {
-    let store = Arc::new(MemoryStore::new());
-    let source = Arc::new(MemorySource::new(2));
-    for i in 0..8 {
-        source.put(&format!("key-{i}"), vec![b'x'; 8]);
-    }
     let log: Farewells = Arc::default();
-    let config = Config::new("default")
-        .unwrap()
-        .with_heartbeat(HB)
-        .with_initial_position(Position::TrimHorizon)
-        .with_rng_seed(5);
-    let shards: Arc<dyn ShardSource> = source.clone();
-    let stuck: Arc<dyn ProcessorFactory> = Arc::new(Factory { log: log.clone(), hang: true });
-    let mut cluster = Cluster::new(store.clone(), shards, stuck, config);
-    cluster.sync_shards().await.unwrap();
-    let first = cluster.start_worker().unwrap();
-    let c = &cluster;
-    wait_until("the first worker holds both leases", LONG, HB / 10, || async {
-        c.handle(&first).unwrap().held_leases().len() == 2
-    })
-    .await
-    .unwrap();
+    let mut cluster = one_worker(2, true, &log).await;
+    let first = cluster.running()[0].clone();
     let second = cluster.start_worker().unwrap();
-    let c = &cluster;
-    wait_until("the second worker holds a lease", LONG, HB / 10, || async {
-        c.handle(&second).unwrap().held_leases().len() == 1
-    })
-    .await
-    .unwrap();
+    holds(&cluster, &second, 1).await;
     let moved = cluster.handle(&second).unwrap().held_leases()[0].clone();
     let c = &cluster;
     wait_until("the first worker's task of the moved lease ended", LONG, HB / 10, || async {
@@ -145,13 +121,18 @@ async fn one_worker(shards: usize, hang: bool, log: &Farewells) -> Cluster {
     let mut cluster = Cluster::new(store, shards_source, factory, config);
     cluster.sync_shards().await.unwrap();
     let id = cluster.start_worker().unwrap();
-    let c = &cluster;
-    wait_until("the worker holds every lease", LONG, HB / 10, || async {
-        c.handle(&id).unwrap().held_leases().len() == shards
+    holds(&cluster, &id, shards).await;
+    cluster
+}
+
+/// Waits until worker `id` runs `n` leases.
+async fn holds(cluster: &Cluster, id: &shardlease_core::WorkerId, n: usize) {
+    let what = format!("{id} holds {n} leases");
+    wait_until(&what, LONG, HB / 10, || async {
+        cluster.handle(id).unwrap().held_leases().len() == n
     })
     .await
     .unwrap();
-    cluster
 }
 
 /// A shutdown tells every processor once: `shutdown_requested` when it is free to checkpoint,
