@@ -142,9 +142,9 @@ pub(crate) struct Shared {
     pub incarnation: watch::Sender<Incarnation>,
     /// Set by a shutdown: every lease task stops gracefully, by this deadline, at once.
     pub shutdown: watch::Sender<Option<Instant>>,
-    /// The lease tasks, as the balance loop last published them (it publishes after every start
-    /// and every removal, before its next await).
-    pub held: watch::Sender<Arc<Vec<HeldLease>>>,
+    /// The lease tasks, as the balance loop last published them (after each batch of starts and
+    /// removals).
+    pub held: watch::Sender<Arc<Vec<Arc<HeldLease>>>>,
     /// Ownership changes this process made (see `WorkerRecord::changes`), as the balance loop
     /// publishes them: the heartbeat writes the count, and beats early when it moves.
     pub changes: watch::Sender<u64>,

@@ -316,6 +316,7 @@ pub(super) async fn take_all(
     for outcome in outcomes {
         won.push(took(shared, owner, outcome).await);
     }
+    owner.publish_tasks(shared);
     won
 }
 

@@ -73,7 +73,10 @@ async fn wait_for_first_view(
             _ = shared.stop_taking.cancelled() => return false,
             changed = ok.changed() => if changed.is_err() { return false },
             event = events.recv() => match event {
-                Some(e) => owner.apply(shared, e),
+                Some(e) => {
+                    owner.apply(shared, e);
+                    owner.publish_tasks(shared);
+                }
                 None => return false,
             },
         }
@@ -154,7 +157,10 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
                 _ = tokio::time::sleep_until(wake) => break,
                 _ = shared.stop_taking.cancelled() => return,
                 event = events.recv() => match event {
-                    Some(e) => owner.apply(shared, e),
+                    Some(e) => {
+                    owner.apply(shared, e);
+                    owner.publish_tasks(shared);
+                }
                     None => return,
                 },
             }
@@ -218,7 +224,10 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
         tokio::select! {
             biased;
             event = events.recv() => match event {
-                Some(e) => owner.apply(shared, e),
+                Some(e) => {
+                    owner.apply(shared, e);
+                    owner.publish_tasks(shared);
+                }
                 None => break,
             },
             _ = tokio::time::sleep_until(until) => break,
@@ -226,7 +235,7 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
     }
     for (key, epoch) in held {
         if let Some(t) = owner.tasks.remove(&key) {
-            t.abort.abort();
+            t.abort();
         }
         warn!(shard = %key, "lease task did not stop in time; releasing its lease anyway");
         let token = crate::lease::LeaseToken { key: key.clone(), owner: shared.id(), epoch };

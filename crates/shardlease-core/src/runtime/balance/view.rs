@@ -40,6 +40,7 @@ pub(super) async fn pass(
     let outcome = list_and_act(shared, events, owner).await;
     owner.in_pass = false;
     owner.publish_changes(shared);
+    owner.publish_tasks(shared);
     outcome
 }
 
@@ -127,6 +128,7 @@ pub(super) async fn list_and_act(
     for VersionedLease { lease, version } in resume {
         lease_task::spawn(shared, owner, lease, version);
     }
+    owner.publish_tasks(shared);
     let holding = owner.holding_takes();
     // Concurrently (bounded), like the takes: a join's newcomer re-takes every lease handed to it
     // in one pass, and one at a time that cost a store round trip each (about a second for four

@@ -25,7 +25,7 @@ use tracing::{debug, error, info, warn, Instrument};
 
 use super::balance::{LeaseTask, Owner};
 use super::events::Event;
-use super::shared::{Shared, StopReason, Timing};
+use super::shared::{HeldLease, Shared, StopReason, Timing};
 use crate::ids::WorkerId;
 use crate::lease::{Epoch, Lease, LeaseKey, LeaseToken, Version};
 use crate::position::Position;
@@ -75,11 +75,9 @@ pub(crate) fn spawn(
     let join =
         tokio::spawn(run(shared.clone(), lease.clone(), stop, timing, report).instrument(span));
     let abort = join.abort_handle();
-    owner.tasks.insert(
-        lease.key.clone(),
-        LeaseTask { epoch: token.epoch, stop: tx, abort, done, metrics },
-    );
-    owner.publish_tasks(shared);
+    let held = Arc::new(HeldLease { key: lease.key.clone(), done, abort, metrics });
+    owner.tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, held });
+    owner.tasks_changed = true;
     true
 }
 
