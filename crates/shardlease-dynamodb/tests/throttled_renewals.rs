@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardlease_core::{
-    Config, CreateOutcome, Error, Lease, LeaseKey, LeaseStore, Listing, MemorySource, Namespace,
-    Position, Result, ShardSource, Version, VersionedLease, WorkerId, WorkerRecord,
+    Config, Error, Lease, LeaseKey, LeaseStore, Listing, MemorySource, Position, Result,
+    ShardSource, StoreDecorator, WorkerId, WorkerRecord,
 };
 use shardlease_testkit::cluster::{wait_until, Cluster, StoreForWorker};
 use shardlease_testkit::recorder::Recorder;
@@ -42,22 +42,12 @@ impl Throttled {
     }
 }
 
+/// Only the heartbeat and the worker listing differ; every other call (the default-bodied ones
+/// included) reaches the DynamoDB store through `StoreDecorator`'s forwarding.
 #[async_trait]
-impl LeaseStore for Throttled {
-    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
-        self.inner.create_lease(lease).await
-    }
-    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
-        self.inner.get_lease(key).await
-    }
-    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
-        self.inner.list_leases().await
-    }
-    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
-        self.inner.update_lease(lease, expected).await
-    }
-    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
-        self.inner.delete_lease(key, expected).await
+impl StoreDecorator for Throttled {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
     }
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
         if self.beats.fetch_add(1, Ordering::SeqCst) % 2 == 1 {
@@ -70,15 +60,6 @@ impl LeaseStore for Throttled {
             return Err(self.throttle("listing workers"));
         }
         self.inner.list_workers().await
-    }
-    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
-        self.inner.remove_worker(id).await
-    }
-    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
-        self.inner.remove_worker_if(id, beat).await
-    }
-    fn namespace(&self) -> Option<Namespace> {
-        self.inner.namespace()
     }
 }
 
