@@ -107,7 +107,8 @@ async fn run(args: Args) -> Result<(), String> {
 
     let (store, checkpointer): (Arc<dyn LeaseStore>, TxCheckpointer<sqlx::Postgres>) =
         if args.leases_in_postgres {
-            let store = SqlStore::builder_with_pool(pool.clone())
+            let store = SqlStore::builder()
+                .pool(pool.clone())
                 .namespace(run.as_str())
                 .table_prefix(PREFIX)
                 .connect()

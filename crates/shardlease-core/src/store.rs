@@ -54,7 +54,7 @@ pub use crate::worker_record::{now_millis, WorkerRecord};
 pub mod url {
     pub use crate::store_url::{
         credentials, is_secret_option, namespace_of, percent_decode, redact_url, redactor,
-        QueryOptions, NAMESPACE_OPTION,
+        HostListUrl, QueryOptions, NAMESPACE_OPTION,
     };
 }
 

@@ -236,20 +236,63 @@ fn redact_parsed(mut u: Url) -> String {
 /// the host list, which is then put back (a host list holds no secret).
 fn redact_host_list(url: &str) -> Option<String> {
     const STAND_IN: &str = "host-list.invalid";
-    let (scheme, rest) = url.split_once("://")?;
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (format!("{u}@"), h),
-        None => (String::new(), authority),
-    };
-    if !hosts.contains(',') || hosts.contains(['@', ' ']) {
+    let parts = HostListUrl::split(url)?;
+    if parts.hosts().count() < 2 || parts.host_list.contains(['@', ' ']) {
         return None;
     }
-    let redacted =
-        redact_parsed(Url::parse(&format!("{scheme}://{userinfo}{STAND_IN}{tail}")).ok()?);
+    let redacted = redact_parsed(Url::parse(&parts.with_host_list(STAND_IN)).ok()?);
     let at = redacted.find(STAND_IN)?;
-    Some(format!("{}{hosts}{}", &redacted[..at], &redacted[at + STAND_IN.len()..]))
+    Some(format!("{}{}{}", &redacted[..at], parts.host_list, &redacted[at + STAND_IN.len()..]))
+}
+
+/// A URL whose authority may list several hosts, `scheme://[userinfo@]h1[:port],h2[:port][tail]`
+/// (an `etcd://` cluster), taken apart by hand since [`Url`] cannot parse a host list. This is
+/// the one place such a URL is split: the etcd store reads its endpoints from it, the facade
+/// its scheme and query, [`redact_url`] everything but the hosts.
+///
+/// ```
+/// use shardlease_core::store::url::HostListUrl;
+/// let u = HostListUrl::split("etcd://app:pw@h1:2379,h2/?namespace=a").unwrap();
+/// assert_eq!((u.scheme, u.userinfo, u.tail), ("etcd", Some("app:pw"), "/?namespace=a"));
+/// assert_eq!(u.hosts().collect::<Vec<_>>(), ["h1:2379", "h2"]);
+/// assert_eq!(u.with_host_list("h1:2379"), "etcd://app:pw@h1:2379/?namespace=a");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostListUrl<'a> {
+    /// The scheme, before `://`.
+    pub scheme: &'a str,
+    /// What comes before the last `@` of the authority (`user:password`, still percent-encoded).
+    pub userinfo: Option<&'a str>,
+    /// The comma-separated hosts, as written (possibly empty).
+    pub host_list: &'a str,
+    /// Everything from the first `/`, `?` or `#` after the authority on (possibly empty).
+    pub tail: &'a str,
+}
+
+impl<'a> HostListUrl<'a> {
+    /// The parts of `url`, or `None` when it has no `://`. Nothing is checked beyond that: the
+    /// hosts may be empty or malformed, for the caller to judge.
+    pub fn split(url: &'a str) -> Option<HostListUrl<'a>> {
+        let (scheme, rest) = url.split_once("://")?;
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (userinfo, host_list) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        Some(HostListUrl { scheme, userinfo, host_list, tail })
+    }
+
+    /// Each host of the list, as written (`host`, `host:port`, `[v6]:port`; empty ones too).
+    pub fn hosts(&self) -> std::str::Split<'a, char> {
+        self.host_list.split(',')
+    }
+
+    /// The same URL with `host_list` in place of its hosts.
+    pub fn with_host_list(&self, host_list: &str) -> String {
+        let userinfo = self.userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        format!("{}://{userinfo}{host_list}{}", self.scheme, self.tail)
+    }
 }
 
 /// A [`Redactor`] for every secret of `url`, raw and decoded: the password in its user-info
@@ -390,6 +433,27 @@ mod tests {
         assert!(!m.contains("s3cr3t"), "{m}");
         let m = config_error(namespace_of("memory://?namespace=a&namespace=b"));
         assert!(m.contains("more than once"), "{m}");
+    }
+
+    #[test]
+    fn host_lists_split_into_their_parts() {
+        let u = HostListUrl::split("etcds://u:p@ss@[::1]:2380,h2,/x?a=1#f").unwrap();
+        assert_eq!(
+            (u.scheme, u.userinfo, u.host_list),
+            ("etcds", Some("u:p@ss"), "[::1]:2380,h2,")
+        );
+        assert_eq!(u.tail, "/x?a=1#f");
+        assert_eq!(u.hosts().collect::<Vec<_>>(), ["[::1]:2380", "h2", ""]);
+        let bare = HostListUrl::split("etcd://h1:2379").unwrap();
+        assert_eq!((bare.userinfo, bare.host_list, bare.tail), (None, "h1:2379", ""));
+        assert_eq!(bare.hosts().count(), 1);
+        let empty = HostListUrl::split("etcd://?namespace=a").unwrap();
+        assert_eq!((empty.host_list, empty.tail), ("", "?namespace=a"));
+        assert_eq!(empty.hosts().collect::<Vec<_>>(), [""]);
+        assert_eq!(HostListUrl::split("etcd://h#x").unwrap().tail, "#x");
+        assert_eq!(HostListUrl::split("sqlite::memory:"), None);
+        assert_eq!(u.with_host_list("h"), "etcds://u:p@ss@h/x?a=1#f");
+        assert_eq!(bare.with_host_list("a,b"), "etcd://a,b");
     }
 
     #[test]

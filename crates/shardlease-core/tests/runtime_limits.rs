@@ -9,13 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::store::CreateOutcome;
-use shardlease_core::store::{
-    Lease, LeaseStore, Listing, MemoryStore, Version, VersionedLease, WorkerRecord,
-};
-use shardlease_core::{
-    Config, Error, LeaseKey, MemorySource, Position, Result, ShardSource, WorkerId,
-};
+use shardlease_core::store::Lease;
+use shardlease_core::store::LeaseStore;
+use shardlease_core::store::MemoryStore;
+use shardlease_core::store::StoreDecorator;
+use shardlease_core::store::Version;
+use shardlease_core::{Config, Error, MemorySource, Position, Result, ShardSource, WorkerId};
 use shardlease_testkit::cluster::{wait_until, Cluster};
 use shardlease_testkit::processors::Checkpointing;
 use shardlease_testkit::Faults;
@@ -74,34 +73,18 @@ struct Stuck {
     stuck: Arc<AtomicBool>,
 }
 
+/// Only lease updates differ; every other call (the default-bodied ones included) reaches the
+/// memory store through `StoreDecorator`'s forwarding.
 #[async_trait]
-impl LeaseStore for Stuck {
-    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
-        self.inner.create_lease(lease).await
-    }
-    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
-        self.inner.get_lease(key).await
-    }
-    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
-        self.inner.list_leases().await
+impl StoreDecorator for Stuck {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
     }
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         if self.stuck.load(Ordering::SeqCst) {
             return Err(Error::retryable("stuck"));
         }
         self.inner.update_lease(lease, expected).await
-    }
-    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
-        self.inner.delete_lease(key, expected).await
-    }
-    async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
-        self.inner.heartbeat(record).await
-    }
-    async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
-        self.inner.list_workers().await
-    }
-    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
-        self.inner.remove_worker(id).await
     }
 }
 

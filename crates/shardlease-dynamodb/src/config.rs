@@ -1,9 +1,11 @@
-//! [`DynamoDbStoreBuilder`]: configuration the way AWS users expect it.
+//! [`DynamoDbStoreBuilder`]: the one way to open a [`DynamoDbStore`], configured the way AWS
+//! users expect it.
 //!
 //! Region, credentials and endpoint come from the SDK's default chains (environment variables,
-//! `~/.aws/config` profiles, web identity, ECS and EC2 instance metadata) unless set here; an
-//! explicit endpoint serves emulators and VPC endpoints. The `dynamodb://` URL form of the facade
-//! is parsed here too, so both spellings share one set of options.
+//! `~/.aws/config` profiles, web identity, ECS and EC2 instance metadata) unless set here, or
+//! from an SDK client of the application's own; an explicit endpoint serves emulators and VPC
+//! endpoints. The `dynamodb://` URL form of the facade is parsed here too, into the same
+//! options.
 
 use std::fmt;
 use std::time::Duration;
@@ -14,10 +16,14 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
-use shardlease_core::store::url::{self as store_url, redact_url, QueryOptions, NAMESPACE_OPTION};
+use aws_sdk_dynamodb::Client;
+use shardlease_core::store::url::redact_url;
 use shardlease_core::store::{Redactor, MASK};
 use shardlease_core::{Error, Namespace, Result};
-use url::Url;
+
+mod from_url;
+
+use from_url::parse_url;
 
 /// The namespace used when the URL or builder names none (defined once, in core).
 pub use shardlease_core::DEFAULT_NAMESPACE;
@@ -43,26 +49,39 @@ struct StaticKeys {
 }
 
 /// Builds a [`DynamoDbStore`]: see [`DynamoDbStore::builder`].
-#[derive(Clone)]
+///
+/// The table comes from [`table`](Self::table) or a `dynamodb://` [`url`](Self::url), and the
+/// AWS configuration from the SDK's default chains plus the options set here, or from an SDK
+/// [`client`](Self::client) the application built. A value set on the builder wins over the
+/// same parameter of the URL, whatever the order of the calls. Nothing is checked until
+/// [`connect`](Self::connect), which reports every bad input as `Error::Config` (never a panic)
+/// without repeating a key.
+#[derive(Clone, Default)]
+#[must_use = "a builder does nothing until `connect` is awaited"]
 pub struct DynamoDbStoreBuilder {
-    pub(crate) table: String,
-    pub(crate) namespace: Option<String>,
+    url: Option<String>,
+    client: Option<Client>,
+    table: Option<String>,
+    namespace: Option<String>,
     region: Option<String>,
     endpoint: Option<String>,
     profile: Option<String>,
     keys: Option<StaticKeys>,
-    pub(crate) create_table: bool,
-    pub(crate) billing: Billing,
-    pub(crate) page_size: Option<u32>,
-    max_attempts: u32,
-    initial_backoff: Duration,
-    attempt_timeout: Duration,
-    pub(crate) table_ready_timeout: Duration,
+    create_table: Option<bool>,
+    check_table: Option<bool>,
+    billing: Option<Billing>,
+    page_size: Option<u32>,
+    max_attempts: Option<u32>,
+    initial_backoff: Option<Duration>,
+    attempt_timeout: Option<Duration>,
+    table_ready_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for DynamoDbStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DynamoDbStoreBuilder")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("client", &self.client.as_ref().map(|_| "<given>"))
             .field("table", &self.table)
             .field("namespace", &self.namespace)
             .field("region", &self.region)
@@ -70,6 +89,7 @@ impl fmt::Debug for DynamoDbStoreBuilder {
             .field("profile", &self.profile)
             .field("credentials", &self.keys.as_ref().map(|_| MASK))
             .field("create_table", &self.create_table)
+            .field("check_table", &self.check_table)
             .field("billing", &self.billing)
             .field("page_size", &self.page_size)
             .field("max_attempts", &self.max_attempts)
@@ -78,22 +98,29 @@ impl fmt::Debug for DynamoDbStoreBuilder {
 }
 
 impl DynamoDbStoreBuilder {
-    pub(crate) fn new(table: String) -> Self {
-        DynamoDbStoreBuilder {
-            table,
-            namespace: None,
-            region: None,
-            endpoint: None,
-            profile: None,
-            keys: None,
-            create_table: false,
-            billing: Billing::OnDemand,
-            page_size: None,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            initial_backoff: DEFAULT_INITIAL_BACKOFF,
-            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
-            table_ready_timeout: DEFAULT_TABLE_READY_TIMEOUT,
-        }
+    /// The table, 3 to 255 characters of `A-Z a-z 0-9 _ - .` (or give it in a URL). Many
+    /// namespaces share one table.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = Some(table.into());
+        self
+    }
+
+    /// The table and options as a URL: `dynamodb://[KEY_ID:SECRET@]TABLE?region=&endpoint=&
+    /// profile=&namespace=&create_table=true&billing=on-demand|provisioned&read_capacity=&
+    /// write_capacity=&page_size=&max_attempts=&attempt_timeout_ms=&session_token=`. Options set
+    /// on the builder win over the URL's. Keys in a URL are for emulators.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// An SDK client the application built (with the [`aws_sdk_dynamodb`](crate::aws_sdk_dynamodb)
+    /// crate this one re-exports), instead of the default chains: region, endpoint, credentials,
+    /// retries and timeouts are the client's then, and setting them here (or giving a URL) is an
+    /// error.
+    pub fn client(mut self, client: Client) -> Self {
+        self.client = Some(client);
+        self
     }
 
     /// The namespace (application name) the store reads and writes (default
@@ -140,20 +167,29 @@ impl DynamoDbStoreBuilder {
     /// Creates the table when it does not exist (default: no, and connecting fails with a
     /// `Config` error saying so), then waits until it is `ACTIVE`.
     pub fn create_table(mut self, create: bool) -> Self {
-        self.create_table = create;
+        self.create_table = Some(create);
+        self
+    }
+
+    /// Whether connecting checks the table (`DescribeTable`: that it exists with this crate's
+    /// key schema and is `ACTIVE`). Default: yes. Off, for credentials without
+    /// `dynamodb:DescribeTable`, the store's first call fails (permanently) if the table is
+    /// missing; `create_table(true)` then is an error.
+    pub fn check_table(mut self, check: bool) -> Self {
+        self.check_table = Some(check);
         self
     }
 
     /// The billing mode of a table this builder creates (default [`Billing::OnDemand`]).
     pub fn billing(mut self, billing: Billing) -> Self {
-        self.billing = billing;
+        self.billing = Some(billing);
         self
     }
 
-    /// The most items one listing page reads (DynamoDB's `Limit`); default: none, so a page is
-    /// what fits DynamoDB's 1 MB. Small values make many pages (tests use that).
+    /// The most items one listing page reads (DynamoDB's `Limit`, at least 1); default: none,
+    /// so a page is what fits DynamoDB's 1 MB. Small values make many pages (tests use that).
     pub fn page_size(mut self, items: u32) -> Self {
-        self.page_size = Some(items.max(1));
+        self.page_size = Some(items);
         self
     }
 
@@ -162,32 +198,185 @@ impl DynamoDbStoreBuilder {
     /// exponential backoff and full jitter; what is left after the last attempt is reported as
     /// a retryable `Error::Backend`.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
+        self.max_attempts = Some(attempts);
         self
     }
 
     /// The first retry's backoff ceiling (default [`DEFAULT_INITIAL_BACKOFF`]).
     pub fn initial_backoff(mut self, backoff: Duration) -> Self {
-        self.initial_backoff = backoff;
+        self.initial_backoff = Some(backoff);
         self
     }
 
     /// How long one attempt may take before it is abandoned and retried (default
-    /// [`DEFAULT_ATTEMPT_TIMEOUT`]).
+    /// [`DEFAULT_ATTEMPT_TIMEOUT`], more than zero).
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.attempt_timeout = timeout;
+        self.attempt_timeout = Some(timeout);
         self
     }
 
     /// How long connecting waits for the table to become `ACTIVE` (default
-    /// [`DEFAULT_TABLE_READY_TIMEOUT`]).
+    /// [`DEFAULT_TABLE_READY_TIMEOUT`], more than zero).
     pub fn table_ready_timeout(mut self, timeout: Duration) -> Self {
-        self.table_ready_timeout = timeout;
+        self.table_ready_timeout = Some(timeout);
         self
     }
 
+    /// Connects: loads the AWS configuration (unless a client was given), checks the table
+    /// (creating it when asked to) and returns the store. Fails with `Error::Config` for bad
+    /// input, no region, or a table that is missing (and not to be created) or has another key
+    /// schema; `Error::Backend` when DynamoDB cannot be reached (retryable) or refuses
+    /// (permanent). No message holds a key.
+    pub async fn connect(self) -> Result<DynamoDbStore> {
+        let plan = self.plan()?;
+        let (client, region) = match plan.client {
+            Some(client) => {
+                let region = client.config().region().map(|r| r.as_ref().to_owned());
+                (client, region)
+            }
+            None => {
+                let sdk = plan.sdk_config().await?;
+                let region = sdk.region().map(|r| r.as_ref().to_owned());
+                (Client::new(&sdk), region)
+            }
+        };
+        let target = format!(
+            "table {} in {}{}",
+            plan.table,
+            region.as_deref().unwrap_or("?"),
+            plan.endpoint
+                .as_ref()
+                .map(|e| format!(" at {}", plan.redactor.scrub(e)))
+                .unwrap_or_default()
+        );
+        let store = DynamoDbStore::assemble(
+            client,
+            &plan.table,
+            plan.namespace,
+            target,
+            plan.page_size,
+            plan.redactor,
+        );
+        if let Some(setup) = &plan.table_setup {
+            store.ensure_table(setup).await?;
+        }
+        Ok(store)
+    }
+
+    /// Everything checked, the builder's values laid over the URL's and the defaults.
+    fn plan(self) -> Result<Plan> {
+        if self.client.is_some() && self.url.is_some() {
+            return Err(Error::Config(
+                "DynamoDB store builder: give url() or client(), not both (a URL configures the \
+                 client the store builds)"
+                    .into(),
+            ));
+        }
+        let from_url = match &self.url {
+            Some(url) => parse_url(url)?,
+            None => DynamoDbStoreBuilder::default(),
+        };
+        let b = self.over(from_url);
+        let table = b.table.clone().ok_or_else(|| {
+            Error::Config(
+                "DynamoDB store builder: name the table with table() or a dynamodb://TABLE url()"
+                    .into(),
+            )
+        })?;
+        validate_table_name(&table)?;
+        // Core's rule is all DynamoDB needs: the namespace is part of a partition key, which
+        // holds 2048 bytes.
+        let namespace = Namespace::new(b.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))?;
+        let create = b.create_table.unwrap_or(false);
+        let check = b.check_table.unwrap_or(true);
+        if create && !check {
+            return Err(Error::Config(
+                "DynamoDB store builder: create_table(true) needs the table check \
+                 (check_table(false) skips it)"
+                    .into(),
+            ));
+        }
+        let billing = b.billing.unwrap_or_default();
+        if let Billing::Provisioned { read_capacity, write_capacity } = billing {
+            if read_capacity == 0 || write_capacity == 0 {
+                return Err(Error::Config(
+                    "DynamoDB store builder: provisioned capacity must be at least 1".into(),
+                ));
+            }
+        }
+        if b.page_size == Some(0) {
+            return Err(Error::Config(
+                "DynamoDB store builder: page_size must be at least 1".into(),
+            ));
+        }
+        let max_attempts = b.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        if max_attempts == 0 {
+            return Err(Error::Config(
+                "DynamoDB store builder: max_attempts must be at least 1".into(),
+            ));
+        }
+        let attempt_timeout =
+            positive("attempt_timeout", b.attempt_timeout, DEFAULT_ATTEMPT_TIMEOUT)?;
+        let ready_timeout =
+            positive("table_ready_timeout", b.table_ready_timeout, DEFAULT_TABLE_READY_TIMEOUT)?;
+        if b.client.is_some() {
+            let client_settings = [
+                ("region", b.region.is_some()),
+                ("endpoint_url", b.endpoint.is_some()),
+                ("profile", b.profile.is_some()),
+                ("credentials", b.keys.is_some()),
+                ("max_attempts", b.max_attempts.is_some()),
+                ("initial_backoff", b.initial_backoff.is_some()),
+                ("attempt_timeout", b.attempt_timeout.is_some()),
+            ];
+            if let Some((name, _)) = client_settings.iter().find(|(_, set)| *set) {
+                return Err(Error::Config(format!(
+                    "DynamoDB store builder: {name}() configures the client the store builds; \
+                     with client() it is the client's own"
+                )));
+            }
+        }
+        Ok(Plan {
+            redactor: b.redactor(),
+            table,
+            namespace,
+            page_size: b.page_size,
+            table_setup: check.then_some(TableSetup { create, billing, ready_timeout }),
+            endpoint: b.endpoint,
+            region: b.region,
+            profile: b.profile,
+            keys: b.keys,
+            max_attempts,
+            initial_backoff: b.initial_backoff.unwrap_or(DEFAULT_INITIAL_BACKOFF),
+            attempt_timeout,
+            client: b.client,
+        })
+    }
+
+    /// This builder's values, and `under`'s where this one has none.
+    fn over(self, under: DynamoDbStoreBuilder) -> DynamoDbStoreBuilder {
+        DynamoDbStoreBuilder {
+            url: self.url,
+            client: self.client,
+            table: self.table.or(under.table),
+            namespace: self.namespace.or(under.namespace),
+            region: self.region.or(under.region),
+            endpoint: self.endpoint.or(under.endpoint),
+            profile: self.profile.or(under.profile),
+            keys: self.keys.or(under.keys),
+            create_table: self.create_table.or(under.create_table),
+            check_table: self.check_table.or(under.check_table),
+            billing: self.billing.or(under.billing),
+            page_size: self.page_size.or(under.page_size),
+            max_attempts: self.max_attempts.or(under.max_attempts),
+            initial_backoff: self.initial_backoff.or(under.initial_backoff),
+            attempt_timeout: self.attempt_timeout.or(under.attempt_timeout),
+            table_ready_timeout: self.table_ready_timeout.or(under.table_ready_timeout),
+        }
+    }
+
     /// The redactor for the secrets this builder holds.
-    pub(crate) fn redactor(&self) -> Redactor {
+    fn redactor(&self) -> Redactor {
         match &self.keys {
             Some(k) => Redactor::new([
                 k.access_key_id.as_str(),
@@ -197,9 +386,39 @@ impl DynamoDbStoreBuilder {
             None => Redactor::default(),
         }
     }
+}
 
-    /// The SDK configuration: the default chains, overridden by what was set here.
-    pub(crate) async fn sdk_config(&self) -> Result<aws_config::SdkConfig> {
+/// `given` (or `default`), refused when zero.
+fn positive(name: &str, given: Option<Duration>, default: Duration) -> Result<Duration> {
+    match given.unwrap_or(default) {
+        d if d.is_zero() => {
+            Err(Error::Config(format!("DynamoDB store builder: {name} must be more than zero")))
+        }
+        d => Ok(d),
+    }
+}
+
+/// What [`DynamoDbStoreBuilder::connect`] does, every value checked.
+struct Plan {
+    client: Option<Client>,
+    table: String,
+    namespace: Namespace,
+    page_size: Option<u32>,
+    /// `None`: the table is not checked (`check_table(false)`).
+    table_setup: Option<TableSetup>,
+    redactor: Redactor,
+    region: Option<String>,
+    endpoint: Option<String>,
+    profile: Option<String>,
+    keys: Option<StaticKeys>,
+    max_attempts: u32,
+    initial_backoff: Duration,
+    attempt_timeout: Duration,
+}
+
+impl Plan {
+    /// The SDK configuration: the default chains, overridden by what was set.
+    async fn sdk_config(&self) -> Result<aws_config::SdkConfig> {
         let retry = RetryConfig::standard()
             .with_max_attempts(self.max_attempts)
             .with_initial_backoff(self.initial_backoff)
@@ -239,45 +458,6 @@ impl DynamoDbStoreBuilder {
         }
         Ok(config)
     }
-
-    /// Connects: loads the AWS configuration, checks the table (creating it when asked to) and
-    /// returns the store. Fails with `Error::Config` for bad options, no region, or a table that
-    /// is missing (and not to be created) or has another key schema; `Error::Backend` when
-    /// DynamoDB cannot be reached (retryable) or refuses (permanent). No message holds a key.
-    pub async fn connect(self) -> Result<DynamoDbStore> {
-        validate_table_name(&self.table)?;
-        // Core's rule is all DynamoDB needs: the namespace is part of a partition key, which
-        // holds 2048 bytes.
-        let namespace =
-            Namespace::new(self.namespace.clone().unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()))?;
-        let redactor = self.redactor();
-        let sdk = self.sdk_config().await?;
-        let client = aws_sdk_dynamodb::Client::new(&sdk);
-        let target = format!(
-            "table {} in {}{}",
-            self.table,
-            sdk.region().map(|r| r.as_ref()).unwrap_or("?"),
-            self.endpoint
-                .as_ref()
-                .map(|e| format!(" at {}", redactor.scrub(e)))
-                .unwrap_or_default()
-        );
-        let store = DynamoDbStore::assemble(
-            client,
-            &self.table,
-            namespace,
-            target,
-            self.page_size,
-            redactor,
-        );
-        let setup = TableSetup {
-            create: self.create_table,
-            billing: self.billing,
-            ready_timeout: self.table_ready_timeout,
-        };
-        store.ensure_table(&setup).await?;
-        Ok(store)
-    }
 }
 
 /// Checks a table name against DynamoDB's rules (3 to 255 of `[A-Za-z0-9_.-]`).
@@ -293,159 +473,99 @@ fn validate_table_name(table: &str) -> Result<()> {
     }
 }
 
-/// The most read or write capacity units a URL may ask for.
-const MAX_CAPACITY: u64 = 1_000_000;
-
-/// The longest attempt timeout a URL may set (an hour), in milliseconds.
-const MAX_TIMEOUT_MS: u64 = 3_600_000;
-
-/// Query parameters of a `dynamodb://` URL.
-const PARAMS: &[&str] = &[
-    "namespace",
-    "region",
-    "endpoint",
-    "profile",
-    "create_table",
-    "billing",
-    "read_capacity",
-    "write_capacity",
-    "page_size",
-    "max_attempts",
-    "attempt_timeout_ms",
-    "session_token",
-];
-
-/// A builder from a URL `dynamodb://[access_key_id:secret_access_key@]table?region=...&
-/// endpoint=...&namespace=...&profile=...&create_table=true&billing=on-demand|provisioned&
-/// read_capacity=N&write_capacity=N&page_size=N&max_attempts=N&attempt_timeout_ms=N`. Errors
-/// never echo the keys.
-pub(crate) fn builder_from_url(raw: &str) -> Result<DynamoDbStoreBuilder> {
-    let shown = redact_url(raw);
-    let url = Url::parse(raw).map_err(|e| {
-        Error::Config(format!(
-            "malformed DynamoDB URL {shown} ({e}); expected dynamodb://table?region=...&endpoint=..."
-        ))
-    })?;
-    if url.scheme() != "dynamodb" {
-        return Err(Error::Config(format!(
-            "a DynamoDB URL starts with dynamodb://, not {}://",
-            url.scheme()
-        )));
-    }
-    let table = url.host_str().unwrap_or_default();
-    if table.is_empty() {
-        return Err(Error::Config(format!(
-            "the DynamoDB URL {shown} names no table (dynamodb://TABLE)"
-        )));
-    }
-    let mut b = DynamoDbStoreBuilder::new(table.to_owned());
-    if let Some((key_id, secret)) = store_url::credentials(&url) {
-        if secret.is_empty() {
-            return Err(Error::Config(format!(
-                "the DynamoDB URL {shown} has an access key id but no secret key (KEY:SECRET@table)"
-            )));
-        }
-        b = b.credentials(key_id, secret, None);
-    }
-    let mut q = QueryOptions::from_url("DynamoDB", &url)?;
-    b.namespace = q.string(NAMESPACE_OPTION)?;
-    b.region = q.non_empty("region")?;
-    b.endpoint = q.non_empty("endpoint")?;
-    b.profile = q.non_empty("profile")?;
-    b.create_table = q.bool("create_table")?.unwrap_or(b.create_table);
-    let provisioned = match q.string("billing")?.as_deref() {
-        None | Some("on-demand" | "on_demand" | "pay-per-request" | "PAY_PER_REQUEST") => false,
-        Some("provisioned" | "PROVISIONED") => true,
-        Some(other) => {
-            return Err(Error::Config(format!(
-                "DynamoDB URL option `billing` must be on-demand or provisioned, not {:?}",
-                other.chars().take(40).collect::<String>()
-            )))
-        }
-    };
-    let read = q.integer("read_capacity", 1..=MAX_CAPACITY)?;
-    let write = q.integer("write_capacity", 1..=MAX_CAPACITY)?;
-    let u32_max = u64::from(u32::MAX);
-    if let Some(n) = q.integer("page_size", 1..=u32_max)? {
-        b = b.page_size(u32::try_from(n).unwrap_or(u32::MAX));
-    }
-    if let Some(n) = q.integer("max_attempts", 1..=u32_max)? {
-        b = b.max_attempts(u32::try_from(n).unwrap_or(u32::MAX));
-    }
-    if let Some(d) = q.millis("attempt_timeout_ms", 1..=MAX_TIMEOUT_MS)? {
-        b = b.attempt_timeout(d);
-    }
-    if let Some(token) = q.string("session_token")? {
-        if let Some(k) = b.keys.as_mut() {
-            k.session_token = Some(token);
-        }
-    }
-    q.finish(PARAMS)?;
-    if provisioned || read.is_some() || write.is_some() {
-        b = b.billing(Billing::Provisioned {
-            read_capacity: read.unwrap_or(5),
-            write_capacity: write.unwrap_or(5),
-        });
-    }
-    Ok(b)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
 
-    #[test]
-    fn urls_set_every_option() {
-        let b = builder_from_url(
-            "dynamodb://AKID:se%2Fcret@my-leases?region=eu-west-1&endpoint=http://127.0.0.1:8000\
-             &namespace=orders&create_table=true&billing=provisioned&read_capacity=10&page_size=7\
-             &attempt_timeout_ms=250",
-        )
-        .unwrap();
-        assert_eq!(b.table, "my-leases");
-        assert_eq!(b.namespace.as_deref(), Some("orders"));
-        assert_eq!(b.region.as_deref(), Some("eu-west-1"));
-        assert_eq!(b.endpoint.as_deref(), Some("http://127.0.0.1:8000"));
-        assert!(b.create_table);
-        assert_eq!(b.billing, Billing::Provisioned { read_capacity: 10, write_capacity: 5 });
-        assert_eq!(b.page_size, Some(7));
-        assert_eq!(b.attempt_timeout, Duration::from_millis(250));
-        let keys = b.keys.as_ref().unwrap();
-        assert_eq!(
-            (keys.access_key_id.as_str(), keys.secret_access_key.as_str()),
-            ("AKID", "se/cret")
-        );
-        let debug = format!("{b:?}");
-        assert!(!debug.contains("AKID") && !debug.contains("cret"), "{debug}");
-        let plain = builder_from_url("dynamodb://Leases.Table_1").unwrap();
-        assert_eq!(plain.table, "Leases.Table_1");
-        assert!(!plain.create_table && plain.keys.is_none());
+    fn config_error(builder: DynamoDbStoreBuilder) -> String {
+        match builder.plan() {
+            Err(Error::Config(m)) => m,
+            Err(e) => panic!("expected a config error, got {e:?}"),
+            Ok(_) => panic!("expected a config error, got a plan"),
+        }
     }
 
     #[test]
-    fn bad_urls_are_config_errors_without_keys() {
-        for bad in [
-            "dynamodb://AKID:s3cr3t@?region=x",
-            "redis://AKID:s3cr3t@t",
-            "dynamodb://AKID:s3cr3t@t?colour=blue",
-            "dynamodb://AKID:s3cr3t@t?create_table=maybe",
-            "dynamodb://AKID:s3cr3t@t?page_size=0",
-            "dynamodb://AKID:s3cr3t@t?region=a&region=b",
-            "dynamodb://AKID:s3cr3t@t?session_token=s3cr3t&session_token=s3cr3t",
-            "dynamodb://AKID@tab",
-            "dynamodb://AKID:s3cr3t@[::1",
-        ] {
-            match builder_from_url(bad) {
-                Err(Error::Config(m)) => {
-                    assert!(!m.contains("s3cr3t") && !m.contains("AKID"), "{m}")
-                }
-                other => panic!("{bad}: expected a config error, got {other:?}"),
-            }
+    fn bad_input_is_a_config_error_that_never_shows_a_key() {
+        let t = || DynamoDbStore::builder().table("leases").credentials("AKID", "s3cr3t", None);
+        let provisioned = Billing::Provisioned { read_capacity: 0, write_capacity: 1 };
+        let cases = [
+            (DynamoDbStore::builder(), "name the table"),
+            (t().table("x"), "invalid"),
+            (t().url("dynamodb://AKID:s3cr3t@?region=x"), "malformed DynamoDB URL"),
+            (t().namespace(""), "namespace"),
+            (t().page_size(0), "page_size"),
+            (t().max_attempts(0), "max_attempts"),
+            (t().attempt_timeout(Duration::ZERO), "attempt_timeout"),
+            (t().table_ready_timeout(Duration::ZERO), "table_ready_timeout"),
+            (t().billing(provisioned), "capacity"),
+            (t().create_table(true).check_table(false), "check_table(false)"),
+        ];
+        for (builder, expected) in cases {
+            let shown = format!("{builder:?}");
+            assert!(!shown.contains("s3cr3t") && !shown.contains("AKID"), "{shown}");
+            let m = config_error(builder);
+            assert!(m.contains(expected), "{shown}: {m}");
+            assert!(!m.contains("s3cr3t") && !m.contains("AKID"), "{m}");
         }
-        assert!(validate_table_name("ab").is_err());
-        assert!(validate_table_name("has space").is_err());
-        assert!(validate_table_name("ok-table_1.x").is_ok());
+    }
+
+    #[test]
+    fn the_builder_wins_over_the_url_which_wins_over_the_defaults() {
+        let url = "dynamodb://t-url?region=r1&namespace=a&page_size=7&create_table=true";
+        let plan = DynamoDbStore::builder().url(url).plan().unwrap();
+        assert_eq!((plan.table.as_str(), plan.namespace.as_str()), ("t-url", "a"));
+        assert_eq!((plan.region.as_deref(), plan.page_size), (Some("r1"), Some(7)));
+        let setup = plan.table_setup.unwrap();
+        assert!(setup.create && setup.billing == Billing::OnDemand);
+        assert_eq!(setup.ready_timeout, DEFAULT_TABLE_READY_TIMEOUT);
+        assert_eq!((plan.max_attempts, plan.attempt_timeout), (4, DEFAULT_ATTEMPT_TIMEOUT));
+
+        let plan = DynamoDbStore::builder()
+            .table("t-mine")
+            .namespace("b")
+            .page_size(2)
+            .region("r2")
+            .create_table(false)
+            .max_attempts(1)
+            .url(url)
+            .plan()
+            .unwrap();
+        assert_eq!((plan.table.as_str(), plan.namespace.as_str()), ("t-mine", "b"));
+        assert_eq!((plan.region.as_deref(), plan.page_size), (Some("r2"), Some(2)));
+        assert!(!plan.table_setup.unwrap().create);
+        assert_eq!(plan.max_attempts, 1);
+
+        let plan = DynamoDbStore::builder().table("t-x").check_table(false).plan().unwrap();
+        assert!(plan.table_setup.is_none(), "check_table(false) skips DescribeTable");
+        assert_eq!(plan.namespace.as_str(), DEFAULT_NAMESPACE);
+    }
+
+    #[test]
+    fn a_client_of_ones_own_takes_no_client_settings() {
+        let conf = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("eu-west-1"))
+            .build();
+        let client = Client::from_conf(conf);
+        let given = || DynamoDbStore::builder().client(client.clone()).table("leases");
+        let plan = given().namespace("n").page_size(3).create_table(true).plan().unwrap();
+        assert!(plan.client.is_some() && plan.table_setup.is_some_and(|s| s.create));
+        let cases = [
+            (given().region("r"), "region()"),
+            (given().endpoint_url("http://h"), "endpoint_url()"),
+            (given().profile("p"), "profile()"),
+            (given().credentials("AKID", "s3cr3t", None), "credentials()"),
+            (given().max_attempts(2), "max_attempts()"),
+            (given().initial_backoff(Duration::from_millis(1)), "initial_backoff()"),
+            (given().attempt_timeout(Duration::from_secs(1)), "attempt_timeout()"),
+            (given().url("dynamodb://t"), "not both"),
+        ];
+        for (builder, expected) in cases {
+            let m = config_error(builder);
+            assert!(m.contains(expected), "{expected}: {m}");
+        }
     }
 }

@@ -1,13 +1,15 @@
 //! # shardlease-dynamodb
 //!
-//! A [`LeaseStore`] on Amazon DynamoDB. Connect with [`DynamoDbStore::builder`] or, through the
-//! `shardlease` facade with its `dynamodb` feature, by URL:
+//! A [`LeaseStore`](shardlease_core::store::LeaseStore) on Amazon DynamoDB. Open one with
+//! [`DynamoDbStore::builder`] (a table or a URL, the AWS default chains or an SDK client of your
+//! own, plus options) or, through the `shardlease` facade with its `dynamodb` feature, by URL:
 //! `dynamodb://TABLE?region=REGION&endpoint=URL&namespace=NAME&create_table=true`.
 //!
 //! ```no_run
 //! # async fn demo() -> shardlease_core::Result<()> {
 //! use shardlease_dynamodb::{Billing, DynamoDbStore};
-//! let store = DynamoDbStore::builder("shardlease-leases") // region, credentials: AWS defaults
+//! let store = DynamoDbStore::builder()
+//!     .table("shardlease-leases") // region, credentials: the AWS default chains
 //!     .namespace("orders")
 //!     .create_table(true) // on-demand billing unless told otherwise
 //!     .billing(Billing::OnDemand)
@@ -54,11 +56,6 @@ mod layout;
 mod store;
 mod table;
 
-use std::sync::Arc;
-
-use shardlease_core::store::LeaseStore;
-use shardlease_core::Result;
-
 pub use config::{
     DynamoDbStoreBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS,
     DEFAULT_NAMESPACE, DEFAULT_TABLE_READY_TIMEOUT,
@@ -68,23 +65,6 @@ pub use shardlease_core::store::url::redact_url;
 pub use store::DynamoDbStore;
 pub use table::Billing;
 
-/// Re-export of the SDK crate, so callers of [`DynamoDbStore::from_client`] use the version this
-/// crate was built with.
+/// Re-export of the SDK crate, so a client given to [`DynamoDbStoreBuilder::client`] is of the
+/// version this crate was built with.
 pub use aws_sdk_dynamodb;
-
-/// A builder from a `dynamodb://` URL (see [`connect_url`] for its form), for options beyond it.
-pub fn builder_from_url(url: &str) -> Result<DynamoDbStoreBuilder> {
-    config::builder_from_url(url)
-}
-
-/// Opens `namespace` on the table named by `url`, as a shared [`LeaseStore`]: the entry point of
-/// the `shardlease` facade for `dynamodb://` URLs. The form is
-/// `dynamodb://[KEY_ID:SECRET@]TABLE?region=&endpoint=&profile=&create_table=true&
-/// billing=on-demand|provisioned&read_capacity=&write_capacity=&page_size=&max_attempts=&
-/// attempt_timeout_ms=`;
-/// anything not given comes from the AWS default chains. Keys in the URL are for emulators;
-/// they never appear in an error. Any `namespace` parameter is ignored in favour of the argument.
-pub async fn connect_url(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-    let store = builder_from_url(url)?.namespace(namespace).connect().await?;
-    Ok(Arc::new(store))
-}

@@ -35,8 +35,8 @@ use shardlease_core::store::Redactor;
 
 /// A [`LeaseStore`] on one DynamoDB table, for one namespace.
 ///
-/// Cheap to clone: clones share one SDK client. Build it with [`DynamoDbStore::builder`] (the
-/// AWS default chains plus what you set) or [`DynamoDbStore::from_client`].
+/// Cheap to clone: clones share one SDK client. Open one with [`DynamoDbStore::builder`] (the
+/// AWS default chains plus what you set, or a client of your own).
 #[derive(Clone)]
 pub struct DynamoDbStore {
     client: Client,
@@ -72,20 +72,13 @@ enum Failed {
 }
 
 impl DynamoDbStore {
-    /// A builder for a store on `table` (the AWS default region and credential chains, plus
-    /// whatever is set on the builder).
-    pub fn builder(table: impl Into<String>) -> DynamoDbStoreBuilder {
-        DynamoDbStoreBuilder::new(table.into())
+    /// A builder: the one way to open a store (a table or a `dynamodb://` URL, the AWS default
+    /// chains or a client of your own, and options).
+    pub fn builder() -> DynamoDbStoreBuilder {
+        DynamoDbStoreBuilder::default()
     }
 
-    /// A store for `namespace` on `table` through an existing SDK client. The table is not
-    /// checked: the first call fails (permanently) if it is missing.
-    pub fn from_client(client: Client, table: &str, namespace: &str) -> Result<DynamoDbStore> {
-        let namespace = Namespace::new(namespace)?;
-        let target = format!("table {table}");
-        Ok(DynamoDbStore::assemble(client, table, namespace, target, None, Redactor::default()))
-    }
-
+    /// The store over `client`, every setting checked by the builder.
     pub(crate) fn assemble(
         client: Client,
         table: &str,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use shardlease_core::store::LeaseStore;
 use shardlease_core::{Error, LeaseKey, Result};
-use shardlease_dynamodb::{builder_from_url, DynamoDbStore};
+use shardlease_dynamodb::DynamoDbStore;
 use shardlease_testkit::extensions::redaction::{assert_hidden, renderings};
 use shardlease_testkit::extensions::SecretUrl;
 
@@ -39,10 +39,10 @@ impl SecretUrl for DynamoUrls {
         vec![KEY_ID, TOKEN]
     }
     async fn connect(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(builder_from_url(url)?.connect().await?))
+        Ok(Arc::new(DynamoDbStore::builder().url(url).connect().await?))
     }
     fn builder_debug(&self, url: &str) -> Option<String> {
-        Some(format!("{:?}", builder_from_url(url).unwrap()))
+        Some(format!("{:?}", DynamoDbStore::builder().url(url)))
     }
 }
 
@@ -51,7 +51,8 @@ shardlease_testkit::redaction_tests!(async { Some(DynamoUrls) });
 #[tokio::test]
 async fn unreachable_endpoints_hide_the_keys() {
     let port = shardlease_testkit::extensions::redaction::free_port();
-    let builder = DynamoDbStore::builder("leases")
+    let builder = DynamoDbStore::builder()
+        .table("leases")
         .region("us-east-1")
         .endpoint_url(format!("http://127.0.0.1:{port}"))
         .credentials(KEY_ID, SECRET, Some(TOKEN.to_owned()))
@@ -69,10 +70,7 @@ async fn unreachable_endpoints_hide_the_keys() {
         format!("dynamodb://{KEY_ID}:{SECRET}@[bad"),
         format!("dynamodb://{KEY_ID}:{SECRET}@x"),
     ] {
-        let e = match builder_from_url(&bad) {
-            Err(e) => e,
-            Ok(b) => b.connect().await.expect_err("no such table name"),
-        };
+        let e = DynamoDbStore::builder().url(&bad).connect().await.expect_err("malformed");
         assert!(matches!(e, Error::Config(_)), "{bad}: {e}");
         hidden(&bad, &renderings(&e));
     }
@@ -82,7 +80,8 @@ async fn unreachable_endpoints_hide_the_keys() {
 async fn failed_calls_and_debug_output_hide_the_keys() {
     let Some(endpoint) = common::endpoint() else { return };
     let table = common::fresh_table("redaction");
-    let store = DynamoDbStore::builder(&table)
+    let store = DynamoDbStore::builder()
+        .table(&table)
         .region("us-east-1")
         .endpoint_url(&endpoint)
         .credentials(KEY_ID, SECRET, Some(TOKEN.to_owned()))

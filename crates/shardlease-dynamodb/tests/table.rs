@@ -102,9 +102,21 @@ async fn a_table_keyed_otherwise_is_refused() {
         Err(Error::Config(m)) => assert!(m.contains("not a shardlease lease table"), "{m}"),
         other => panic!("expected a config error, got {other:?}"),
     }
-    let store: Result<DynamoDbStore, _> =
-        DynamoDbStore::from_client(lender.client().clone(), &table, "ns");
-    assert!(store.is_ok(), "from_client does not check the table");
+    // Through a client of one's own the table is checked the same way, unless told not to.
+    let through = |check: bool| {
+        DynamoDbStore::builder()
+            .client(lender.client().clone())
+            .table(&table)
+            .namespace("ns")
+            .check_table(check)
+            .connect()
+    };
+    match through(true).await {
+        Err(Error::Config(m)) => assert!(m.contains("not a shardlease lease table"), "{m}"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    let unchecked = through(false).await.unwrap();
+    assert_eq!(unchecked.table(), table, "check_table(false) does not describe the table");
     common::delete_table(&endpoint, &table).await.unwrap();
     common::delete_table(&endpoint, &other).await.unwrap();
 }

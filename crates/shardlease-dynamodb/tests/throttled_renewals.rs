@@ -8,18 +8,15 @@
 
 mod common;
 
-use shardlease_core::Epoch;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shardlease_core::store::{
-    CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
-};
+use shardlease_core::store::{Lease, LeaseStore, Listing, StoreDecorator, WorkerRecord};
 use shardlease_core::{
-    Config, Error, LeaseKey, MemorySource, Namespace, Position, Result, ShardSource, WorkerId,
+    Config, Epoch, Error, LeaseKey, MemorySource, Position, Result, ShardSource, WorkerId,
 };
 use shardlease_testkit::cluster::{wait_until, Cluster, StoreForWorker};
 use shardlease_testkit::recorder::Recorder;
@@ -44,22 +41,12 @@ impl Throttled {
     }
 }
 
+/// Only the heartbeat and the worker listing differ; every other call (the default-bodied ones
+/// included) reaches the DynamoDB store through `StoreDecorator`'s forwarding.
 #[async_trait]
-impl LeaseStore for Throttled {
-    async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
-        self.inner.create_lease(lease).await
-    }
-    async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
-        self.inner.get_lease(key).await
-    }
-    async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
-        self.inner.list_leases().await
-    }
-    async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
-        self.inner.update_lease(lease, expected).await
-    }
-    async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
-        self.inner.delete_lease(key, expected).await
+impl StoreDecorator for Throttled {
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
     }
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
         if self.beats.fetch_add(1, Ordering::SeqCst) % 2 == 1 {
@@ -72,15 +59,6 @@ impl LeaseStore for Throttled {
             return Err(self.throttle("listing workers"));
         }
         self.inner.list_workers().await
-    }
-    async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
-        self.inner.remove_worker(id).await
-    }
-    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
-        self.inner.remove_worker_if(id, beat).await
-    }
-    fn namespace(&self) -> Option<Namespace> {
-        self.inner.namespace()
     }
 }
 

@@ -102,7 +102,8 @@ fn describe_table() -> String {
 }
 
 async fn store(endpoint: &str, attempts: u32) -> DynamoDbStore {
-    DynamoDbStore::builder(TABLE)
+    DynamoDbStore::builder()
+        .table(TABLE)
         .region("us-east-1")
         .endpoint_url(endpoint)
         .credentials("key", "secret", None)

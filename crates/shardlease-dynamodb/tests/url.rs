@@ -1,5 +1,6 @@
-//! The `dynamodb://` URL the facade hands to [`connect_url`]: every option reaches the store,
-//! and two namespaces opened on one URL share the table but nothing else. Runs on the emulator
+//! The `dynamodb://` URL the facade hands to the builder: every option reaches the store, the
+//! builder's namespace wins over the URL's, and two namespaces opened on one URL share the table
+//! but nothing else. Runs on the emulator
 //! named by `SHARDLEASE_TEST_DYNAMODB_ENDPOINT`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -7,8 +8,9 @@
 mod common;
 
 use shardlease_core::store::Lease;
+use shardlease_core::store::LeaseStore;
 use shardlease_core::Position;
-use shardlease_dynamodb::connect_url;
+use shardlease_dynamodb::DynamoDbStore;
 
 #[tokio::test]
 async fn urls_open_namespaces_of_one_table() {
@@ -20,9 +22,10 @@ async fn urls_open_namespaces_of_one_table() {
         common::KEY_ID,
         common::SECRET
     );
-    let a = connect_url(&url, "app-a").await.unwrap();
-    let b = connect_url(&url, "app-b").await.unwrap();
-    assert_eq!(a.namespace().unwrap().as_str(), "app-a", "the argument wins over the URL");
+    let open = |ns: &'static str| DynamoDbStore::builder().url(&url).namespace(ns).connect();
+    let a = open("app-a").await.unwrap();
+    let b = open("app-b").await.unwrap();
+    assert_eq!(a.namespace().as_str(), "app-a", "the builder wins over the URL");
     for i in 0..5 {
         a.create_lease(&Lease::new(format!("s{i}"), Position::TrimHorizon)).await.unwrap();
     }

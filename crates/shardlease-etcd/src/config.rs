@@ -1,15 +1,14 @@
-//! The connection settings of an etcd store, and the `etcd://` URL that spells them.
+//! The `etcd://` URL that spells an etcd store's settings, its defaults and bounds.
 //!
 //! `etcd://[user:password@]host[:port][,host[:port]...][/][?options]` (`etcds://` for TLS). The
-//! `url` crate cannot parse a host list, so the URL is taken apart here by hand; the password is
-//! percent-decoded, and it never appears in an error, a log line or `Debug` output (see
-//! [`redact_url`]).
+//! `url` crate cannot parse a host list, so the URL is taken apart by core's
+//! [`HostListUrl`]; the password is percent-decoded, and it never appears in an error, a log
+//! line or `Debug` output (see [`redact_url`]). The builder (`builder.rs`) lays what it is told
+//! over what the URL says.
 
-use std::fmt;
 use std::time::Duration;
 
-use shardlease_core::store::url::{percent_decode, QueryOptions, NAMESPACE_OPTION};
-use shardlease_core::store::{Redactor, MASK};
+use shardlease_core::store::url::{percent_decode, HostListUrl, QueryOptions, NAMESPACE_OPTION};
 use shardlease_core::{Error, Result};
 
 /// The etcd client port used when a host names none.
@@ -23,8 +22,12 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The longest timeout a URL may set (an hour), in milliseconds.
+/// The longest timeout a URL or the builder may set (an hour), in milliseconds.
 const MAX_TIMEOUT_MS: u64 = 3_600_000;
+/// The same, as a duration.
+pub(crate) const MAX_TIMEOUT: Duration = Duration::from_millis(MAX_TIMEOUT_MS);
+/// The most records per range request a URL or the builder may ask for.
+pub(crate) const MAX_PAGE_SIZE: u64 = u32::MAX as u64;
 
 /// The options of an `etcd://` URL.
 const OPTIONS: &[&str] = &[
@@ -39,106 +42,55 @@ const OPTIONS: &[&str] = &[
     "watch",
 ];
 
-/// Everything needed to open an etcd store.
-#[derive(Clone)]
-pub struct EtcdOptions {
-    /// `host:port` of each endpoint.
-    pub endpoints: Vec<String>,
-    /// User name and password for etcd's authentication, if any.
-    pub credentials: Option<(String, String)>,
-    /// Whether to connect over TLS (`etcds://` or `tls=true`; needs the crate's `tls` feature).
-    pub tls: bool,
-    /// A PEM file of the certificate authority to trust for TLS (`ca_file=`); the system roots
-    /// otherwise.
-    pub ca_file: Option<String>,
-    /// The namespace named by the URL (`namespace=`), if any.
-    pub namespace: Option<String>,
-    /// The key prefix (`prefix=`).
-    pub key_prefix: String,
-    /// Records per range request (`page_size=`).
-    pub page_size: usize,
-    /// Per-request timeout (`timeout_ms=`).
-    pub request_timeout: Duration,
-    /// Connect timeout (`connect_timeout_ms=`).
-    pub connect_timeout: Duration,
-    /// Whether the store offers change notification (`watch=false` turns it off).
-    pub watch: bool,
+/// What an `etcd://` URL sets: every field is `None` where the URL says nothing, so the builder
+/// can tell its own values, the URL's and the defaults apart.
+#[derive(Default, PartialEq)]
+pub(crate) struct UrlSettings {
+    /// `host:port` of each endpoint (the default port added where none is given).
+    pub(crate) endpoints: Vec<String>,
+    /// User name and password (percent-decoded).
+    pub(crate) credentials: Option<(String, String)>,
+    /// `true` for `etcds://`; `tls=` otherwise.
+    pub(crate) tls: Option<bool>,
+    pub(crate) ca_file: Option<String>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) key_prefix: Option<String>,
+    pub(crate) page_size: Option<usize>,
+    pub(crate) request_timeout: Option<Duration>,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) watch: Option<bool>,
 }
 
-impl Default for EtcdOptions {
-    fn default() -> Self {
-        EtcdOptions {
-            endpoints: vec![format!("127.0.0.1:{DEFAULT_PORT}")],
-            credentials: None,
-            tls: false,
-            ca_file: None,
-            namespace: None,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            page_size: DEFAULT_PAGE_SIZE,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            watch: true,
-        }
-    }
-}
-
-impl fmt::Debug for EtcdOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdOptions")
-            .field("endpoints", &self.endpoints)
-            .field("user", &self.credentials.as_ref().map(|(u, _)| u))
-            .field("password", &self.credentials.as_ref().map(|_| MASK))
-            .field("tls", &self.tls)
-            .field("ca_file", &self.ca_file)
-            .field("namespace", &self.namespace)
-            .field("key_prefix", &self.key_prefix)
-            .field("page_size", &self.page_size)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("watch", &self.watch)
-            .finish()
-    }
-}
-
-impl EtcdOptions {
+impl UrlSettings {
     /// Parses an `etcd://` or `etcds://` URL. Errors never repeat the URL (it may hold a
     /// password).
-    pub fn from_url(url: &str) -> Result<EtcdOptions> {
-        let (tls, rest) = if let Some(r) = url.strip_prefix("etcd://") {
-            (false, r)
-        } else if let Some(r) = url.strip_prefix("etcds://") {
-            (true, r)
-        } else {
-            return Err(Error::Config("an etcd store URL starts with etcd:// or etcds://".into()));
-        };
-        let (before_query, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
-        };
-        let authority = match before_query.split_once('/') {
-            Some((a, "")) => a,
-            Some(_) => {
-                return Err(Error::Config(
-                    "an etcd store URL has no path; name the namespace with ?namespace=".into(),
-                ))
+    pub(crate) fn parse(url: &str) -> Result<UrlSettings> {
+        let parts = HostListUrl::split(url)
+            .filter(|p| p.scheme == "etcd" || p.scheme == "etcds")
+            .ok_or_else(|| {
+            Error::Config("an etcd store URL starts with etcd:// or etcds://".into())
+        })?;
+        let tail = parts.tail.split('#').next().unwrap_or_default();
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        if !matches!(path, "" | "/") {
+            return Err(Error::Config(
+                "an etcd store URL has no path; name the namespace with ?namespace=".into(),
+            ));
+        }
+        let mut o = UrlSettings::default();
+        if parts.scheme == "etcds" {
+            o.tls = Some(true);
+        }
+        if let Some(userinfo) = parts.userinfo {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            let user = percent_decode(user);
+            if user.is_empty() {
+                return Err(Error::Config("etcd URL: a password needs a user name".into()));
             }
-            None => before_query,
-        };
-        let mut o = EtcdOptions { tls, ..EtcdOptions::default() };
-        let hosts = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => {
-                let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-                let user = percent_decode(user);
-                if user.is_empty() {
-                    return Err(Error::Config("etcd URL: a password needs a user name".into()));
-                }
-                o.credentials = Some((user, percent_decode(password)));
-                hosts
-            }
-            None => authority,
-        };
-        o.endpoints = hosts.split(',').map(endpoint).collect::<Result<_>>()?;
-        let mut q = QueryOptions::parse("etcd", query.unwrap_or(""))?;
+            o.credentials = Some((user, percent_decode(password)));
+        }
+        o.endpoints = parts.hosts().map(endpoint).collect::<Result<_>>()?;
+        let mut q = QueryOptions::parse("etcd", query)?;
         o.namespace = q.string(NAMESPACE_OPTION)?;
         let prefix = q.non_empty("prefix")?;
         let key_prefix = q.non_empty("key_prefix")?;
@@ -147,41 +99,29 @@ impl EtcdOptions {
                 "etcd URL: give the key prefix once, as prefix= (key_prefix= is its alias)".into(),
             ));
         }
-        if let Some(p) = prefix.or(key_prefix) {
-            o.key_prefix = p;
+        o.key_prefix = prefix.or(key_prefix);
+        o.page_size = q
+            .integer("page_size", 1..=MAX_PAGE_SIZE)?
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        o.request_timeout = q.millis("timeout_ms", 1..=MAX_TIMEOUT_MS)?;
+        o.connect_timeout = q.millis("connect_timeout_ms", 1..=MAX_TIMEOUT_MS)?;
+        if let Some(tls) = q.bool("tls")? {
+            o.tls = Some(tls);
         }
-        if let Some(n) = q.integer("page_size", 1..=u64::from(u32::MAX))? {
-            o.page_size = usize::try_from(n).unwrap_or(usize::MAX);
-        }
-        if let Some(d) = q.millis("timeout_ms", 1..=MAX_TIMEOUT_MS)? {
-            o.request_timeout = d;
-        }
-        if let Some(d) = q.millis("connect_timeout_ms", 1..=MAX_TIMEOUT_MS)? {
-            o.connect_timeout = d;
-        }
-        o.tls = q.bool("tls")?.unwrap_or(o.tls);
         o.ca_file = q.string("ca_file")?;
-        o.watch = q.bool("watch")?.unwrap_or(o.watch);
+        o.watch = q.bool("watch")?;
         q.finish(OPTIONS)?;
         Ok(o)
-    }
-
-    /// A redactor for this configuration's password.
-    pub(crate) fn redactor(&self) -> Redactor {
-        match &self.credentials {
-            Some((_, p)) => Redactor::new([p.as_str()]),
-            None => Redactor::default(),
-        }
     }
 }
 
 /// `host[:port]` checked, with the default port added.
-fn endpoint(host: &str) -> Result<String> {
+pub(crate) fn endpoint(host: &str) -> Result<String> {
     if host.is_empty() {
-        return Err(Error::Config("etcd URL: an empty host in the host list".into()));
+        return Err(Error::Config("etcd: an empty host in the host list".into()));
     }
-    if host.contains(['/', '@', ' ']) {
-        return Err(Error::Config("etcd URL: a malformed host in the host list".into()));
+    if host.contains(['/', '@', ' ', ',', '?', '#']) {
+        return Err(Error::Config("etcd: a malformed host in the host list".into()));
     }
     let has_port = match host.rsplit_once(':') {
         // `[::1]:2379`, `host:2379`; a bare `[::1]` or an IPv6 address without brackets has none.
@@ -191,7 +131,7 @@ fn endpoint(host: &str) -> Result<String> {
     if has_port {
         let port = host.rsplit_once(':').map(|(_, p)| p).unwrap_or_default();
         port.parse::<u16>()
-            .map_err(|_| Error::Config("etcd URL: a port is not a number 0-65535".into()))?;
+            .map_err(|_| Error::Config("etcd: a port is not a number 0-65535".into()))?;
         Ok(host.to_owned())
     } else {
         Ok(format!("{host}:{DEFAULT_PORT}"))
@@ -208,7 +148,7 @@ mod tests {
 
     #[test]
     fn a_host_list_credentials_and_options_parse() {
-        let o = EtcdOptions::from_url(
+        let o = UrlSettings::parse(
             "etcd://app:p%40ss%2Bw@10.0.0.1:2379,10.0.0.2,[::1]:2380/?namespace=orders&prefix=x&\
              page_size=7&timeout_ms=1500&watch=false",
         )
@@ -216,13 +156,16 @@ mod tests {
         assert_eq!(o.endpoints, ["10.0.0.1:2379", "10.0.0.2:2379", "[::1]:2380"]);
         assert_eq!(o.credentials, Some(("app".to_owned(), "p@ss+w".to_owned())));
         assert_eq!(o.namespace.as_deref(), Some("orders"));
-        assert_eq!(o.key_prefix, "x");
-        assert_eq!(o.page_size, 7);
-        assert_eq!(o.request_timeout, Duration::from_millis(1500));
-        assert!(!o.watch && !o.tls);
-        let debug = format!("{o:?}");
-        assert!(!debug.contains("p@ss") && debug.contains("***"), "{debug}");
-        assert!(EtcdOptions::from_url("etcds://h").unwrap().tls);
+        assert_eq!(o.key_prefix.as_deref(), Some("x"));
+        assert_eq!(o.page_size, Some(7));
+        assert_eq!(o.request_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!((o.watch, o.tls, o.connect_timeout), (Some(false), None, None));
+        assert_eq!(UrlSettings::parse("etcds://h").unwrap().tls, Some(true));
+        assert_eq!(UrlSettings::parse("etcds://h?tls=false").unwrap().tls, Some(false));
+        let bare = UrlSettings::parse("etcd://h/#fragment").unwrap();
+        assert_eq!(bare.endpoints, ["h:2379"]);
+        let defaults = UrlSettings { endpoints: bare.endpoints.clone(), ..UrlSettings::default() };
+        assert!(bare == defaults, "a bare URL sets nothing but its endpoint");
     }
 
     #[test]
@@ -231,6 +174,7 @@ mod tests {
             "etcd://u:hunter2@",
             "etcd://u:hunter2@h:99999",
             "etcd://u:hunter2@h/ns",
+            "etcd://u:hunter2@h,",
             "etcd://u:hunter2@h?bogus=1",
             "etcd://:hunter2@h",
             "etcd://u:hunter2@h?watch=maybe",
@@ -241,10 +185,22 @@ mod tests {
             "etcd://u:hunter2@h?prefix=",
             "http://u:hunter2@h",
         ] {
-            match EtcdOptions::from_url(bad) {
+            match UrlSettings::parse(bad) {
                 Err(Error::Config(m)) => assert!(!m.contains("hunter2"), "{bad}: {m}"),
-                other => panic!("{bad}: expected a config error, got {other:?}"),
+                Err(e) => panic!("{bad}: expected a config error, got {e:?}"),
+                Ok(_) => panic!("{bad}: expected a config error, got settings"),
             }
+        }
+    }
+
+    #[test]
+    fn endpoints_get_the_default_port() {
+        assert_eq!(endpoint("h").unwrap(), "h:2379");
+        assert_eq!(endpoint("h:1").unwrap(), "h:1");
+        assert_eq!(endpoint("[::1]").unwrap(), "[::1]:2379");
+        assert_eq!(endpoint("[::1]:2380").unwrap(), "[::1]:2380");
+        for bad in ["", "h:70000", "h/x", "a,b", "u@h", "h h"] {
+            assert!(matches!(endpoint(bad), Err(Error::Config(_))), "{bad:?}");
         }
     }
 

@@ -1,4 +1,4 @@
-//! Opening the etcd client from [`EtcdOptions`]: endpoints, timeouts, credentials, TLS.
+//! Opening the etcd client the builder describes: endpoints, timeouts, credentials, TLS.
 //!
 //! The client keeps one gRPC channel balanced over the endpoints; it reconnects by itself after a
 //! server restart, so a store survives one (calls in between fail as retryable). HTTP/2
@@ -10,13 +10,13 @@ use etcd_client::{Client, ConnectOptions};
 use shardlease_core::store::Redactor;
 use shardlease_core::{Error, Result};
 
-use crate::config::EtcdOptions;
+use crate::builder::ConnectSettings;
 use crate::errors::backend;
 
 /// How often an idle connection is pinged, and how long a ping may go unanswered.
 const KEEP_ALIVE: (Duration, Duration) = (Duration::from_secs(5), Duration::from_secs(5));
 
-pub(crate) async fn connect(options: &EtcdOptions, redactor: &Redactor) -> Result<Client> {
+pub(crate) async fn connect(options: &ConnectSettings, redactor: &Redactor) -> Result<Client> {
     let mut connect = ConnectOptions::new()
         .with_timeout(options.request_timeout)
         .with_connect_timeout(options.connect_timeout)
@@ -37,7 +37,7 @@ pub(crate) async fn connect(options: &EtcdOptions, redactor: &Redactor) -> Resul
 }
 
 #[cfg(feature = "tls")]
-fn tls(connect: ConnectOptions, options: &EtcdOptions) -> Result<ConnectOptions> {
+fn tls(connect: ConnectOptions, options: &ConnectSettings) -> Result<ConnectOptions> {
     let mut tls = etcd_client::TlsOptions::new().with_enabled_roots();
     if let Some(path) = &options.ca_file {
         let pem = std::fs::read(path)
@@ -48,7 +48,7 @@ fn tls(connect: ConnectOptions, options: &EtcdOptions) -> Result<ConnectOptions>
 }
 
 #[cfg(not(feature = "tls"))]
-fn tls(_connect: ConnectOptions, _options: &EtcdOptions) -> Result<ConnectOptions> {
+fn tls(_connect: ConnectOptions, _options: &ConnectSettings) -> Result<ConnectOptions> {
     Err(Error::Config(
         "etcd over TLS needs the `tls` feature of shardlease-etcd (`etcd-tls` on the shardlease \
          crate)"

@@ -4,64 +4,39 @@
 //! refused connection, a timeout, a server without a leader or too busy (`Unavailable`,
 //! `DeadlineExceeded`, `ResourceExhausted`, `Aborted`, `Cancelled`, `Unknown`, `Internal`) may
 //! succeed when repeated; a wrong password, a missing permission or a malformed request will
-//! not. Every message passes through the [`Redactor`] so the password never leaves the crate.
+//! not. A gRPC failure is judged by its `tonic::Code` (etcd-client's `GRpcStatus` carries a
+//! `tonic::Status`), never by its text. Every message passes through the [`Redactor`] so the
+//! password never leaves the crate.
 
 use etcd_client::Error as EtcdError;
 use shardlease_core::store::Redactor;
 use shardlease_core::Error;
+use tonic::Code;
 
 /// Whether repeating the call that failed with `e` may succeed.
 pub(crate) fn is_retryable(e: &EtcdError) -> bool {
-    use tonic_code::*;
     match e {
-        EtcdError::GRpcStatus(s) => !matches!(
-            code_of(s),
-            INVALID_ARGUMENT
-                | NOT_FOUND
-                | ALREADY_EXISTS
-                | PERMISSION_DENIED
-                | UNAUTHENTICATED
-                | FAILED_PRECONDITION
-                | OUT_OF_RANGE
-                | UNIMPLEMENTED
-        ),
+        EtcdError::GRpcStatus(status) => code_is_retryable(status.code()),
         EtcdError::TransportError(_) | EtcdError::IoError(_) | EtcdError::WatchError(_) => true,
         EtcdError::EndpointError(_) | EtcdError::Internal(_) => true,
         _ => false,
     }
 }
 
-/// gRPC status codes by number, so this crate does not depend on tonic directly.
-mod tonic_code {
-    pub(super) const INVALID_ARGUMENT: i32 = 3;
-    pub(super) const NOT_FOUND: i32 = 5;
-    pub(super) const ALREADY_EXISTS: i32 = 6;
-    pub(super) const PERMISSION_DENIED: i32 = 7;
-    pub(super) const FAILED_PRECONDITION: i32 = 9;
-    pub(super) const OUT_OF_RANGE: i32 = 11;
-    pub(super) const UNIMPLEMENTED: i32 = 12;
-    pub(super) const UNAUTHENTICATED: i32 = 16;
-
-    pub(super) fn code_of<S: std::fmt::Debug>(status: &S) -> i32 {
-        // `tonic::Status` is not re-exported by etcd-client; its `Debug` begins with the code's
-        // name, which maps back to the number.
-        let text = format!("{status:?}");
-        let names = [
-            ("InvalidArgument", INVALID_ARGUMENT),
-            ("NotFound", NOT_FOUND),
-            ("AlreadyExists", ALREADY_EXISTS),
-            ("PermissionDenied", PERMISSION_DENIED),
-            ("FailedPrecondition", FAILED_PRECONDITION),
-            ("OutOfRange", OUT_OF_RANGE),
-            ("Unimplemented", UNIMPLEMENTED),
-            ("Unauthenticated", UNAUTHENTICATED),
-        ];
-        names
-            .iter()
-            .find(|(name, _)| text.contains(&format!("code: {name}")))
-            .map(|(_, n)| *n)
-            .unwrap_or(-1)
-    }
+/// Whether a call answered with gRPC status `code` may succeed when repeated: every code but
+/// those that say the request itself is wrong or not allowed.
+fn code_is_retryable(code: Code) -> bool {
+    !matches!(
+        code,
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::Unimplemented
+    )
 }
 
 /// `Error::Backend` for a failure of `what` (free of secrets), keeping `e` as the source unless
@@ -83,9 +58,42 @@ mod tests {
     #[test]
     fn connection_failures_retry_and_bad_arguments_do_not() {
         assert!(is_retryable(&EtcdError::WatchError("stream closed".into())));
+        assert!(is_retryable(&EtcdError::EndpointError("gone".into())));
         assert!(!is_retryable(&EtcdError::InvalidArgs("bad".into())));
         let e = backend(&Redactor::new(["pw"]), "get", EtcdError::InvalidArgs("user u pw".into()));
         let shown = format!("{e} {e:?}");
         assert!(!shown.contains("pw") && !e.is_retryable(), "{shown}");
+    }
+
+    /// Every gRPC code, classified by the code alone: the message is written to mislead a
+    /// classification by text.
+    #[test]
+    fn each_grpc_code_is_classified_by_the_code() {
+        let cases = [
+            (Code::Ok, true),
+            (Code::Cancelled, true),
+            (Code::Unknown, true),
+            (Code::InvalidArgument, false),
+            (Code::DeadlineExceeded, true),
+            (Code::NotFound, false),
+            (Code::AlreadyExists, false),
+            (Code::PermissionDenied, false),
+            (Code::ResourceExhausted, true),
+            (Code::FailedPrecondition, false),
+            (Code::Aborted, true),
+            (Code::OutOfRange, false),
+            (Code::Unimplemented, false),
+            (Code::Internal, true),
+            (Code::Unavailable, true),
+            (Code::DataLoss, true),
+            (Code::Unauthenticated, false),
+        ];
+        for (code, retryable) in cases {
+            let misleading = if retryable { "code: InvalidArgument" } else { "code: Unavailable" };
+            let e = EtcdError::GRpcStatus(tonic::Status::new(code, misleading));
+            assert_eq!(is_retryable(&e), retryable, "{code:?}");
+            let mapped = backend(&Redactor::default(), "get", e);
+            assert_eq!(mapped.is_retryable(), retryable, "{code:?}: {mapped}");
+        }
     }
 }

@@ -1,18 +1,32 @@
 //! # shardlease-etcd
 //!
-//! A [`LeaseStore`] on etcd v3 (through the `etcd-client` crate, gRPC), with change notification:
-//! an etcd watch lets workers act on a released lease, a claim, a worker that joined or left, or
-//! a shard end at once instead of at their next heartbeat or balance pass.
+//! A [`LeaseStore`](shardlease_core::store::LeaseStore) on etcd v3 (through the `etcd-client` crate,
+//! gRPC), with change notification: an etcd watch lets workers act on a released lease, a claim,
+//! a worker that joined or left, or a shard end at once instead of at their next heartbeat or
+//! balance pass.
 //!
-//! Connect with [`EtcdStore::connect`] (a URL), [`EtcdStore::connect_with`] ([`EtcdOptions`]),
-//! [`EtcdStore::from_client`] (an `etcd_client::Client` you built), or through the `shardlease`
-//! facade with its `etcd` feature: `shardlease::connect("etcd://127.0.0.1:2379?namespace=orders")`.
+//! Open a store with [`EtcdStore::builder`] (a URL, a list of endpoints, or an
+//! `etcd_client::Client` you built, plus options), or through the `shardlease` facade with its
+//! `etcd` feature: `shardlease::connect("etcd://127.0.0.1:2379?namespace=orders")`.
+//!
+//! ```no_run
+//! # async fn demo() -> shardlease_core::Result<()> {
+//! use shardlease_etcd::EtcdStore;
+//! let store = EtcdStore::builder()
+//!     .url("etcd://10.0.0.1:2379,10.0.0.2:2379?namespace=orders")
+//!     .watch(false)
+//!     .connect()
+//!     .await?;
+//! # let _ = store; Ok(()) }
+//! ```
+//!
+//! The URL's options, each of which the builder has too (a value set on the builder wins):
 //!
 //! ```text
 //! etcd://[user:password@]host[:port][,host[:port]...][/][?option=value&...]
 //! etcds://...            TLS (needs this crate's `tls` feature; `etcd-tls` on the facade)
 //!
-//! namespace=NAME         the namespace (the facade's default: `default`)
+//! namespace=NAME         the namespace, default `default`
 //! prefix=PREFIX          key prefix, default `shardlease`
 //! page_size=N            records per range request when listing, default 500 (at least 1)
 //! timeout_ms=N           per-request timeout, default 5000 (1 to 3600000)
@@ -43,15 +57,17 @@
 //!
 //! ## Change notification
 //!
-//! [`LeaseStore::subscribe_changes`] reads the namespace's leases once and opens one etcd watch on
-//! the namespace's prefix from the next revision (the stream keeps each lease's previous state
-//! itself rather than asking etcd for `prev_kv`), turned into `shardlease_core::store::StoreChange` notices; the core decides which
-//! call for a listing (ownership changes, not checkpoints). Each worker holds one watch; every
-//! write in the namespace (checkpoints and heartbeats included) is sent to every worker's watch.
-//! `watch=false` (or [`EtcdStore::with_watch`]) turns it off.
+//! [`LeaseStore::subscribe_changes`](shardlease_core::store::LeaseStore::subscribe_changes) reads the
+//! namespace's leases once and opens one etcd watch on the namespace's prefix from the next
+//! revision (the stream keeps each lease's previous state itself rather than asking etcd for
+//! `prev_kv`), turned into `shardlease_core::store::StoreChange` notices; the core decides which call
+//! for a listing (ownership changes, not checkpoints). Each worker holds one watch; every write
+//! in the namespace (checkpoints and heartbeats included) is sent to every worker's watch.
+//! `watch=false` (or [`EtcdStoreBuilder::watch`]) turns it off.
 //!
 //! docs/etcd.md in the repository has the details and the measured figures.
 
+mod builder;
 pub mod codec;
 mod config;
 mod connection;
@@ -60,24 +76,13 @@ mod keys;
 mod store;
 mod watch;
 
-use std::sync::Arc;
-
-use shardlease_core::store::LeaseStore;
-use shardlease_core::Result;
-
+pub use builder::EtcdStoreBuilder;
 pub use config::{
-    redact_url, EtcdOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PAGE_SIZE,
-    DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
+    redact_url, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PAGE_SIZE, DEFAULT_PORT,
+    DEFAULT_REQUEST_TIMEOUT,
 };
 pub use store::EtcdStore;
 
-/// Re-export of the `etcd-client` crate, so callers of [`EtcdStore::from_client`] use the same
-/// version this crate was built with.
+/// Re-export of the `etcd-client` crate, so a client given to [`EtcdStoreBuilder::client`] is of
+/// the same version this crate was built with.
 pub use etcd_client;
-
-/// Opens `namespace` on the etcd named by `url`, as a shared [`LeaseStore`]: the entry point of
-/// the `shardlease` facade for `etcd://` and `etcds://` URLs. Any `namespace` option of the URL
-/// is ignored in favour of the argument.
-pub async fn connect_url(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-    Ok(Arc::new(EtcdStore::connect(url, namespace).await?))
-}

@@ -21,16 +21,16 @@ use shardlease_core::store::{
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
+use crate::builder::EtcdStoreBuilder;
 use crate::codec;
-use crate::config::EtcdOptions;
 use crate::errors::{backend, unexpected};
 use crate::keys::{range_end, Keys, Record};
 
 /// Per lease key, the version last read or written and the value bytes it had.
 type Seen = HashMap<String, (Version, Vec<u8>)>;
 
-/// A lease store on etcd v3, for one namespace. Cheap to clone (clones share the connection and
-/// the cache of last-seen versions).
+/// A lease store on etcd v3, for one namespace. Open one with [`EtcdStore::builder`]. Cheap to
+/// clone (clones share the connection and the cache of last-seen versions).
 #[derive(Clone)]
 pub struct EtcdStore {
     client: Client,
@@ -62,56 +62,33 @@ impl std::fmt::Debug for EtcdStore {
 }
 
 impl EtcdStore {
-    /// Connects to the etcd named by `url` (see the crate docs) and opens `namespace`; any
-    /// `namespace` option of the URL is ignored in favour of the argument.
-    pub async fn connect(url: &str, namespace: &str) -> Result<EtcdStore> {
-        let options = EtcdOptions::from_url(url)?;
-        EtcdStore::connect_with(&options, namespace).await
+    /// A builder: the one way to open a store (a URL, endpoints or a client of your own, and
+    /// options).
+    pub fn builder() -> EtcdStoreBuilder {
+        EtcdStoreBuilder::default()
     }
 
-    /// Connects with explicit options and opens `namespace`.
-    pub async fn connect_with(options: &EtcdOptions, namespace: &str) -> Result<EtcdStore> {
-        let redactor = options.redactor();
-        let client = crate::connection::connect(options, &redactor).await?;
-        let mut store = EtcdStore::from_client(client, namespace, &options.key_prefix)?;
-        store.page_size = options.page_size.max(1);
-        store.watch = options.watch;
-        store.redactor = redactor;
-        Ok(store)
-    }
-
-    /// Opens `namespace` through an existing client, under `key_prefix`
-    /// ([`DEFAULT_KEY_PREFIX`](crate::DEFAULT_KEY_PREFIX) is what URLs use).
-    pub fn from_client(client: Client, namespace: &str, key_prefix: &str) -> Result<EtcdStore> {
+    /// The store over `client`, every setting checked by the builder.
+    pub(crate) fn assemble(
+        client: Client,
+        namespace: Namespace,
+        key_prefix: &str,
+        page_size: usize,
+        watch: bool,
+        redactor: Redactor,
+    ) -> EtcdStore {
         // Core's rule is all etcd needs: keys take any bytes, and a `/` in a namespace is
         // escaped (see `keys.rs`).
-        let checked = Namespace::new(namespace)?;
-        if key_prefix.is_empty() {
-            return Err(Error::Config("the etcd key prefix must not be empty".into()));
-        }
-        Ok(EtcdStore {
+        EtcdStore {
             client,
-            keys: Keys::new(key_prefix, namespace),
-            namespace: checked,
-            page_size: crate::DEFAULT_PAGE_SIZE,
-            watch: true,
-            redactor: Redactor::default(),
+            keys: Keys::new(key_prefix, namespace.as_str()),
+            namespace,
+            page_size,
+            watch,
+            redactor,
             seen: Arc::new(Mutex::new(HashMap::new())),
             beats: Arc::new(Mutex::new(HashMap::new())),
-        })
-    }
-
-    /// Records per range request when listing (at least 1).
-    pub fn with_page_size(mut self, page_size: usize) -> Self {
-        self.page_size = page_size.max(1);
-        self
-    }
-
-    /// Turns change notification (an etcd watch, see [`LeaseStore::subscribe_changes`]) on or
-    /// off. On by default.
-    pub fn with_watch(mut self, watch: bool) -> Self {
-        self.watch = watch;
-        self
+        }
     }
 
     /// The client, for raw access (tests, tools).

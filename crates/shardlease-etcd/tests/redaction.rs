@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use shardlease_core::store::LeaseStore;
 use shardlease_core::Result;
-use shardlease_etcd::{redact_url, EtcdOptions, EtcdStore};
+use shardlease_etcd::{redact_url, EtcdStore};
 use shardlease_testkit::extensions::redaction::{assert_hidden, renderings};
 use shardlease_testkit::extensions::SecretUrl;
 
@@ -28,10 +28,10 @@ impl SecretUrl for EtcdUrls {
         vec![format!("etcd://app:{secret}@127.0.0.1:{port}?connect_timeout_ms=300&timeout_ms=300")]
     }
     async fn connect(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(EtcdStore::connect(url, "ns").await?))
+        Ok(Arc::new(EtcdStore::builder().url(url).namespace("ns").connect().await?))
     }
     fn builder_debug(&self, url: &str) -> Option<String> {
-        Some(format!("{:?}", EtcdOptions::from_url(url).unwrap()))
+        Some(format!("{:?}", EtcdStore::builder().url(url).namespace("ns")))
     }
 }
 
@@ -42,9 +42,8 @@ async fn credentials_refused_by_the_server_never_show() {
     let Some(base) = shardlease_testkit::suite::env_or_skip(common::URL_VAR) else { return };
     let host = base.trim_start_matches("etcd://").trim_end_matches('/');
     let url = format!("etcd://app:{SECRET}@{host}?timeout_ms=2000");
-    let result = tokio::time::timeout(Duration::from_secs(10), EtcdStore::connect(&url, "ns"))
-        .await
-        .expect("connect answers");
+    let connect = EtcdStore::builder().url(&url).namespace("ns").connect();
+    let result = tokio::time::timeout(Duration::from_secs(10), connect).await.expect("answers");
     match result {
         Err(e) => assert_hidden("a refused login", &renderings(&e), &[SECRET]),
         Ok(store) => assert_hidden("the store's Debug", &format!("{store:?}"), &[SECRET]),

@@ -26,8 +26,14 @@ struct Server(common::PrivateEtcd);
 #[async_trait]
 impl RestartServer for Server {
     async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        let url = format!("{}?timeout_ms=1000&connect_timeout_ms=500", self.0.url());
-        Ok(Arc::new(EtcdStore::connect(&url, namespace).await?))
+        let store = EtcdStore::builder()
+            .url(self.0.url())
+            .namespace(namespace)
+            .request_timeout(Duration::from_millis(1000))
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+            .await?;
+        Ok(Arc::new(store))
     }
     fn kill(&mut self) {
         self.0.kill();

@@ -1,9 +1,9 @@
 //! # shardlease-redis
 //!
-//! A [`LeaseStore`] on Redis (standalone; the key layout is ready
-//! for Redis Cluster). Connect with [`RedisStore::connect`], [`RedisStore::builder`] or, through
-//! the `shardlease` facade with its `redis` feature, by URL: `redis://[[user]:password@]host
-//! [:port][/db][?namespace=NAME&key_prefix=PREFIX]`.
+//! A [`LeaseStore`](shardlease_core::store::LeaseStore) on Redis (standalone; the key layout is ready
+//! for Redis Cluster). Open one with [`RedisStore::builder`] (a URL or a connection manager of
+//! your own, plus options) or, through the `shardlease` facade with its `redis` feature, by URL:
+//! `redis://[[user]:password@]host[:port][/db][?namespace=NAME&key_prefix=PREFIX]`.
 //!
 //! `rediss://` (TLS) needs this crate's `tls` feature (`redis-tls` on the facade): rustls with the
 //! aws-lc-rs provider, the crypto stack the AWS SDK crates of this workspace already use, so a
@@ -14,7 +14,8 @@
 //! ```no_run
 //! # async fn demo() -> shardlease_core::Result<()> {
 //! use shardlease_redis::RedisStore;
-//! let store = RedisStore::builder("redis://127.0.0.1:6379/0")
+//! let store = RedisStore::builder()
+//!     .url("redis://127.0.0.1:6379/0")
 //!     .namespace("orders")
 //!     .key_prefix("shardlease")
 //!     .connect()
@@ -84,32 +85,23 @@
 //! failures, timeouts and `BUSY`/`LOADING`/`TRYAGAIN`-like replies are retryable
 //! `Error::Backend`s. The password never appears in an error, a log line or `Debug` output.
 
+mod builder;
 mod codec;
 mod errors;
 mod keys;
 mod scripts;
 mod store;
 
-use std::sync::Arc;
-
-use shardlease_core::store::LeaseStore;
-use shardlease_core::Result;
-
+pub use builder::{
+    RedisStoreBuilder, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PAGE_SIZE,
+    DEFAULT_RESPONSE_TIMEOUT,
+};
 /// `url` with every secret masked, for logs and messages (core's, the one every store uses).
 pub use shardlease_core::store::url::redact_url;
-pub use store::{
-    RedisStore, RedisStoreBuilder, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_KEY_PREFIX,
-    DEFAULT_NAMESPACE, DEFAULT_PAGE_SIZE, DEFAULT_RESPONSE_TIMEOUT,
-};
+/// The namespace used when the URL or builder names none (defined once, in core).
+pub use shardlease_core::DEFAULT_NAMESPACE;
+pub use store::RedisStore;
 
-/// Re-export of the `redis` crate, so callers of [`RedisStore::from_manager`] use the same
-/// version this crate was built with.
+/// Re-export of the `redis` crate, so a connection manager given to
+/// [`RedisStoreBuilder::connection_manager`] is of the version this crate was built with.
 pub use redis;
-
-/// Opens `namespace` on the Redis server at `url`, as a shared [`LeaseStore`]: the entry point
-/// of the `shardlease` facade for `redis://` and `rediss://` URLs. A `key_prefix` query
-/// parameter sets the key prefix; any `namespace` parameter is ignored in favour of the argument.
-pub async fn connect_url(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-    let store = RedisStore::builder(url).namespace(namespace).connect().await?;
-    Ok(Arc::new(store))
-}

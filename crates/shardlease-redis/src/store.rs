@@ -1,4 +1,4 @@
-//! [`RedisStore`]: the [`LeaseStore`] contract on Redis, and its builder.
+//! [`RedisStore`]: the [`LeaseStore`] contract on Redis (its builder is in `builder.rs`).
 //!
 //! Reads are plain commands (`HGETALL`, `ZRANGE … BYLEX` pages plus pipelined `HGETALL`s);
 //! every write that must be atomic per record is one of the Lua scripts of
@@ -8,7 +8,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
@@ -17,38 +16,17 @@ use shardlease_core::store::{
     CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
-use tracing::debug;
-use url::Url;
 
+use crate::builder::RedisStoreBuilder;
 use crate::codec::{self, Fields};
 use crate::errors::{backend, unexpected};
 use crate::keys::Keys;
 use crate::scripts::Scripts;
-use shardlease_core::store::url::{self as store_url, redact_url, QueryOptions, NAMESPACE_OPTION};
 use shardlease_core::store::Redactor;
-
-/// The key prefix used unless another is configured.
-pub const DEFAULT_KEY_PREFIX: &str = "shardlease";
-
-/// The namespace used when the URL or builder names none (defined once, in core).
-pub use shardlease_core::DEFAULT_NAMESPACE;
-
-/// How many index entries one listing page reads, unless configured.
-pub const DEFAULT_PAGE_SIZE: usize = 500;
-
-/// How long one command may take before it fails (retryably), unless configured.
-pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// How long connecting may take before it fails (retryably), unless configured.
-pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// URL query parameters this crate reads (and strips before handing the URL to the driver).
-const KEY_PREFIX_PARAM: &str = "key_prefix";
 
 /// A [`LeaseStore`] on Redis, for one namespace.
 ///
-/// Cheap to clone: clones share one connection manager. Build it with [`RedisStore::connect`],
-/// [`RedisStore::builder`] or [`RedisStore::from_manager`].
+/// Cheap to clone: clones share one connection manager. Open one with [`RedisStore::builder`].
 #[derive(Clone)]
 pub struct RedisStore {
     conn: ConnectionManager,
@@ -76,179 +54,6 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// Builds a [`RedisStore`]: see [`RedisStore::builder`].
-#[derive(Clone)]
-pub struct RedisStoreBuilder {
-    url: String,
-    namespace: Option<String>,
-    key_prefix: Option<String>,
-    page_size: usize,
-    response_timeout: Duration,
-    connection_timeout: Duration,
-    /// PEM root certificates trusted for `rediss://` instead of the system's.
-    #[cfg(feature = "tls")]
-    tls_root_pem: Option<Vec<u8>>,
-}
-
-impl fmt::Debug for RedisStoreBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("url", &redact_url(&self.url))
-            .field("namespace", &self.namespace)
-            .field("key_prefix", &self.key_prefix)
-            .field("page_size", &self.page_size)
-            .field("response_timeout", &self.response_timeout)
-            .field("connection_timeout", &self.connection_timeout)
-            .finish()
-    }
-}
-
-impl RedisStoreBuilder {
-    /// The namespace (application name) the store reads and writes. Overrides a `namespace`
-    /// query parameter of the URL; the default is [`DEFAULT_NAMESPACE`].
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = Some(namespace.into());
-        self
-    }
-
-    /// The first part of every key's hash tag (default [`DEFAULT_KEY_PREFIX`]), to keep
-    /// shardlease's keys apart from other data in the same database. Overrides a `key_prefix`
-    /// query parameter of the URL.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = Some(prefix.into());
-        self
-    }
-
-    /// How many leases one listing page reads (default [`DEFAULT_PAGE_SIZE`], at least 1).
-    pub fn page_size(mut self, n: usize) -> Self {
-        self.page_size = n.max(1);
-        self
-    }
-
-    /// How long one command may take (default [`DEFAULT_RESPONSE_TIMEOUT`]).
-    pub fn response_timeout(mut self, d: Duration) -> Self {
-        self.response_timeout = d;
-        self
-    }
-
-    /// How long one connection attempt may take (default [`DEFAULT_CONNECTION_TIMEOUT`]).
-    pub fn connection_timeout(mut self, d: Duration) -> Self {
-        self.connection_timeout = d;
-        self
-    }
-
-    /// Trusts these PEM root certificates for `rediss://` instead of the system's (a private
-    /// CA, typically). Only with the `tls` feature.
-    #[cfg(feature = "tls")]
-    pub fn tls_root_certificates_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_pem = Some(pem.into());
-        self
-    }
-
-    /// Connects to the server and returns the store. Fails with `Error::Config` for a malformed
-    /// URL or options, and `Error::Backend` when the server cannot be reached (retryable) or
-    /// refuses the credentials (permanent). No message ever holds the password.
-    pub async fn connect(self) -> Result<RedisStore> {
-        let parsed = parse_url(&self.url)?;
-        let redactor = store_url::redactor(parsed.url.as_str());
-        let target = redact_url(parsed.url.as_str());
-        let namespace =
-            self.namespace.or(parsed.namespace).unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
-        let key_prefix =
-            self.key_prefix.or(parsed.key_prefix).unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned());
-        let namespace = Namespace::new(namespace)?;
-        validate_key_prefix(&key_prefix)?;
-        if parsed.url.scheme() == "rediss" {
-            prepare_tls()?;
-        }
-        #[cfg(feature = "tls")]
-        let client = match self.tls_root_pem {
-            Some(root) => redis::Client::build_with_tls(
-                parsed.url.as_str(),
-                redis::TlsCertificates { client_tls: None, root_cert: Some(root) },
-            ),
-            None => redis::Client::open(parsed.url.as_str()),
-        };
-        #[cfg(not(feature = "tls"))]
-        let client = redis::Client::open(parsed.url.as_str());
-        let client = client.map_err(|e| {
-            Error::Config(format!(
-                "Redis URL {target} is not usable: {}",
-                redactor.scrub(&e.to_string())
-            ))
-        })?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| backend(&redactor, &format!("connecting to {target}"), e))?;
-        debug!(target = %target, namespace = %namespace, "connected to Redis");
-        Ok(RedisStore::assemble(conn, namespace, key_prefix, target, self.page_size, redactor))
-    }
-}
-
-/// A URL taken apart: what the driver gets, and the options this crate reads from it.
-struct ParsedUrl {
-    url: Url,
-    namespace: Option<String>,
-    key_prefix: Option<String>,
-}
-
-fn parse_url(raw: &str) -> Result<ParsedUrl> {
-    let mut url = Url::parse(raw).map_err(|e| {
-        Error::Config(format!(
-            "malformed Redis URL ({e}); expected redis://[:password@]host[:port][/db] or rediss://…"
-        ))
-    })?;
-    if !matches!(url.scheme(), "redis" | "rediss") {
-        return Err(Error::Config(format!(
-            "a Redis URL starts with redis:// or rediss://, not {}://",
-            url.scheme()
-        )));
-    }
-    let mut options = QueryOptions::from_url("Redis", &url)?;
-    let namespace = options.string(NAMESPACE_OPTION)?;
-    let key_prefix = options.string(KEY_PREFIX_PARAM)?;
-    let rest = options.into_rest();
-    if rest.is_empty() {
-        url.set_query(None);
-    } else {
-        url.query_pairs_mut().clear().extend_pairs(rest);
-    }
-    Ok(ParsedUrl { url, namespace, key_prefix })
-}
-
-/// Checks a key prefix (the namespace is checked by [`Namespace::new`]; Redis keys take any
-/// bytes, so the store adds no limit of its own).
-fn validate_key_prefix(key_prefix: &str) -> Result<()> {
-    if key_prefix.chars().any(char::is_control) {
-        return Err(Error::Config("the key prefix must not contain control characters".into()));
-    }
-    Ok(())
-}
-
-/// Makes `rediss://` work: rustls needs a process-wide crypto provider, and panics at connect
-/// time when several are compiled in and none was chosen; pick aws-lc-rs unless one is set.
-#[cfg(feature = "tls")]
-fn prepare_tls() -> Result<()> {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Fails only when another thread installed one first, which is just as good.
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    }
-    Ok(())
-}
-
-#[cfg(not(feature = "tls"))]
-fn prepare_tls() -> Result<()> {
-    Err(Error::Config(
-        "rediss:// (TLS) needs the `tls` feature of shardlease-redis (or `redis-tls` of shardlease)"
-            .into(),
-    ))
-}
-
 /// What one lease script replied.
 enum Reply {
     /// `created`/`updated` with the new version.
@@ -266,50 +71,14 @@ enum Reply {
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://[[user]:password@]host[:port][/db]`, or `rediss://` with the
-    /// `tls` feature) and opens `namespace` with the default options.
-    pub async fn connect(url: &str, namespace: &str) -> Result<RedisStore> {
-        RedisStore::builder(url).namespace(namespace).connect().await
+    /// A builder: the one way to open a store (a URL or a connection manager of your own, and
+    /// options).
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
     }
 
-    /// A builder for a store on `url`, for options beyond the namespace.
-    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: url.into(),
-            namespace: None,
-            key_prefix: None,
-            page_size: DEFAULT_PAGE_SIZE,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
-            connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
-            #[cfg(feature = "tls")]
-            tls_root_pem: None,
-        }
-    }
-
-    /// A store for `namespace` over an existing connection manager, with the default key prefix.
-    pub fn from_manager(manager: ConnectionManager, namespace: &str) -> Result<RedisStore> {
-        RedisStore::from_manager_with_prefix(manager, namespace, DEFAULT_KEY_PREFIX)
-    }
-
-    /// A store for `namespace` over an existing connection manager, under `key_prefix`.
-    pub fn from_manager_with_prefix(
-        manager: ConnectionManager,
-        namespace: &str,
-        key_prefix: &str,
-    ) -> Result<RedisStore> {
-        let namespace = Namespace::new(namespace)?;
-        validate_key_prefix(key_prefix)?;
-        Ok(RedisStore::assemble(
-            manager,
-            namespace,
-            key_prefix.to_owned(),
-            "<connection manager>".to_owned(),
-            DEFAULT_PAGE_SIZE,
-            Redactor::default(),
-        ))
-    }
-
-    fn assemble(
+    /// The store over `conn`, every setting checked by the builder.
+    pub(crate) fn assemble(
         conn: ConnectionManager,
         namespace: Namespace,
         key_prefix: String,
@@ -711,28 +480,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-
-    #[test]
-    fn urls_give_up_their_options_and_keep_the_rest() {
-        let p =
-            parse_url("redis://:pw@h:1/2?namespace=orders&key_prefix=sl&protocol=resp3").unwrap();
-        assert_eq!(p.namespace.as_deref(), Some("orders"));
-        assert_eq!(p.key_prefix.as_deref(), Some("sl"));
-        assert_eq!(p.url.as_str(), "redis://:pw@h:1/2?protocol=resp3");
-        let p = parse_url("rediss://h/?namespace=x").unwrap();
-        assert_eq!(p.url.as_str(), "rediss://h/");
-        for bad in [
-            "http://h/",
-            "not a url :pw@",
-            "redis://:s3cr3t@[bad/",
-            "redis://:s3cr3t@h/?namespace=a&namespace=b",
-        ] {
-            match parse_url(bad) {
-                Err(Error::Config(m)) => assert!(!m.contains("s3cr3t"), "{m}"),
-                _ => panic!("{bad} must be refused"),
-            }
-        }
-    }
 
     #[test]
     fn script_replies_parse() {

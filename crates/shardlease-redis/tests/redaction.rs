@@ -29,11 +29,11 @@ impl SecretUrl for RedisUrls {
         ]
     }
     async fn connect(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {
-        let b = RedisStore::builder(url).namespace("ns");
+        let b = RedisStore::builder().url(url).namespace("ns");
         Ok(Arc::new(b.connection_timeout(Duration::from_millis(300)).connect().await?))
     }
     fn builder_debug(&self, url: &str) -> Option<String> {
-        Some(format!("{:?}", RedisStore::builder(url).namespace("ns")))
+        Some(format!("{:?}", RedisStore::builder().url(url).namespace("ns")))
     }
 }
 
@@ -43,7 +43,7 @@ shardlease_testkit::redaction_tests!(async { Some(RedisUrls) });
 async fn malformed_urls_hide_the_password() {
     const SECRET: &str = "hunter2-s3cret";
     for bad in [format!("redis://:{SECRET}@[bad-host/"), format!("gopher://:{SECRET}@h/")] {
-        match RedisStore::connect(&bad, "ns").await {
+        match RedisStore::builder().url(&bad).namespace("ns").connect().await {
             Err(e @ Error::Config(_)) => assert_hidden(&bad, &renderings(&e), &[SECRET]),
             other => panic!("{bad}: expected a config error, got {other:?}"),
         }
@@ -62,7 +62,10 @@ async fn refused_and_failed_calls_hide_the_password() {
     };
     let port = server.port();
 
-    let e = RedisStore::connect(&format!("redis://:{WRONG}@127.0.0.1:{port}/"), "ns")
+    let e = RedisStore::builder()
+        .url(format!("redis://:{WRONG}@127.0.0.1:{port}/"))
+        .namespace("ns")
+        .connect()
         .await
         .expect_err("a wrong password is refused");
     assert_hidden("a refused password", &renderings(&e), &[WRONG]);
@@ -70,12 +73,18 @@ async fn refused_and_failed_calls_hide_the_password() {
     eprintln!("wrong password: {e}");
 
     // Without a password the connection opens, and the first command is refused for good.
-    let anonymous = RedisStore::connect(&format!("redis://127.0.0.1:{port}/"), "ns").await.unwrap();
+    let anonymous = RedisStore::builder()
+        .url(format!("redis://127.0.0.1:{port}/"))
+        .namespace("ns")
+        .connect()
+        .await
+        .unwrap();
     let e = anonymous.list_leases().await.expect_err("NOAUTH");
     assert!(!e.is_retryable() && e.to_string().contains("NOAUTH"), "{e}");
     eprintln!("no password: {e}");
 
-    let store = RedisStore::builder(format!("redis://:{RIGHT}@127.0.0.1:{port}/"))
+    let store = RedisStore::builder()
+        .url(format!("redis://:{RIGHT}@127.0.0.1:{port}/"))
         .namespace("ns")
         .response_timeout(Duration::from_millis(500))
         .connection_timeout(Duration::from_millis(300))

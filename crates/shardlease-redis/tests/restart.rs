@@ -26,7 +26,8 @@ struct Server(common::PrivateRedis);
 #[async_trait]
 impl RestartServer for Server {
     async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        let store = RedisStore::builder(self.0.url())
+        let store = RedisStore::builder()
+            .url(self.0.url())
             .namespace(namespace)
             .response_timeout(Duration::from_millis(500))
             .connection_timeout(Duration::from_millis(300))

@@ -12,8 +12,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shardlease_core::store::{CreateOutcome, Lease, LeaseStore};
-use shardlease_core::Position;
+use shardlease_core::{CreateOutcome, Lease, LeaseStore, Position, VersionedLease};
 use shardlease_redis::RedisStore;
 use shardlease_testkit::suite::skip;
 
@@ -113,7 +112,8 @@ async fn rediss_round_trip_with_a_private_ca() {
     let ca = std::fs::read(dir.join("ca.crt")).unwrap();
     let url = format!("rediss://localhost:{port}/");
 
-    let store = RedisStore::builder(&url)
+    let store = RedisStore::builder()
+        .url(&url)
         .namespace("tls")
         .tls_root_certificates_pem(ca)
         .connect()
@@ -124,10 +124,11 @@ async fn rediss_round_trip_with_a_private_ca() {
         CreateOutcome::Created(v) => v,
         CreateOutcome::AlreadyExists => panic!("fresh server"),
     };
-    assert_eq!(store.get_lease(&lease.key).await.unwrap(), Some((lease, v)));
+    assert_eq!(store.get_lease(&lease.key).await.unwrap(), Some(VersionedLease::new(lease, v)));
 
     // Without the CA the server's certificate is not trusted: an error, never a panic.
-    let untrusted = RedisStore::builder(&url)
+    let untrusted = RedisStore::builder()
+        .url(&url)
         .namespace("tls")
         .connection_timeout(Duration::from_millis(500))
         .connect()

@@ -108,8 +108,8 @@ async fn run(url: &str) -> Result<Vec<String>> {
         env("SHARDLEASE_PG_OUTAGE_SECS").and_then(|s| s.parse().ok()).unwrap_or(3),
     );
     let ns = fresh_namespace("pg-restart");
-    let store = SqlStore::connect(url, &ns).await?;
-    let observer = SqlStore::connect(url, &ns).await?;
+    let store = SqlStore::builder().url(url).namespace(&ns).connect().await?;
+    let observer = SqlStore::builder().url(url).namespace(&ns).connect().await?;
 
     let source = MemorySource::new(SHARDS);
     let recorder = Recorder::new();

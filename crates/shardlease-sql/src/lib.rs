@@ -1,9 +1,9 @@
 //! # shardlease-sql
 //!
-//! A [`LeaseStore`] for shardlease on PostgreSQL, SQLite (the embedded default) and
-//! MySQL/MariaDB, through [sqlx](https://docs.rs/sqlx). One implementation: the three dialects
-//! share the schema design, the statements and the code; they differ only in placeholders, the
-//! create/upsert clause and column types.
+//! A [`LeaseStore`](shardlease_core::store::LeaseStore) for shardlease on PostgreSQL, SQLite (the
+//! embedded default) and MySQL/MariaDB, through [sqlx](https://docs.rs/sqlx). One implementation:
+//! the three dialects share the schema design, the statements and the code; they differ only in
+//! placeholders, the create/upsert clause and column types.
 //!
 //! | URL | dialect | feature |
 //! |---|---|---|
@@ -20,7 +20,11 @@
 //! ```no_run
 //! # async fn demo() -> shardlease_core::Result<()> {
 //! use shardlease_core::store::LeaseStore;
-//! let store = shardlease_sql::SqlStore::connect("sqlite://leases.db", "orders").await?;
+//! let store = shardlease_sql::SqlStore::builder()
+//!     .url("sqlite://leases.db")
+//!     .namespace("orders")
+//!     .connect()
+//!     .await?;
 //! let leases = store.list_leases().await?;
 //! # Ok(()) }
 //! ```
@@ -86,19 +90,19 @@
 //! turns on WAL mode (readers never block the writer) and a busy timeout (default 5 s; a writer
 //! waits for another process's write instead of failing), and creates the file when the URL has
 //! no `mode`. Every operation is one autocommit statement, so the write lock is held for one
-//! statement. Within one process, lease writes queue in order on an async mutex instead of
-//! meeting at SQLite's lock (whose busy handler polls with sleeps of up to 100 ms); heartbeats
-//! skip that queue, so a burst of lease writes (a start-up taking 1000 leases) cannot delay a
-//! heartbeat past its deadline. Writes are durable when they return (`synchronous` stays
-//! `FULL`: about 2k compare-and-sets per second on an SSD). The file must be on a local disk
-//! (WAL needs shared memory between the processes: no network file systems).
+//! statement. Within one process, the lease writes of a store (and its clones) queue in order on
+//! an async mutex instead of meeting at SQLite's lock (whose busy handler polls with sleeps of up
+//! to 100 ms); heartbeats skip that queue, so a burst of lease writes (a start-up taking 1000
+//! leases) cannot delay a heartbeat past its deadline. Writes are durable when they return
+//! (`synchronous` stays `FULL`: about 2k compare-and-sets per second on an SSD). The file must be
+//! on a local disk (WAL needs shared memory between the processes: no network file systems).
 //!
 //! `sqlite::memory:` is a database private to the store that opened it, kept in one connection
-//! that the pool never closes; two `connect` calls give two separate databases (use
-//! [`SqlStore::with_namespace`] to open more namespaces in one). `sqlite::memory:?name=NAME`
-//! names one instead: every `connect` in this process with that name gets the same database
-//! (the same single-connection pool), which lives until the process exits or a store on it is
-//! closed; it is never shared with other processes.
+//! that the pool never closes; two `connect` calls give two separate databases (to open more
+//! namespaces in one, build stores over the first one's [`pool`](SqlStore::pool)).
+//! `sqlite::memory:?name=NAME` names one instead: every `connect` in this process with that name
+//! gets the same database (the same single-connection pool), which lives until the process exits
+//! or a store on it is closed; it is never shared with other processes.
 //!
 //! ## Effectively-once output
 //!
@@ -124,11 +128,6 @@
         clippy::never_loop
     )
 )]
-
-use std::sync::Arc;
-
-use shardlease_core::store::LeaseStore;
-use shardlease_core::Result;
 
 /// Binds the encoded lease columns (`$c`, a `codec::LeaseColumns`) to `$query` in the order of
 /// `dialect::LEASE_WRITE_COLUMNS`: the one bind list of every lease write.
@@ -181,9 +180,3 @@ pub use errors::redact_url;
 pub use pool::SqlPool;
 pub use schema::SCHEMA_VERSION;
 pub use store::{SqlStore, SqlStoreBuilder, DEFAULT_NAMESPACE, DEFAULT_TABLE_PREFIX};
-
-/// Opens the store named by `url` in `namespace`, for the `shardlease` facade's
-/// connect-by-URL. The schema is created unless the URL says `create_schema=false`.
-pub async fn connect_url(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-    Ok(Arc::new(SqlStore::builder(url).namespace(namespace).connect().await?))
-}

@@ -21,7 +21,8 @@ const DEFAULT_SERVER_CONNECTIONS: u32 = 10;
 const DEFAULT_SQLITE_CONNECTIONS: u32 = 4;
 
 /// A connection pool of one of the compiled-in dialects. Build one with `From` (e.g.
-/// `SqlPool::from(pg_pool)`) to share an application's pool with [`SqlStore::from_pool`].
+/// `SqlPool::from(pg_pool)`) to share an application's pool with a store
+/// ([`SqlStoreBuilder::pool`](crate::SqlStoreBuilder::pool), which takes the sqlx pools too).
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum SqlPool {

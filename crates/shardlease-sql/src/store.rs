@@ -45,8 +45,8 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A [`LeaseStore`] in one namespace of a SQL database (PostgreSQL, SQLite or MySQL/MariaDB).
 ///
-/// Cheap to clone; clones share the pool. [`SqlStore::with_namespace`] opens another namespace
-/// on the same pool.
+/// Cheap to clone; clones share the pool. Open one with [`SqlStore::builder`]; another namespace
+/// of the same database is a builder over this store's [`pool`](SqlStore::pool).
 #[derive(Clone)]
 pub struct SqlStore {
     shared: Arc<Shared>,
@@ -69,11 +69,16 @@ enum Source {
     Pool(SqlPool),
 }
 
-/// Configures and opens a [`SqlStore`]. Values set here win over the same parameters in the URL.
+/// Configures and opens a [`SqlStore`]: see [`SqlStore::builder`]. The database comes from
+/// exactly one of a URL and a pool the application opened; values set here win over the same
+/// parameters in the URL, whatever the order of the calls. Nothing is checked until
+/// [`connect`](SqlStoreBuilder::connect), which reports bad input as `Error::Config` (never a
+/// panic) without repeating a password.
 ///
 /// ```no_run
 /// # async fn demo() -> shardlease_core::Result<()> {
-/// let store = shardlease_sql::SqlStore::builder("postgres://app@db.internal/app")
+/// let store = shardlease_sql::SqlStore::builder()
+///     .url("postgres://app@db.internal/app")
 ///     .namespace("orders")
 ///     .table_prefix("shardlease_")
 ///     .create_schema(true)
@@ -82,44 +87,50 @@ enum Source {
 ///     .await?;
 /// # Ok(()) }
 /// ```
+#[derive(Default)]
 #[must_use = "a builder does nothing until `connect` is awaited"]
 pub struct SqlStoreBuilder {
-    source: Source,
+    url: Option<String>,
+    pool: Option<SqlPool>,
     namespace: Option<String>,
     table_prefix: Option<String>,
     create_schema: Option<bool>,
     max_connections: Option<u32>,
-    acquire_timeout: Duration,
-    busy_timeout: Duration,
+    acquire_timeout: Option<Duration>,
+    busy_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for SqlStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let source = match &self.source {
-            Source::Url(url) => redact_url(url),
-            Source::Pool(p) => format!("{p:?}"),
-        };
         f.debug_struct("SqlStoreBuilder")
-            .field("source", &source)
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("pool", &self.pool)
             .field("namespace", &self.namespace)
             .field("table_prefix", &self.table_prefix)
             .field("create_schema", &self.create_schema)
             .field("max_connections", &self.max_connections)
-            .finish_non_exhaustive()
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("busy_timeout", &self.busy_timeout)
+            .finish()
     }
 }
 
 impl SqlStoreBuilder {
-    fn new(source: Source) -> Self {
-        SqlStoreBuilder {
-            source,
-            namespace: None,
-            table_prefix: None,
-            create_schema: None,
-            max_connections: None,
-            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
-            busy_timeout: DEFAULT_BUSY_TIMEOUT,
-        }
+    /// The database: `postgres://`, `postgresql://`, `sqlite://path`, `sqlite::memory:`,
+    /// `mysql://` or `mariadb://`. The URL may carry the shardlease parameters `namespace`,
+    /// `table_prefix`, `create_schema` and `max_connections` (the builder's values win over
+    /// them); the rest of it goes to sqlx as it is.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// A pool the application opened (a `sqlx::PgPool`, `SqlitePool` or `MySqlPool`, or a
+    /// [`SqlPool`], e.g. [`SqlStore::pool`] of another store), instead of a URL. The pool
+    /// settings (`max_connections`, `acquire_timeout`, `busy_timeout`) are its own then, and
+    /// setting them here is an error.
+    pub fn pool(self, pool: impl Into<SqlPool>) -> Self {
+        SqlStoreBuilder { pool: Some(pool.into()), ..self }
     }
 
     /// The namespace (application name) to read and write. Default: the URL's `namespace`
@@ -144,31 +155,32 @@ impl SqlStoreBuilder {
         self
     }
 
-    /// The most connections the pool opens. Default: the URL's `max_connections`, else 10 for
-    /// PostgreSQL and MySQL, 4 for a SQLite file; always 1 for an in-memory SQLite database.
-    /// Ignored with an existing pool.
+    /// The most connections the pool opens, at least 1. Default: the URL's `max_connections`,
+    /// else 10 for PostgreSQL and MySQL, 4 for a SQLite file; always 1 for an in-memory SQLite
+    /// database.
     pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = Some(n.max(1));
+        self.max_connections = Some(n);
         self
     }
 
-    /// How long an operation waits for a free pooled connection (default 10 s). Ignored with an
-    /// existing pool.
+    /// How long an operation waits for a free pooled connection (default 10 s, more than
+    /// zero).
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
+        self.acquire_timeout = Some(timeout);
         self
     }
 
     /// SQLite: how long a write waits for another connection's or process's lock (default 5 s).
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
-        self.busy_timeout = timeout;
+        self.busy_timeout = Some(timeout);
         self
     }
 
     /// Connects (or takes the pool), runs the migrations if asked, and returns the store.
     pub async fn connect(self) -> Result<SqlStore> {
         let SqlStoreBuilder {
-            source,
+            url,
+            pool,
             namespace,
             table_prefix,
             create_schema,
@@ -176,8 +188,35 @@ impl SqlStoreBuilder {
             acquire_timeout,
             busy_timeout,
         } = self;
+        let source = match (url, pool) {
+            (Some(url), None) => Source::Url(url),
+            (None, Some(pool)) => Source::Pool(pool),
+            (None, None) => {
+                return Err(Error::Config(
+                    "SQL store builder: name the database with url() or pool()".into(),
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(Error::Config(
+                    "SQL store builder: give url() or pool(), not both".into(),
+                ))
+            }
+        };
         let (pool, from_url) = match source {
-            Source::Pool(pool) => (pool, StoreUrl::default()),
+            Source::Pool(pool) => {
+                let pool_settings = [
+                    ("max_connections", max_connections.is_some()),
+                    ("acquire_timeout", acquire_timeout.is_some()),
+                    ("busy_timeout", busy_timeout.is_some()),
+                ];
+                if let Some((name, _)) = pool_settings.iter().find(|(_, set)| *set) {
+                    return Err(Error::Config(format!(
+                        "SQL store builder: {name}() configures a pool the store opens; with \
+                         pool() it is the pool's own"
+                    )));
+                }
+                (pool, StoreUrl::default())
+            }
             Source::Url(url) => {
                 let parsed = store_url::parse(&url)?;
                 let namespace = namespace.as_deref().or(parsed.namespace.as_deref());
@@ -188,10 +227,21 @@ impl SqlStoreBuilder {
                         .or(parsed.table_prefix.as_deref())
                         .unwrap_or(DEFAULT_TABLE_PREFIX),
                 )?;
+                if max_connections == Some(0) {
+                    return Err(Error::Config(
+                        "SQL store builder: max_connections must be at least 1".into(),
+                    ));
+                }
+                let acquire_timeout = acquire_timeout.unwrap_or(DEFAULT_ACQUIRE_TIMEOUT);
+                if acquire_timeout.is_zero() {
+                    return Err(Error::Config(
+                        "SQL store builder: acquire_timeout must be more than zero".into(),
+                    ));
+                }
                 let options = PoolSettings {
                     max_connections: max_connections.or(parsed.max_connections),
                     acquire_timeout,
-                    busy_timeout,
+                    busy_timeout: busy_timeout.unwrap_or(DEFAULT_BUSY_TIMEOUT),
                 };
                 let pool = open_pool(&url, &parsed, &options).await?;
                 debug!(url = %redact_url(&url), "connected the SQL lease store");
@@ -245,37 +295,13 @@ fn stmt(sql: &Sql) -> AssertSqlSafe<Arc<str>> {
 }
 
 impl SqlStore {
-    /// A builder for a store at `url` (`postgres://`, `postgresql://`, `sqlite://path`,
-    /// `sqlite::memory:`, `mysql://`, `mariadb://`). The URL may carry the shardlease
-    /// parameters `namespace`, `table_prefix`, `create_schema` and `max_connections`; the rest
-    /// of it goes to sqlx as it is.
-    pub fn builder(url: impl Into<String>) -> SqlStoreBuilder {
-        SqlStoreBuilder::new(Source::Url(url.into()))
-    }
-
-    /// A builder for a store over an existing pool (the schema is still created unless
-    /// `create_schema(false)`).
-    pub fn builder_with_pool(pool: impl Into<SqlPool>) -> SqlStoreBuilder {
-        SqlStoreBuilder::new(Source::Pool(pool.into()))
-    }
-
-    /// Connects to `url` and opens `namespace`, creating the schema if needed.
-    pub async fn connect(url: &str, namespace: &str) -> Result<SqlStore> {
-        SqlStore::builder(url).namespace(namespace).connect().await
-    }
-
-    /// Opens `namespace` over an existing pool, creating the schema if needed.
-    pub async fn from_pool(pool: impl Into<SqlPool>, namespace: &str) -> Result<SqlStore> {
-        SqlStore::builder_with_pool(pool).namespace(namespace).connect().await
+    /// A builder: the one way to open a store (a URL or a pool of your own, and options).
+    pub fn builder() -> SqlStoreBuilder {
+        SqlStoreBuilder::default()
     }
 
     fn in_namespace(shared: Arc<Shared>, namespace: Namespace) -> SqlStore {
         SqlStore { shared, namespace }
-    }
-
-    /// A store for another namespace on the same pool and tables.
-    pub fn with_namespace(&self, namespace: &str) -> Result<SqlStore> {
-        Ok(SqlStore::in_namespace(Arc::clone(&self.shared), Namespace::new(namespace)?))
     }
 
     /// The namespace this store reads and writes.

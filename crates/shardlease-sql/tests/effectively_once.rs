@@ -219,7 +219,8 @@ where
     let prefix = eonce::fresh_prefix();
     let table: Arc<str> = Arc::from(format!("{prefix}sink"));
     DB::create_sink(&pool, &table).await;
-    let store = SqlStore::builder_with_pool(pool.clone())
+    let store = SqlStore::builder()
+        .pool(pool.clone())
         .namespace("stale-row")
         .table_prefix(prefix.as_str())
         .connect()

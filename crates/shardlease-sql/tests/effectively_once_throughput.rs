@@ -36,7 +36,8 @@ async fn measure(pool: &sqlx::PgPool, source: &MemorySource, path: Path, batch: 
     let prefix = eonce::fresh_prefix();
     let table: Arc<str> = Arc::from(format!("{prefix}sink"));
     sqlx::Postgres::create_sink(pool, &table).await;
-    let store = SqlStore::builder_with_pool(pool.clone())
+    let store = SqlStore::builder()
+        .pool(pool.clone())
         .namespace("throughput")
         .table_prefix(prefix.as_str())
         .connect()

@@ -77,8 +77,8 @@ async fn increment(store: Arc<dyn LeaseStore>, key: &str, tasks: usize, each: u6
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_pools_share_one_file() {
     let file = TempDb::new("two-pools");
-    let a = SqlStore::connect(&file.url(), "shared").await.unwrap();
-    let b = SqlStore::connect(&file.url(), "shared").await.unwrap();
+    let a = SqlStore::builder().url(file.url()).namespace("shared").connect().await.unwrap();
+    let b = SqlStore::builder().url(file.url()).namespace("shared").connect().await.unwrap();
     a.create_lease(&Lease::new("k", Position::Latest)).await.unwrap();
     let (ca, cb) = tokio::join!(
         increment(Arc::new(a.clone()), "k", 4, 25),
@@ -98,7 +98,8 @@ fn processes_share_one_file() {
     let file = TempDb::new("processes");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let store = SqlStore::connect(&file.url(), "shared").await.unwrap();
+        let store =
+            SqlStore::builder().url(file.url()).namespace("shared").connect().await.unwrap();
         store.create_lease(&Lease::new("k", Position::Latest)).await.unwrap();
     });
     let exe = std::env::current_exe().unwrap();
@@ -125,7 +126,8 @@ fn processes_share_one_file() {
         );
     }
     runtime.block_on(async {
-        let store = SqlStore::connect(&file.url(), "shared").await.unwrap();
+        let store =
+            SqlStore::builder().url(file.url()).namespace("shared").connect().await.unwrap();
         let VersionedLease { lease, .. } = store.get_lease(&"k".into()).await.unwrap().unwrap();
         assert_eq!(lease.epoch, Epoch(120));
         assert_eq!(store.list_workers().await.unwrap().items.len(), 3);
@@ -143,7 +145,7 @@ fn child_process() {
     let (url, i) = spec.rsplit_once('|').unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let store = SqlStore::connect(url, "shared").await.unwrap();
+        let store = SqlStore::builder().url(url).namespace("shared").connect().await.unwrap();
         store.heartbeat(&WorkerRecord::new(format!("process-{i}").into(), 1)).await.unwrap();
         increment(Arc::new(store), "k", 2, 20).await;
     });

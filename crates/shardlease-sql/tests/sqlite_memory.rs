@@ -7,6 +7,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::SqlFactory;
 use shardlease_core::store::VersionedLease;
@@ -29,11 +30,16 @@ async fn hostile_identifiers() {
 /// Each `sqlite::memory:` connect is a database of its own; namespaces of one store share it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_databases_are_private_and_kept() {
-    let a = SqlStore::connect("sqlite::memory:", "x").await.unwrap();
-    let b = SqlStore::connect("sqlite::memory:?namespace=ignored", "x").await.unwrap();
+    let a = SqlStore::builder().url("sqlite::memory:").namespace("x").connect().await.unwrap();
+    let b = SqlStore::builder()
+        .url("sqlite::memory:?namespace=ignored")
+        .namespace("x")
+        .connect()
+        .await
+        .unwrap();
     a.create_lease(&Lease::new("k", Position::Latest)).await.unwrap();
     assert!(b.get_lease(&"k".into()).await.unwrap().is_none(), "separate databases");
-    let a2 = a.with_namespace("y").unwrap();
+    let a2 = common::other_namespace(&a, "y").await.unwrap();
     a2.create_lease(&Lease::new("k2", Position::Latest)).await.unwrap();
     assert_eq!(a.list_leases().await.unwrap().items.len(), 1, "namespaces stay apart");
     // Many concurrent operations on the single connection queue up; none fails.
@@ -51,16 +57,52 @@ async fn memory_databases_are_private_and_kept() {
     assert_eq!(a.list_leases().await.unwrap().items.len(), 33);
 }
 
-/// The facade's URL entry point: parameters come from the URL.
+/// Parameters come from the URL; the builder's win over them; bad ones are `Config` errors.
 #[tokio::test]
-async fn connect_url_reads_its_parameters() {
-    let store =
-        shardlease_sql::connect_url("sqlite::memory:?table_prefix=app_", "ns").await.unwrap();
-    assert!(format!("{store:?}").contains("app_"), "{store:?}");
-    let err = shardlease_sql::connect_url("sqlite::memory:?create_schema=false", "ns").await;
-    assert!(matches!(err, Err(shardlease_core::Error::Config(_))), "{err:?}");
-    let err = shardlease_sql::connect_url("sqlite::memory:?table_prefix=Bad-Prefix", "ns").await;
-    assert!(matches!(err, Err(shardlease_core::Error::Config(_))), "{err:?}");
+async fn url_parameters_reach_the_store() {
+    let url = "sqlite::memory:?table_prefix=app_&namespace=from_url";
+    let store = SqlStore::builder().url(url).connect().await.unwrap();
+    assert_eq!((store.table_prefix(), store.namespace()), ("app_", "from_url"));
+    let store = SqlStore::builder().namespace("ns").table_prefix("mine_").url(url).connect().await;
+    let store = store.unwrap();
+    assert_eq!((store.table_prefix(), store.namespace()), ("mine_", "ns"));
+    for bad in ["sqlite::memory:?create_schema=false", "sqlite::memory:?table_prefix=Bad-Prefix"] {
+        let err = SqlStore::builder().url(bad).namespace("ns").connect().await;
+        assert!(matches!(err, Err(shardlease_core::Error::Config(_))), "{bad}: {err:?}");
+    }
+}
+
+/// The builder needs exactly one of a URL and a pool; the pool's own settings cannot be set
+/// with a pool; zero connections or a zero wait are refused. All `Config` errors.
+#[tokio::test]
+async fn builder_input_is_checked() {
+    let a = SqlStore::builder().url("sqlite::memory:").namespace("x").connect().await.unwrap();
+    let pool = || a.pool().clone();
+    let url = "sqlite::memory:";
+    let cases = [
+        (SqlStore::builder(), "url() or pool()"),
+        (SqlStore::builder().url(url).pool(pool()), "not both"),
+        (SqlStore::builder().pool(pool()).max_connections(2), "max_connections"),
+        (SqlStore::builder().pool(pool()).acquire_timeout(Duration::from_secs(1)), "acquire"),
+        (SqlStore::builder().pool(pool()).busy_timeout(Duration::from_secs(1)), "busy_timeout"),
+        (SqlStore::builder().url(url).max_connections(0), "max_connections"),
+        (SqlStore::builder().url(url).acquire_timeout(Duration::ZERO), "acquire_timeout"),
+        (SqlStore::builder().pool(pool()).namespace(""), "namespace"),
+        (SqlStore::builder().pool(pool()).table_prefix("Bad"), "table prefix"),
+    ];
+    for (builder, expected) in cases {
+        let shown = format!("{builder:?}");
+        match builder.connect().await {
+            Err(shardlease_core::Error::Config(m)) => assert!(m.contains(expected), "{shown}: {m}"),
+            other => panic!("{shown}: expected a config error, got {other:?}"),
+        }
+    }
+    // Over the pool of `a`: the same database, another namespace.
+    let b = SqlStore::builder().pool(pool()).namespace("y").connect().await.unwrap();
+    b.create_lease(&Lease::new("k", Position::Latest)).await.unwrap();
+    assert!(a.list_leases().await.unwrap().items.is_empty(), "namespaces stay apart");
+    let b_again = common::other_namespace(&a, "y").await.unwrap();
+    assert_eq!(b_again.list_leases().await.unwrap().items.len(), 1, "one database");
 }
 
 /// SQLite lets a hand edit put a blob in the key column itself. Such rows cannot be a
@@ -68,7 +110,8 @@ async fn connect_url_reads_its_parameters() {
 /// lease once, here with the unreadable rows at the very end of a full page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_keys_do_not_break_listing() {
-    let store = SqlStore::connect("sqlite::memory:", "keys").await.unwrap();
+    let store =
+        SqlStore::builder().url("sqlite::memory:").namespace("keys").connect().await.unwrap();
     for i in 0..1000 {
         store.create_lease(&Lease::new(format!("k{i:04}"), Position::Latest)).await.unwrap();
     }
@@ -97,16 +140,21 @@ async fn unreadable_keys_do_not_break_listing() {
 }
 
 /// `sqlite::memory:?name=NAME` names an in-memory database: every `connect` in this process with
-/// the same name opens the same database (through the facade as well), another name another
-/// one. Writes from two stores on it race by CAS, losing none; closed, it is gone.
+/// the same name opens the same database, another name another one. Writes from two stores on it
+/// race by CAS, losing none; closed, it is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_memory_databases_are_shared_in_the_process() {
     let name = shardlease_testkit::fresh_namespace("named-memory");
     let url = format!("sqlite::memory:?name={name}");
-    let a = SqlStore::connect(&url, "x").await.unwrap();
-    let b: Arc<dyn LeaseStore> = shardlease_sql::connect_url(&url, "x").await.unwrap();
-    let other =
-        SqlStore::connect(&format!("sqlite::memory:?name={name}-other"), "x").await.unwrap();
+    let a = SqlStore::builder().url(&url).namespace("x").connect().await.unwrap();
+    let b: Arc<dyn LeaseStore> =
+        Arc::new(SqlStore::builder().url(&url).namespace("x").connect().await.unwrap());
+    let other = SqlStore::builder()
+        .url(format!("sqlite::memory:?name={name}-other"))
+        .namespace("x")
+        .connect()
+        .await
+        .unwrap();
     a.create_lease(&Lease::new("k", Position::Latest)).await.unwrap();
     let VersionedLease { lease, .. } =
         b.get_lease(&"k".into()).await.unwrap().expect("the same database");
@@ -139,11 +187,11 @@ async fn named_memory_databases_are_shared_in_the_process() {
     assert_eq!(after.epoch.get(), lease.epoch.get() + 100);
 
     drop(b);
-    let c = SqlStore::connect(&url, "x").await.unwrap();
+    let c = SqlStore::builder().url(&url).namespace("x").connect().await.unwrap();
     assert!(c.get_lease(&"k".into()).await.unwrap().is_some(), "kept while the process runs");
     a.pool().close().await;
-    let d = SqlStore::connect(&url, "x").await.unwrap();
+    let d = SqlStore::builder().url(&url).namespace("x").connect().await.unwrap();
     assert!(d.get_lease(&"k".into()).await.unwrap().is_none(), "closed: a new database");
-    let err = SqlStore::connect("sqlite://some.db?name=x", "x").await;
+    let err = SqlStore::builder().url("sqlite://some.db?name=x").namespace("x").connect().await;
     assert!(matches!(err, Err(shardlease_core::Error::Config(_))), "{err:?}");
 }

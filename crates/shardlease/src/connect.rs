@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use shardlease_core::store::{InstrumentedStore, LeaseStore, MemoryBackend};
+use shardlease_core::store::url::HostListUrl;
+use shardlease_core::store::InstrumentedStore;
+use shardlease_core::store::LeaseStore;
+use shardlease_core::store::MemoryBackend;
 use shardlease_core::{Error, Namespace, Result};
 use url::Url;
 
@@ -69,36 +72,40 @@ fn parse(url: &str) -> Result<Url> {
 /// An `etcd://` URL may list several hosts (`h1:2379,h2:2379`), which `Url` cannot parse: for the
 /// scheme and the query, keep only the first; the etcd store parses the whole URL itself.
 fn first_etcd_host(url: &str) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    if scheme != "etcd" && scheme != "etcds" {
+    let parts = HostListUrl::split(url)?;
+    if parts.scheme != "etcd" && parts.scheme != "etcds" {
         return None;
     }
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (format!("{u}@"), h),
-        None => (String::new(), authority),
-    };
-    let first = hosts.split(',').next().unwrap_or_default();
-    Some(format!("{scheme}://{userinfo}{first}{tail}"))
+    Some(parts.with_host_list(parts.hosts().next().unwrap_or_default()))
 }
 
+/// Opens `namespace` on the store `url` names (`raw` as given; `url` parsed, an etcd host list cut
+/// to its first host): each backend through its builder.
 async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
     let checked = Namespace::new(namespace)?;
     match url.scheme() {
         "memory" => Ok(Arc::new(MemoryBackend::global().store(checked))),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => shardlease_redis::connect_url(url.as_str(), namespace).await,
+        "redis" | "rediss" => {
+            let builder = shardlease_redis::RedisStore::builder().url(url.as_str());
+            Ok(Arc::new(builder.namespace(namespace).connect().await?))
+        }
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => shardlease_etcd::connect_url(_raw, namespace).await,
+        "etcd" | "etcds" => {
+            let builder = shardlease_etcd::EtcdStore::builder().url(_raw);
+            Ok(Arc::new(builder.namespace(namespace).connect().await?))
+        }
         #[cfg(feature = "dynamodb")]
-        "dynamodb" => shardlease_dynamodb::connect_url(_raw, namespace).await,
+        "dynamodb" => {
+            let builder = shardlease_dynamodb::DynamoDbStore::builder().url(_raw);
+            Ok(Arc::new(builder.namespace(namespace).connect().await?))
+        }
         #[cfg(feature = "sqlite")]
-        "sqlite" => shardlease_sql::connect_url(_raw, namespace).await,
+        "sqlite" => open_sql(_raw, namespace).await,
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => shardlease_sql::connect_url(_raw, namespace).await,
+        "postgres" | "postgresql" => open_sql(_raw, namespace).await,
         #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => shardlease_sql::connect_url(_raw, namespace).await,
+        "mysql" | "mariadb" => open_sql(_raw, namespace).await,
         scheme => match KNOWN.iter().find(|(s, _)| *s == scheme) {
             Some((_, feature)) => Err(Error::Config(format!(
                 "store scheme `{scheme}://` needs the `{feature}` feature of the shardlease crate \
@@ -110,6 +117,13 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
             ))),
         },
     }
+}
+
+/// The SQL store at `url` (any compiled-in dialect), in `namespace`.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+async fn open_sql(url: &str, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
+    let builder = shardlease_sql::SqlStore::builder().url(url);
+    Ok(Arc::new(builder.namespace(namespace).connect().await?))
 }
 
 /// `url` with every secret masked, for logs and messages (core's, the one every store uses).
@@ -202,6 +216,21 @@ mod tests {
         assert!(off.subscribe_changes().await.unwrap().is_none(), "watch=false turns it off");
         let v = store.get_lease(&"k".into()).await.unwrap().unwrap().version;
         store.delete_lease(&"k".into(), v).await.unwrap();
+    }
+
+    /// With the `sqlite` feature, a SQL URL reaches the SQL store's builder with its
+    /// parameters, the namespace argument winning over the URL's.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn sql_urls_open_the_sql_store_with_their_parameters() {
+        let url = "sqlite::memory:?table_prefix=facade_&namespace=from-url";
+        let store = connect_bare(url).await.unwrap();
+        assert!(format!("{store:?}").contains("facade_"), "{store:?}");
+        assert_eq!(store.namespace().map(|n| n.as_str().to_owned()), Some("from-url".into()));
+        let named = connect_namespace(url, "argument").await.unwrap();
+        assert_eq!(named.namespace().map(|n| n.as_str().to_owned()), Some("argument".into()));
+        let m = config_error(connect("sqlite::memory:?table_prefix=Bad-Prefix").await);
+        assert!(m.contains("table prefix"), "{m}");
     }
 
     #[tokio::test]

@@ -44,7 +44,8 @@ impl DynamoFactory {
 
     /// A builder for `table` on the emulator, with the test keys and region.
     pub fn builder(&self, table: &str) -> DynamoDbStoreBuilder {
-        DynamoDbStore::builder(table)
+        DynamoDbStore::builder()
+            .table(table)
             .endpoint_url(&self.endpoint)
             .region("us-east-1")
             .credentials(KEY_ID, SECRET, None)

@@ -54,16 +54,18 @@ impl EtcdFactory {
     /// to the processor, which has the batch delivered again. The lease-loop cases count that as
     /// a record processed twice, so a stall must delay a request, not fail it.
     pub async fn open(&self, namespace: &str) -> Result<EtcdStore> {
-        let sep = if self.url.contains('?') { '&' } else { '?' };
-        let mut url = format!("{}{sep}prefix={TEST_PREFIX}", self.url);
-        if !url.contains("?timeout_ms=") && !url.contains("&timeout_ms=") {
-            url.push_str("&timeout_ms=30000");
+        let mut builder = EtcdStore::builder()
+            .url(&self.url)
+            .namespace(namespace)
+            .key_prefix(TEST_PREFIX)
+            .watch(self.watch);
+        if !self.url.contains("?timeout_ms=") && !self.url.contains("&timeout_ms=") {
+            builder = builder.request_timeout(Duration::from_secs(30));
         }
-        let store = EtcdStore::connect(&url, namespace).await?.with_watch(self.watch);
-        Ok(match self.page_size {
-            Some(n) => store.with_page_size(n),
-            None => store,
-        })
+        if let Some(n) = self.page_size {
+            builder = builder.page_size(n);
+        }
+        builder.connect().await
     }
 }
 

@@ -50,7 +50,8 @@ impl RedisFactory {
 
     /// A store for `namespace`, as a concrete type.
     pub async fn open(&self, namespace: &str) -> Result<RedisStore> {
-        let builder = RedisStore::builder(&self.url).namespace(namespace).key_prefix(TEST_PREFIX);
+        let builder =
+            RedisStore::builder().url(&self.url).namespace(namespace).key_prefix(TEST_PREFIX);
         match self.page_size {
             Some(n) => builder.page_size(n).connect().await,
             None => builder.connect().await,

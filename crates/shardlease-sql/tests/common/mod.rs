@@ -5,10 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unused_macros)]
 
-use shardlease_core::store::VersionedLease;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use shardlease_core::store::VersionedLease;
 use shardlease_core::store::{CreateOutcome, Lease, LeaseStore, Version, WorkerRecord};
 use shardlease_core::{Error, LeaseKey, Position, Result, WorkerId};
 use shardlease_sql::{Dialect, SqlPool, SqlStore};
@@ -63,19 +64,36 @@ macro_rules! server_tests {
     };
 }
 
-/// The conformance suite's factory: every namespace on one pool.
+/// The conformance suite's factory: every namespace on one pool, one store per namespace (the
+/// stores a test opens on a namespace are clones of it, as the workers of one process would
+/// share one).
 pub struct SqlFactory {
     base: SqlStore,
+    stores: tokio::sync::Mutex<HashMap<String, SqlStore>>,
     _file: Option<TempDb>,
+}
+
+/// A store for `namespace` on the pool and tables of `base`.
+pub async fn other_namespace(base: &SqlStore, namespace: &str) -> Result<SqlStore> {
+    SqlStore::builder()
+        .pool(base.pool().clone())
+        .table_prefix(base.table_prefix())
+        .namespace(namespace)
+        .create_schema(false)
+        .connect()
+        .await
 }
 
 impl SqlFactory {
     /// Connects to `url` (panics when that fails: a configured server must work).
     pub async fn connect(url: &str) -> SqlFactory {
-        let base = SqlStore::connect(url, "conformance-base")
+        let base = SqlStore::builder()
+            .url(url)
+            .namespace("conformance-base")
+            .connect()
             .await
             .unwrap_or_else(|e| panic!("connect to {}: {e}", shardlease_sql::redact_url(url)));
-        SqlFactory { base, _file: None }
+        SqlFactory { base, stores: Default::default(), _file: None }
     }
 
     /// A factory over a new SQLite file, removed when the factory is dropped.
@@ -90,16 +108,27 @@ impl SqlFactory {
     pub fn base(&self) -> &SqlStore {
         &self.base
     }
+
+    /// The factory's store for `namespace`.
+    pub async fn open(&self, namespace: &str) -> Result<SqlStore> {
+        let mut stores = self.stores.lock().await;
+        if let Some(store) = stores.get(namespace) {
+            return Ok(store.clone());
+        }
+        let store = other_namespace(&self.base, namespace).await?;
+        stores.insert(namespace.to_owned(), store.clone());
+        Ok(store)
+    }
 }
 
 #[async_trait]
 impl StoreFactory for SqlFactory {
     async fn store(&self, namespace: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(self.base.with_namespace(namespace)?))
+        Ok(Arc::new(self.open(namespace).await?))
     }
 
     async fn cleanup(&self, namespace: &str) -> Result<()> {
-        self.base.with_namespace(namespace)?.delete_namespace().await
+        self.open(namespace).await?.delete_namespace().await
     }
 
     fn name(&self) -> String {
@@ -123,7 +152,7 @@ impl StoreFactory for SqlFactory {
                 store.create_lease(lease).await?;
             }
         }
-        let raw = self.base.with_namespace(namespace)?;
+        let raw = self.open(namespace).await?;
         let version = i64::try_from(version.0)
             .map_err(|_| Error::InvalidInput(format!("{version:?} does not fit a BIGINT")))?;
         let d = raw.dialect();
@@ -180,12 +209,12 @@ impl CorruptRecords for SqlFactory {
             .vandalism()
             .find(|(name, _, _)| *name == damage.name)
             .unwrap_or_else(|| panic!("no such damage: {}", damage.name));
-        vandalize(&self.base.with_namespace(ns)?, key.as_str(), column, value).await;
+        vandalize(&self.open(ns).await?, key.as_str(), column, value).await;
         Ok(())
     }
 
     async fn corrupt_worker(&self, ns: &str, id: &WorkerId, _: &Corruption) -> Result<()> {
-        let store = self.base.with_namespace(ns)?;
+        let store = self.open(ns).await?;
         let d = store.dialect();
         let sql = format!(
             "UPDATE {} SET lease_count = -1 WHERE namespace = {} AND worker_id = {}",
@@ -301,7 +330,7 @@ fn created(outcome: Result<CreateOutcome>) -> Version {
 pub async fn hostile_identifiers(base: &SqlStore, url: &str) {
     // A table prefix is an identifier spliced into statements: only [a-z_][a-z0-9_]{0,30}.
     for prefix in ["x;DROP TABLE shardlease_leases;--", "Shard", "a b", "x'", "9a", ""] {
-        match SqlStore::builder(url).table_prefix(prefix).namespace("n").connect().await {
+        match SqlStore::builder().url(url).table_prefix(prefix).namespace("n").connect().await {
             Err(Error::Config(m)) => assert!(m.contains("table prefix"), "{m}"),
             other => panic!("prefix {prefix:?}: expected a Config error, got {other:?}"),
         }
@@ -310,7 +339,10 @@ pub async fn hostile_identifiers(base: &SqlStore, url: &str) {
         "{url}{}table_prefix=x%3BDROP%20TABLE%20y",
         if url.contains('?') { "&" } else { "?" }
     );
-    assert!(matches!(SqlStore::connect(&url_prefix, "n").await, Err(Error::Config(_))));
+    assert!(matches!(
+        SqlStore::builder().url(&url_prefix).namespace("n").connect().await,
+        Err(Error::Config(_))
+    ));
 
     let suffix = fresh_namespace("hostile");
     let namespaces = [
@@ -345,7 +377,7 @@ pub async fn hostile_identifiers(base: &SqlStore, url: &str) {
     let max_key = "🦀".repeat(255);
     let mut stores = Vec::new();
     for (i, ns) in namespaces.iter().enumerate() {
-        let store = base.with_namespace(ns).unwrap();
+        let store = other_namespace(base, ns).await.unwrap();
         for key in keys.iter().copied().chain([max_key.as_str()]) {
             let mut lease = Lease::new(key, Position::sequence(i as u64 + 1));
             lease.owner = Some(WorkerId::from(format!("worker '{i}\" 🦀")));
@@ -379,11 +411,11 @@ pub async fn hostile_identifiers(base: &SqlStore, url: &str) {
         assert!(matches!(store.create_lease(&lease).await, Err(Error::InvalidInput(_))));
         assert!(matches!(store.get_lease(&lease.key).await, Err(Error::InvalidInput(_))));
     }
-    assert!(matches!(base.with_namespace("nul\0ns"), Err(Error::Config(_))));
-    assert!(matches!(base.with_namespace(""), Err(Error::Config(_))));
+    assert!(matches!(other_namespace(base, "nul\0ns").await, Err(Error::Config(_))));
+    assert!(matches!(other_namespace(base, "").await, Err(Error::Config(_))));
 
     // The tables are all still there.
-    let probe = base.with_namespace(&fresh_namespace("after-hostile")).unwrap();
+    let probe = other_namespace(base, &fresh_namespace("after-hostile")).await.unwrap();
     assert!(probe.list_leases().await.unwrap().items.is_empty());
     for store in &stores {
         store.delete_namespace().await.unwrap();
@@ -394,7 +426,7 @@ pub async fn hostile_identifiers(base: &SqlStore, url: &str) {
 /// `create_schema=false` on a prefix with no tables is a clear `Config` error. Drops the tables.
 pub async fn concurrent_migrations(url: &str) {
     let prefix = format!("t{}_", fresh_namespace("").replace('-', "_").trim_start_matches("ns_"));
-    match SqlStore::builder(url).table_prefix(&prefix).create_schema(false).connect().await {
+    match SqlStore::builder().url(url).table_prefix(&prefix).create_schema(false).connect().await {
         Err(Error::Config(m)) => assert!(m.contains("missing"), "{m}"),
         other => panic!("create_schema=false without tables: expected Config, got {other:?}"),
     }
@@ -402,7 +434,8 @@ pub async fn concurrent_migrations(url: &str) {
         let url = url.to_owned();
         let prefix = prefix.clone();
         tokio::spawn(async move {
-            SqlStore::builder(url)
+            SqlStore::builder()
+                .url(url)
                 .table_prefix(prefix)
                 .namespace(format!("m{i}"))
                 .max_connections(2)
@@ -417,10 +450,16 @@ pub async fn concurrent_migrations(url: &str) {
     for store in &stores {
         created(store.create_lease(&Lease::new("k", Position::Latest)).await);
     }
-    let again =
-        SqlStore::builder(url).table_prefix(&prefix).create_schema(false).connect().await.unwrap();
+    let again = SqlStore::builder()
+        .url(url)
+        .table_prefix(&prefix)
+        .create_schema(false)
+        .connect()
+        .await
+        .unwrap();
     assert_eq!(again.table_prefix(), prefix);
-    assert_eq!(again.with_namespace("m0").unwrap().list_leases().await.unwrap().items.len(), 1);
+    let m0 = other_namespace(&again, "m0").await.unwrap();
+    assert_eq!(m0.list_leases().await.unwrap().items.len(), 1);
     let migrations = format!("{prefix}schema_migrations");
     for table in [
         again.leases_table().to_owned(),
@@ -436,15 +475,20 @@ pub async fn concurrent_migrations(url: &str) {
 /// `create_schema`, migrated with it, and their old worker rows read as 0 changes.
 pub async fn migrates_version_1_tables(url: &str) {
     let prefix = format!("v{}_", fresh_namespace("").replace('-', "_").trim_start_matches("ns_"));
-    let current = SqlStore::builder(url).table_prefix(&prefix).connect().await.unwrap();
+    let current = SqlStore::builder().url(url).table_prefix(&prefix).connect().await.unwrap();
     // Back to version 1 by hand: drop the column and the record of migration 2. Through a new
     // pool: SQLite compiles DDL against the schema a connection cached, and a connection of the
     // migrating pool may have cached the table before another one added `changes` ("no such
     // column", seen once in CI on a loaded machine). New connections read the schema afresh.
     let workers = current.workers_table().to_owned();
     drop(current);
-    let current =
-        SqlStore::builder(url).table_prefix(&prefix).create_schema(false).connect().await.unwrap();
+    let current = SqlStore::builder()
+        .url(url)
+        .table_prefix(&prefix)
+        .create_schema(false)
+        .connect()
+        .await
+        .unwrap();
     let migrations = format!("{prefix}schema_migrations");
     exec_raw(&current, &format!("ALTER TABLE {workers} DROP COLUMN changes"), &[]).await;
     exec_raw(&current, &format!("DELETE FROM {migrations} WHERE version = 2"), &[]).await;
@@ -453,11 +497,11 @@ pub async fn migrates_version_1_tables(url: &str) {
          VALUES ('default', 'old', 7, 0, 1)"
     );
     exec_raw(&current, &old_row, &[]).await;
-    match SqlStore::builder(url).table_prefix(&prefix).create_schema(false).connect().await {
+    match SqlStore::builder().url(url).table_prefix(&prefix).create_schema(false).connect().await {
         Err(Error::Config(m)) => assert!(m.contains("schema version 1"), "{m}"),
         other => panic!("version 1 tables without create_schema: expected Config, got {other:?}"),
     }
-    let migrated = SqlStore::builder(url).table_prefix(&prefix).connect().await.unwrap();
+    let migrated = SqlStore::builder().url(url).table_prefix(&prefix).connect().await.unwrap();
     let listed = migrated.list_workers().await.unwrap();
     assert_eq!(listed.items.len(), 1, "{listed:?}");
     assert_eq!((listed.items[0].beat, listed.items[0].changes), (7, 0));
@@ -484,10 +528,10 @@ impl SecretUrl for SqlUrls {
         self.0.iter().map(|f| fill(f)).collect()
     }
     async fn connect(&self, url: &str) -> Result<Arc<dyn LeaseStore>> {
-        Ok(Arc::new(SqlStore::connect(url, "n").await?))
+        Ok(Arc::new(SqlStore::builder().url(url).namespace("n").connect().await?))
     }
     fn builder_debug(&self, url: &str) -> Option<String> {
-        Some(format!("{:?}", SqlStore::builder(url)))
+        Some(format!("{:?}", SqlStore::builder().url(url)))
     }
     fn errors_show_the_redacted_url(&self) -> bool {
         true
@@ -498,7 +542,7 @@ impl SecretUrl for SqlUrls {
 /// starts from a version set by hand to the largest `BIGINT` (no overflow, no counter); the
 /// namespace's row in the old incarnation counter table is never written.
 pub async fn versions_are_random_and_never_repeat(base: &SqlStore) {
-    let store = base.with_namespace(&fresh_namespace("random-versions")).unwrap();
+    let store = other_namespace(base, &fresh_namespace("random-versions")).await.unwrap();
     let mut seen = std::collections::HashSet::new();
     for i in 0..50 {
         let v = created(store.create_lease(&Lease::new(format!("k{i}"), Position::Latest)).await);
@@ -539,8 +583,8 @@ pub async fn versions_are_random_and_never_repeat(base: &SqlStore) {
 /// no `BIGINT` can hold matches nothing; an invalid worker id is refused like everywhere else.
 pub async fn remove_worker_if_is_one_conditional_delete(base: &SqlStore) {
     let ns = fresh_namespace("remove-if");
-    let store = base.with_namespace(&ns).unwrap();
-    let other = base.with_namespace(&format!("{ns}-other")).unwrap();
+    let store = other_namespace(base, &ns).await.unwrap();
+    let other = other_namespace(base, &format!("{ns}-other")).await.unwrap();
     store.heartbeat(&WorkerRecord::new("w".into(), 5)).await.unwrap();
     other.heartbeat(&WorkerRecord::new("w".into(), 5)).await.unwrap();
     assert!(!store.remove_worker_if(&"w".into(), u64::MAX).await.unwrap());

@@ -87,7 +87,8 @@ where
 
     let sql_store = match leases {
         LeasesIn::SameDatabase => Some(
-            SqlStore::builder_with_pool(pool.clone())
+            SqlStore::builder()
+                .pool(pool.clone())
                 .namespace(ns.as_str())
                 .table_prefix(prefix.as_str())
                 .connect()
