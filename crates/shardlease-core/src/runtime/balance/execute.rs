@@ -204,6 +204,9 @@ pub(super) async fn take_share(
         taken += won;
         conflicts += tried - won;
     }
+    // Published once for the whole share (the pass publishes again at its end): once per chunk
+    // cost a copy of the growing map per 16 takes, a tenth of a second at 10,000 leases.
+    owner.publish_tasks(shared);
     if taken > 0 {
         shared.metrics.taking_pass();
         info!(taken, "took leases");
@@ -316,7 +319,6 @@ pub(super) async fn take_all(
     for outcome in outcomes {
         won.push(took(shared, owner, outcome).await);
     }
-    owner.publish_tasks(shared);
     won
 }
 

@@ -74,8 +74,9 @@ async fn wait_for_first_view(
             changed = ok.changed() => if changed.is_err() { return false },
             event = events.recv() => match event {
                 Some(e) => {
+                    // With whatever else is queued, then published once.
                     owner.apply(shared, e);
-                    owner.publish_tasks(shared);
+                    owner.drain(shared, events);
                 }
                 None => return false,
             },
@@ -158,8 +159,9 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
                 _ = shared.stop_taking.cancelled() => return,
                 event = events.recv() => match event {
                     Some(e) => {
+                    // With whatever else is queued, then published once.
                     owner.apply(shared, e);
-                    owner.publish_tasks(shared);
+                    owner.drain(shared, events);
                 }
                     None => return,
                 },
@@ -225,8 +227,9 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
             biased;
             event = events.recv() => match event {
                 Some(e) => {
+                    // With whatever else is queued, then published once.
                     owner.apply(shared, e);
-                    owner.publish_tasks(shared);
+                    owner.drain(shared, events);
                 }
                 None => break,
             },
