@@ -154,6 +154,10 @@ struct Draw {
     /// writes): their probability and longest delay. Drawn from an RNG of their own, so every
     /// other draw of a seed is what it was before they existed.
     late_writes: (f64, Duration),
+    /// Processors stuck at the start of a batch: every n-th instance, for how long (long enough,
+    /// often, for a handoff's or a shutdown's deadline to pass while it hangs). Drawn from an RNG
+    /// of its own, like the late writes.
+    stuck_batches: Option<(u64, Duration)>,
 }
 
 fn draw(rng: &mut StdRng) -> Draw {
@@ -180,7 +184,15 @@ fn draw(rng: &mut StdRng) -> Draw {
         },
         error_rate: rng.random_range(0.0..0.2),
         late_writes: (0.0, Duration::ZERO),
+        stuck_batches: None,
     }
+}
+
+/// Stuck processors for half the seeds: every 2nd to 6th processor instance hangs 1 to 9
+/// heartbeats at the start of its first batch (the shutdown timeout, a handoff's deadline, is 5).
+fn draw_stuck_batches(seed: u64) -> Option<(u64, Duration)> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x57c4_b47c);
+    rng.random_bool(0.5).then(|| (rng.random_range(2..=6), HEARTBEAT * rng.random_range(1..=9)))
 }
 
 /// Late writes for a third of the seeds: up to 1 in 10 writes, landing up to 3 heartbeats late.
@@ -197,6 +209,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut d = draw(&mut rng);
     d.late_writes = draw_late_writes(seed);
+    d.stuck_batches = draw_stuck_batches(seed);
     let mem = MemoryBackend::new().store("sim".parse().unwrap());
     let base: Arc<dyn LeaseStore> = Arc::new(mem.clone());
     let faults = Faults::new(seed);
@@ -207,9 +220,12 @@ async fn simulate(seed: u64) -> Result<String, String> {
     let store_for = audited_faulty_views(base.clone(), faults.clone(), audit.clone());
     let shards = rng.random_range(2..12);
     let source = MemorySource::new(shards).with_batch_limit(rng.random_range(1..20));
-    let rec = Recorder::new()
+    let mut rec = Recorder::new()
         .with_checkpoint_every(d.checkpoint_every)
         .with_shutdown_delay(d.shutdown_delay);
+    if let Some((every, hang)) = d.stuck_batches {
+        rec = rec.with_stuck_batches(every, hang);
+    }
     let cfg = Config::new("sim")
         .unwrap()
         .with_heartbeat(HEARTBEAT)
@@ -259,6 +275,9 @@ async fn simulate(seed: u64) -> Result<String, String> {
     let mut events = Vec::new();
     let mut copy = None;
     let steps = rng.random_range(4..12);
+    // Workers whose process died (crashed, or restarted under the same id): their processors
+    // are dropped without a word, as a real process's would be.
+    let mut dropped_abruptly: std::collections::BTreeSet<String> = Default::default();
     for _ in 0..steps {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..8_000))).await;
         if rng.random_bool(0.3) {
@@ -280,7 +299,11 @@ async fn simulate(seed: u64) -> Result<String, String> {
             _ => Event::Join,
         };
         match &event {
-            Event::Crash => cluster.crash(&running[rng.random_range(0..running.len())]),
+            Event::Crash => {
+                let w = &running[rng.random_range(0..running.len())];
+                dropped_abruptly.insert(w.to_string());
+                cluster.crash(w);
+            }
             Event::Join => {
                 cluster.start_worker().map_err(|e| e.to_string())?;
             }
@@ -312,6 +335,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
             }
             Event::Restart => {
                 let w = running[rng.random_range(0..running.len())].clone();
+                dropped_abruptly.insert(w.to_string());
                 cluster.restart_as(&w).map_err(|e| e.to_string())?;
             }
             Event::Wipe | Event::Rollback => {
@@ -463,6 +487,21 @@ async fn simulate(seed: u64) -> Result<String, String> {
     let v = audit.violations();
     if !v.is_empty() {
         return Err(format!("invariant broken: {v:?}; {d:?}; events {events:?}"));
+    }
+    // Every processor hears how its lease ended (`lease_lost`, `shutdown_requested` or
+    // `shard_ended`), stuck in a batch or not, unless its process died (a crash, a restart).
+    let silent: Vec<(u64, String)> = rec
+        .silent_endings()
+        .into_iter()
+        .filter(|(_, owner)| {
+            let configured = owner.split(shardlease_core::INCARNATION_SEPARATOR).next();
+            !configured.is_some_and(|w| dropped_abruptly.contains(w))
+        })
+        .collect();
+    if !silent.is_empty() {
+        return Err(format!(
+            "processors ended without hearing how their lease ended: {silent:?}; {d:?}; events {events:?}"
+        ));
     }
     let overlaps = rec.overlaps();
     let order = rec.order_violations(&source);

@@ -40,6 +40,9 @@ struct State {
     shard_ends: u64,
     shutdowns: u64,
     checkpoint_failures: u64,
+    /// Processor instances that ended without hearing how their lease ended (no `lease_lost`,
+    /// `shutdown_requested` or `shard_ended`), with the worker that ran them.
+    silent: Vec<(u64, String)>,
 }
 
 /// Shared log of deliveries; clone it freely.
@@ -48,11 +51,18 @@ pub struct Recorder {
     state: Arc<Mutex<State>>,
     checkpoint_every: u32,
     shutdown_delay: Duration,
+    /// Every n-th processor instance hangs this long at the start of its first batch.
+    stuck: Option<(u64, Duration)>,
 }
 
 impl Default for Recorder {
     fn default() -> Self {
-        Recorder { state: Arc::default(), checkpoint_every: 1, shutdown_delay: Duration::ZERO }
+        Recorder {
+            state: Arc::default(),
+            checkpoint_every: 1,
+            shutdown_delay: Duration::ZERO,
+            stuck: None,
+        }
     }
 }
 
@@ -76,6 +86,21 @@ impl Recorder {
         self
     }
 
+    /// Every `every`-th processor instance (at least 1) hangs for `d` at the start of its first
+    /// batch, before it delivers anything: user code stuck on a sink. A handoff or a shutdown
+    /// whose deadline passes meanwhile cuts it short (it must then hear `lease_lost`).
+    pub fn with_stuck_batches(mut self, every: u64, d: Duration) -> Self {
+        self.stuck = Some((every.max(1), d));
+        self
+    }
+
+    /// Processor instances that ended without hearing how their lease ended, each with the worker
+    /// id (incarnation suffix included) that ran it. A processor dropped by a crash hears nothing;
+    /// every other one hears `lease_lost`, `shutdown_requested` or `shard_ended` first.
+    pub fn silent_endings(&self) -> Vec<(u64, String)> {
+        self.lock().silent.clone()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -83,13 +108,21 @@ impl Recorder {
     /// A factory whose processors log into this recorder.
     pub fn factory(&self) -> Arc<dyn ProcessorFactory> {
         let rec = self.clone();
-        Arc::new(move |_ctx: &LeaseContext| -> Box<dyn RecordProcessor> {
+        Arc::new(move |ctx: &LeaseContext| -> Box<dyn RecordProcessor> {
             let instance = {
                 let mut st = rec.lock();
                 st.instances += 1;
                 st.instances
             };
-            Box::new(RecordingProcessor { rec: rec.clone(), instance, batches: 0, pending: None })
+            Box::new(RecordingProcessor {
+                rec: rec.clone(),
+                instance,
+                owner: ctx.token.owner.to_string(),
+                batches: 0,
+                pending: None,
+                told: false,
+                hung: false,
+            })
         })
     }
 
@@ -246,9 +279,24 @@ impl Recorder {
 struct RecordingProcessor {
     rec: Recorder,
     instance: u64,
+    /// The worker running it.
+    owner: String,
     batches: u32,
     /// The end of the last batch processed but not yet checkpointed.
     pending: Option<Position>,
+    /// Whether it heard how its lease ended.
+    told: bool,
+    /// Whether it already hung (see [`Recorder::with_stuck_batches`]).
+    hung: bool,
+}
+
+impl Drop for RecordingProcessor {
+    fn drop(&mut self) {
+        if !self.told {
+            let who = (self.instance, std::mem::take(&mut self.owner));
+            self.rec.lock().silent.push(who);
+        }
+    }
 }
 
 #[async_trait]
@@ -259,6 +307,12 @@ impl RecordProcessor for RecordingProcessor {
         cp: &CheckpointHandle,
     ) -> Result<(), BoxError> {
         let key = cp.token().key.clone();
+        if let Some((every, d)) = self.rec.stuck {
+            if !self.hung && self.instance.is_multiple_of(every) {
+                self.hung = true;
+                tokio::time::sleep(d).await;
+            }
+        }
         {
             let mut st = self.rec.lock();
             if st.panic_next > 0 {
@@ -311,10 +365,12 @@ impl RecordProcessor for RecordingProcessor {
     }
 
     async fn lease_lost(&mut self) {
+        self.told = true;
         self.rec.lock().lost += 1;
     }
 
     async fn shard_ended(&mut self, cp: &CheckpointHandle) -> Result<(), BoxError> {
+        self.told = true;
         cp.checkpoint(Position::ShardEnd).await?;
         self.pending = None;
         self.rec.lock().shard_ends += 1;
@@ -322,6 +378,7 @@ impl RecordProcessor for RecordingProcessor {
     }
 
     async fn shutdown_requested(&mut self, cp: &CheckpointHandle) -> Result<(), BoxError> {
+        self.told = true;
         self.rec.lock().shutdowns += 1;
         if !self.rec.shutdown_delay.is_zero() {
             tokio::time::sleep(self.rec.shutdown_delay).await;
