@@ -32,7 +32,9 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         beat += 1;
         let sent = Instant::now();
         let mut record = WorkerRecord::new(shared.id(), beat);
-        record.lease_count = shared.held_leases().len() as u32;
+        let held = shared.held.borrow().clone();
+        let running = held.iter().filter(|t| t.is_running()).count();
+        record.lease_count = u32::try_from(running).unwrap_or(u32::MAX);
         record.capacity =
             shared.cfg.max_leases_per_worker().map(|m| u32::try_from(m).unwrap_or(u32::MAX));
         record.changes = *changes.borrow_and_update();
@@ -70,12 +72,9 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
             Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), "listing workers failed"),
             Err(_) => warn!("listing workers timed out"),
         }
-        {
-            let held = shared.held.borrow().clone();
-            shared.metrics.leases_held(held.iter().filter(|t| t.is_running()).count());
-            let now = Instant::now();
-            held.iter().for_each(|t| t.metrics.refresh_checkpoint_age(now));
-        }
+        shared.metrics.leases_held(running);
+        let now = Instant::now();
+        held.iter().for_each(|t| t.metrics.refresh_checkpoint_age(now));
         let next = sent + timing.jittered(hb);
         tokio::select! {
             biased;

@@ -273,10 +273,9 @@ async fn withdraw_claims(shared: &Shared, owner: &mut Owner) {
         )
         .await;
         if let super::cas::Outcome::Written(..) = outcome {
-            owner.changes += 1;
+            owner.changed(shared, 1);
         }
     }
-    owner.publish_changes(shared);
 }
 
 /// What a full safety-net listing may cost a worker, in lease records read per second, when the

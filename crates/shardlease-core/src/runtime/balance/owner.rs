@@ -244,7 +244,7 @@ impl Owner {
         shared.held.send_replace(Arc::new(held));
     }
 
-    /// The keys of the leases this worker is running.
+    /// How many leases this worker is running.
     pub(crate) fn held(&self) -> usize {
         self.tasks.values().filter(|t| t.is_running()).count()
     }

@@ -45,11 +45,11 @@ pub(crate) fn spawn(
     version: Version,
 ) -> bool {
     let Some(token) = lease.token() else { return false };
-    let incarnation = shared.incarnation.borrow().clone();
-    if owner.tasks.contains_key(&lease.key)
-        || shared.stop_taking.is_cancelled()
-        || !incarnation.live
-    {
+    let (live, fence) = {
+        let incarnation = shared.incarnation.borrow();
+        (incarnation.live, incarnation.fence.clone())
+    };
+    if owner.tasks.contains_key(&lease.key) || shared.stop_taking.is_cancelled() || !live {
         return false;
     }
     shared.observe(&lease, version);
@@ -57,11 +57,7 @@ pub(crate) fn spawn(
     let (tx, rx) = watch::channel(None);
     let metrics = Arc::new(shared.metrics.lease(&lease.key));
     let done = CancellationToken::new();
-    let stop = task::Stops {
-        own: rx,
-        fence: incarnation.fence.clone(),
-        shutdown: shared.shutdown.subscribe(),
-    };
+    let stop = task::Stops { own: rx, fence, shutdown: shared.shutdown.subscribe() };
     let timing = owner.timing.fork();
     let report = Report {
         events: shared.events.clone(),
