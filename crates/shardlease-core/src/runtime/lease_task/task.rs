@@ -137,6 +137,32 @@ impl Task {
         }
     }
 
+    /// Runs a store or source call unless a stop that abandons in-flight work (a lost lease, a
+    /// fence, a graceful stop whose deadline passed) comes first. Such a stop must reach
+    /// `on_stop`, and the processor its farewell, while the call is still on its way: a fence
+    /// or a shutdown aborts a task that does not stop in time, and an abort drops the processor
+    /// without a word (the simulation found it on a slow store, in a shard end's calls).
+    pub(super) async fn unless_stopped<T>(
+        &mut self,
+        call: impl std::future::Future<Output = T>,
+    ) -> Step<T> {
+        tokio::select! {
+            biased;
+            r = Self::abrupt_stop(&mut self.stop) => Step::Exit(Exit::Stopped(r)),
+            v = call => Step::Done(v),
+        }
+    }
+
+    /// Opens the shard at `position` (see [`Task::unless_stopped`]).
+    async fn open(
+        &mut self,
+        position: &Position,
+    ) -> Step<crate::error::Result<Box<dyn ShardReader>>> {
+        let (source, key, position) =
+            (self.shared.source.clone(), self.key().clone(), position.clone());
+        self.unless_stopped(async move { source.open(&key, &position).await }).await
+    }
+
     pub(super) async fn drive(&mut self, lease: &Lease) -> Exit {
         match self.drive_inner(lease).await {
             Step::Done(()) => Exit::Finished,
@@ -194,9 +220,10 @@ impl Task {
             }
             let mut current = match reader.take() {
                 Some(r) => r,
-                None => match self.shared.source.open(self.key(), &position).await {
-                    Ok(r) => r,
-                    Err(e) => {
+                None => match self.open(&position).await {
+                    Step::Exit(e) => return Step::Exit(e),
+                    Step::Done(Ok(r)) => r,
+                    Step::Done(Err(e)) => {
                         warn!(error = %crate::error::ErrorChain(&e), %position, "opening the shard failed; retrying");
                         let d = backoff.next(&mut self.timing);
                         if let Some(r) = self.pause(d).await {
@@ -350,7 +377,13 @@ impl Task {
             if let Step::Exit(e) = self.call(Hook::ShardEnded).await {
                 return Step::Exit(e);
             }
-            match self.shared.checkpointer.fetch(self.key()).await {
+            let (checkpointer, key) = (self.shared.checkpointer.clone(), self.key().clone());
+            let fetched =
+                match self.unless_stopped(async move { checkpointer.fetch(&key).await }).await {
+                    Step::Done(f) => f,
+                    Step::Exit(e) => return Step::Exit(e),
+                };
+            match fetched {
                 Ok(Some(Position::ShardEnd)) => break,
                 Ok(other) => error!(
                     checkpoint = ?other,
@@ -376,9 +409,15 @@ impl Task {
             return Step::Done(());
         }
         let mut backoff = self.timing.backoff();
-        let marker = StoreCheckpointer::new(self.shared.store.clone());
+        let marker = Arc::new(StoreCheckpointer::new(self.shared.store.clone()));
         loop {
-            match marker.checkpoint(&self.token, &Position::ShardEnd).await {
+            let (marker, token) = (marker.clone(), self.token.clone());
+            let marked = async move { marker.checkpoint(&token, &Position::ShardEnd).await };
+            let marked = match self.unless_stopped(marked).await {
+                Step::Done(m) => m,
+                Step::Exit(e) => return Step::Exit(e),
+            };
+            match marked {
                 Ok(()) => return Step::Done(()),
                 Err(Error::LeaseLost { .. }) => return Step::Exit(Exit::Lost),
                 Err(e) => {
@@ -397,11 +436,12 @@ impl Task {
     /// it as "gone" and start too early. The last parent to end, or the shard sync, creates it.
     pub(super) async fn create_child(&mut self, child: &ShardInfo) -> Step<()> {
         let mut backoff = self.timing.backoff();
-        let store = self.shared.store.clone();
-        let me = self.key().clone();
+        let start = crate::runtime::shard_sync::child_start(self.shared.cfg.initial_position());
         loop {
-            let attempt: crate::error::Result<bool> = async {
-                for p in child.parents.iter().filter(|p| **p != me) {
+            let (store, me, shard, start) =
+                (self.shared.store.clone(), self.key().clone(), child.clone(), start.clone());
+            let attempt = async move {
+                for p in shard.parents.iter().filter(|p| **p != me) {
                     match store.get_lease(p).await {
                         Ok(Some(_)) => {}
                         // Undecodable, but it exists; the child stays blocked by it.
@@ -410,17 +450,18 @@ impl Task {
                         Err(e) => return Err(e),
                     }
                 }
-                let start =
-                    crate::runtime::shard_sync::child_start(self.shared.cfg.initial_position());
                 let lease = Lease {
                     epoch: crate::runtime::recovery::creation_epoch(),
-                    ..Lease::new(child.id.clone(), start)
-                        .with_parents(child.parents.iter().cloned())
+                    ..Lease::new(shard.id.clone(), start)
+                        .with_parents(shard.parents.iter().cloned())
                 };
                 store.create_lease(&lease).await?;
-                Ok(true)
-            }
-            .await;
+                crate::error::Result::Ok(true)
+            };
+            let attempt = match self.unless_stopped(attempt).await {
+                Step::Done(a) => a,
+                Step::Exit(e) => return Step::Exit(e),
+            };
             match attempt {
                 Ok(true) => return Step::Done(()),
                 Ok(false) => {
