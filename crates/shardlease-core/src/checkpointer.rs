@@ -107,8 +107,8 @@ impl Checkpointer for StoreCheckpointer {
             if &lease.checkpoint == position {
                 return Ok(());
             }
-            let next = Lease { checkpoint: position.clone(), ..lease };
-            match self.store.update_lease(&next, version).await {
+            let next = Lease { checkpoint: position.clone(), ..lease.clone() };
+            match crate::notify::update_lease(&*self.store, &lease, &next, version).await {
                 Ok(v) => {
                     self.remember(&token.key, Some(VersionedLease::new(next, v)));
                     return Ok(());

@@ -90,6 +90,11 @@ impl StoreDecorator for InstrumentedStore {
         self.call("update_lease", self.inner.update_lease(lease, expected)).await
     }
 
+    /// Counted and timed as an `update_lease`: the store does the same compare-and-set.
+    async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        self.call("update_lease", self.inner.update_lease_quietly(lease, expected)).await
+    }
+
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
         self.call("delete_lease", self.inner.delete_lease(key, expected)).await
     }

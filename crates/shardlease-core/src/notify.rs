@@ -62,13 +62,7 @@ impl StoreChange {
     /// a shard changes none of those and is not a reason to list.
     pub fn calls_for_listing(&self) -> bool {
         match self {
-            StoreChange::Lease { before: Some(b), after: Some(a), .. } => {
-                b.owner != a.owner
-                    || b.epoch != a.epoch
-                    || b.claim != a.claim
-                    || b.parents != a.parents
-                    || b.is_finished() != a.is_finished()
-            }
+            StoreChange::Lease { before: Some(b), after: Some(a), .. } => changes_ownership(b, a),
             StoreChange::Lease { .. } | StoreChange::Worker { .. } | StoreChange::Unknown => true,
         }
     }
@@ -77,6 +71,36 @@ impl StoreChange {
     /// the store cannot say what changed).
     pub fn calls_for_worker_listing(&self) -> bool {
         matches!(self, StoreChange::Worker { .. } | StoreChange::Unknown)
+    }
+}
+
+/// Whether replacing `before` with `after` is a change the namespace's subscribers hear of: the
+/// owner, epoch, claim, parents or finished state changed. A checkpoint that moves within a shard
+/// changes none of those; the runtime writes it with
+/// [`LeaseStore::update_lease_quietly`](crate::store::LeaseStore::update_lease_quietly), and a
+/// store that pushes notices sends none for it.
+pub(crate) fn changes_ownership(before: &Lease, after: &Lease) -> bool {
+    before.owner != after.owner
+        || before.epoch != after.epoch
+        || before.claim != after.claim
+        || before.parents != after.parents
+        || before.is_finished() != after.is_finished()
+}
+
+/// Replaces `before` (stored at `expected`) with `after`, announced to subscribers only when
+/// [`changes_ownership`] says so: the one place the runtime picks between
+/// [`LeaseStore::update_lease`](crate::store::LeaseStore::update_lease) and
+/// [`LeaseStore::update_lease_quietly`](crate::store::LeaseStore::update_lease_quietly).
+pub(crate) async fn update_lease(
+    store: &dyn crate::store::LeaseStore,
+    before: &Lease,
+    after: &Lease,
+    expected: crate::lease::Version,
+) -> crate::error::Result<crate::lease::Version> {
+    if changes_ownership(before, after) {
+        store.update_lease(after, expected).await
+    } else {
+        store.update_lease_quietly(after, expected).await
     }
 }
 

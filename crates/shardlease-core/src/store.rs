@@ -129,8 +129,9 @@ impl<T> Listing<T> {
 /// # Decorators
 ///
 /// A store that wraps another (fault injection, auditing, counting) must forward every method,
-/// including the ones with a default body ([`remove_worker_if`](LeaseStore::remove_worker_if),
-/// [`namespace`](LeaseStore::namespace), [`subscribe_changes`](LeaseStore::subscribe_changes)),
+/// including the ones with a default body ([`update_lease_quietly`](LeaseStore::update_lease_quietly),
+/// [`remove_worker_if`](LeaseStore::remove_worker_if), [`namespace`](LeaseStore::namespace),
+/// [`subscribe_changes`](LeaseStore::subscribe_changes)),
 /// or the wrapped store's native behaviour is lost: implement
 /// [`StoreDecorator`], which does that, instead of this trait.
 #[async_trait]
@@ -152,6 +153,18 @@ pub trait LeaseStore: Send + Sync + Debug {
     /// Otherwise fails with `Error::Conflict` carrying the current record (or `None` when it does
     /// not exist).
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version>;
+
+    /// [`update_lease`](LeaseStore::update_lease) for a write that changes nothing the
+    /// namespace's subscribers care about: a checkpoint moving within a shard, where the owner,
+    /// epoch, claim, parents and finished state all stay as they are. The core decides which
+    /// writes those are and calls this for them; a store that pushes change notices (see
+    /// [`subscribe_changes`](LeaseStore::subscribe_changes)) sends none for this write, so
+    /// checkpoints cost subscribers nothing. The compare-and-set is exactly `update_lease`'s.
+    ///
+    /// Default: `update_lease` (a store without notices has nothing to leave out).
+    async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        self.update_lease(lease, expected).await
+    }
 
     /// Deletes the lease if its version is still `expected`; `Error::Conflict` otherwise.
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()>;

@@ -17,7 +17,8 @@ use crate::worker_record::WorkerRecord;
 ///
 /// A decorator (fault injection, auditing, call counting, metrics) changes a few methods of the
 /// store it wraps and must pass every other one through unchanged, including the methods with a
-/// default body in [`LeaseStore`] (`remove_worker_if`, `namespace`, `subscribe_changes`), or the
+/// default body in [`LeaseStore`] (`update_lease_quietly`, `remove_worker_if`, `namespace`,
+/// `subscribe_changes`), or the
 /// wrapped store's native behaviour is silently lost. Writing that forwarding by hand in each
 /// decorator meant that a new store method had to be added to every one of them.
 ///
@@ -72,6 +73,14 @@ pub trait StoreDecorator: Send + Sync {
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         self.inner().update_lease(lease, expected).await
     }
+    /// See [`LeaseStore::update_lease_quietly`]. The default goes through this decorator's own
+    /// [`update_lease`](StoreDecorator::update_lease), so a decorator that changes updates (a
+    /// fault, an audit) sees quiet ones too; the write is then announced like any update, which
+    /// is safe (a spurious notice costs subscribers a listing). A decorator that forwards updates
+    /// unchanged overrides this to call the inner store's `update_lease_quietly`.
+    async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        StoreDecorator::update_lease(self, lease, expected).await
+    }
     /// See [`LeaseStore::delete_lease`].
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
         self.inner().delete_lease(key, expected).await
@@ -115,6 +124,9 @@ impl<T: StoreDecorator + Debug> LeaseStore for T {
     }
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         StoreDecorator::update_lease(self, lease, expected).await
+    }
+    async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        StoreDecorator::update_lease_quietly(self, lease, expected).await
     }
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
         StoreDecorator::delete_lease(self, key, expected).await

@@ -61,6 +61,7 @@ pub struct RedisStoreBuilder {
     page_size: Option<usize>,
     response_timeout: Option<Duration>,
     connection_timeout: Option<Duration>,
+    notify: Option<bool>,
     /// PEM root certificates trusted for `rediss://` instead of the system's.
     #[cfg(feature = "tls")]
     tls_root_pem: Option<Vec<u8>>,
@@ -76,6 +77,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("page_size", &self.page_size)
             .field("response_timeout", &self.response_timeout)
             .field("connection_timeout", &self.connection_timeout)
+            .field("notify", &self.notify)
             .finish_non_exhaustive()
     }
 }
@@ -94,6 +96,18 @@ impl RedisStoreBuilder {
     /// TLS are its own, and setting them here is an error.
     pub fn connection_manager(mut self, manager: ConnectionManager) -> Self {
         self.manager = Some(manager);
+        self
+    }
+
+    /// Whether the store announces ownership changes on the namespace's pub/sub channel and lets
+    /// workers subscribe to them (`LeaseStore::subscribe_changes`), so they act on a release, a
+    /// claim, a leave or a join at once instead of at their next heartbeat or balance pass.
+    /// Default: the URL's `notify` parameter, else `true`. Checkpoints and heartbeats publish
+    /// nothing; each subscribed worker holds one more connection. With
+    /// [`connection_manager`](Self::connection_manager) the store has no client to open that
+    /// connection with, so notification is off and turning it on is an error.
+    pub fn notify(mut self, notify: bool) -> Self {
+        self.notify = Some(notify);
         self
     }
 
@@ -145,16 +159,19 @@ impl RedisStoreBuilder {
     /// password.
     pub async fn connect(self) -> Result<RedisStore> {
         let plan = self.plan()?;
-        let (conn, target, redactor) = match plan.connection {
-            Connection::Given(manager) => (manager, GIVEN_MANAGER.to_owned(), Redactor::default()),
+        let (conn, target, redactor, client) = match plan.connection {
+            Connection::Given(manager) => {
+                (manager, GIVEN_MANAGER.to_owned(), Redactor::default(), None)
+            }
             Connection::Open(open) => {
                 let redactor = store_url::redactor(open.url.as_str());
                 let target = redact_url(open.url.as_str());
-                let conn = open.connect(&target, &redactor).await?;
+                let (conn, client) = open.connect(&target, &redactor).await?;
                 debug!(target = %target, namespace = %plan.namespace, "connected to Redis");
-                (conn, target, redactor)
+                (conn, target, redactor, Some(client))
             }
         };
+        let pubsub = if plan.notify { client } else { None };
         Ok(RedisStore::assemble(
             conn,
             plan.namespace,
@@ -162,6 +179,7 @@ impl RedisStoreBuilder {
             target,
             plan.page_size,
             redactor,
+            pubsub,
         ))
     }
 
@@ -182,9 +200,11 @@ impl RedisStoreBuilder {
                 ))
             }
         };
-        let (url_namespace, url_prefix) = match &source {
-            Source::Url(parsed) => (parsed.namespace.clone(), parsed.key_prefix.clone()),
-            Source::Manager(_) => (None, None),
+        let (url_namespace, url_prefix, url_notify) = match &source {
+            Source::Url(parsed) => {
+                (parsed.namespace.clone(), parsed.key_prefix.clone(), parsed.notify)
+            }
+            Source::Manager(_) => (None, None, None),
         };
         let namespace = self.namespace.or(url_namespace);
         let namespace = Namespace::new(namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE))?;
@@ -224,10 +244,22 @@ impl RedisStoreBuilder {
                          with connection_manager() that is the manager's own"
                     )));
                 }
+                if self.notify == Some(true) {
+                    return Err(Error::Config(
+                        "Redis store builder: notify(true) needs url(): with \
+                         connection_manager() the store cannot open the subscription's \
+                         connection"
+                            .into(),
+                    ));
+                }
                 Connection::Given(manager)
             }
         };
-        Ok(Plan { namespace, key_prefix, page_size, connection })
+        let notify = match &connection {
+            Connection::Open(_) => self.notify.or(url_notify).unwrap_or(true),
+            Connection::Given(_) => false,
+        };
+        Ok(Plan { namespace, key_prefix, page_size, connection, notify })
     }
 }
 
@@ -237,6 +269,8 @@ struct Plan {
     key_prefix: String,
     page_size: usize,
     connection: Connection,
+    /// Whether to announce changes and let workers subscribe.
+    notify: bool,
 }
 
 /// What the builder was given to reach the server.
@@ -263,8 +297,12 @@ struct Open {
 }
 
 impl Open {
-    /// Opens the connection manager.
-    async fn connect(self, target: &str, redactor: &Redactor) -> Result<ConnectionManager> {
+    /// Opens the connection manager; the client is kept for subscriptions.
+    async fn connect(
+        self,
+        target: &str,
+        redactor: &Redactor,
+    ) -> Result<(ConnectionManager, redis::Client)> {
         if self.url.scheme() == "rediss" {
             prepare_tls()?;
         }
@@ -287,9 +325,10 @@ impl Open {
             .set_connection_timeout(Some(self.connection_timeout))
             .set_number_of_retries(3)
             .set_max_delay(Duration::from_secs(1));
-        ConnectionManager::new_with_config(client, config)
+        let manager = ConnectionManager::new_with_config(client.clone(), config)
             .await
-            .map_err(|e| backend(redactor, &format!("connecting to {target}"), e))
+            .map_err(|e| backend(redactor, &format!("connecting to {target}"), e))?;
+        Ok((manager, client))
     }
 }
 
@@ -306,6 +345,7 @@ struct ParsedUrl {
     url: Url,
     namespace: Option<String>,
     key_prefix: Option<String>,
+    notify: Option<bool>,
 }
 
 fn parse_url(raw: &str) -> Result<ParsedUrl> {
@@ -323,13 +363,14 @@ fn parse_url(raw: &str) -> Result<ParsedUrl> {
     let mut options = QueryOptions::from_url("Redis", &url)?;
     let namespace = options.string(NAMESPACE_OPTION)?;
     let key_prefix = options.string(KEY_PREFIX_PARAM)?;
+    let notify = options.bool("notify")?;
     let rest = options.into_rest();
     if rest.is_empty() {
         url.set_query(None);
     } else {
         url.query_pairs_mut().clear().extend_pairs(rest);
     }
-    Ok(ParsedUrl { url, namespace, key_prefix })
+    Ok(ParsedUrl { url, namespace, key_prefix, notify })
 }
 
 /// Checks a key prefix (the namespace is checked by [`Namespace::new`]; Redis keys take any

@@ -10,6 +10,7 @@
 //! {shardlease:orders}:leases              sorted set (all scores 0): the lease keys
 //! {shardlease:orders}:worker:<worker id>  hash: one worker's heartbeat record
 //! {shardlease:orders}:workers             sorted set (all scores 0): the worker ids
+//! {shardlease:orders}:changes             pub/sub channel (not a key): change notices
 //! ```
 //!
 //! Releases before random versions also kept a `{shardlease:orders}:version` counter. Nothing
@@ -66,6 +67,12 @@ impl Keys {
     /// The sorted set of the namespace's worker ids.
     pub(crate) fn worker_index(&self) -> String {
         format!("{}:workers", self.base)
+    }
+
+    /// The namespace's change channel (pub/sub, not a key; hash-tagged all the same, so a
+    /// cluster's sharded pub/sub would keep it beside the keys).
+    pub(crate) fn changes(&self) -> String {
+        format!("{}:changes", self.base)
     }
 
     /// A `SCAN MATCH` pattern matching every key of the namespace and nothing else.

@@ -89,6 +89,7 @@ mod builder;
 mod codec;
 mod errors;
 mod keys;
+mod notify;
 mod scripts;
 mod store;
 

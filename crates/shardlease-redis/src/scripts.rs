@@ -17,6 +17,12 @@
 //! letting a worker holding a version from before the loss overwrite a record written since.
 //! The scripts are deterministic (no `TIME`, no counter), so they replicate as they are.
 //!
+//! Every script that changes ownership or membership takes the namespace's change channel as an
+//! argument (empty when notification is off, or for a quiet update, a checkpoint) and, after it
+//! wrote, `PUBLISH`es to it what changed: `L<lease key>`, `J<worker id>` (a worker record
+//! appeared) or `X<worker id>` (one was removed); see `crate::notify`. A heartbeat that updates
+//! an existing record publishes nothing.
+//!
 //! Replies are arrays whose first item is a tag: `created`/`exists`, `updated`/`deleted`,
 //! `absent`, `conflict` (with the current hash as a flat field/value array) and `wrongtype`
 //! (with the Redis type of the key that should have been a hash).
@@ -37,19 +43,24 @@ end
 local function kind(key)
   return redis.call('TYPE', key)['ok']
 end
+local function announce(channel, what)
+  if channel ~= '' then redis.call('PUBLISH', channel, what) end
+end
 "#;
 
-/// KEYS: lease hash, lease index. ARGV: lease key, new version, then field/value pairs.
+/// KEYS: lease hash, lease index. ARGV: lease key, new version, change channel, then field/value
+/// pairs.
 const CREATE: &str = r#"
 local t = kind(KEYS[1])
 if t ~= 'none' then return {'exists', t} end
-replace(KEYS[1], ARGV[2], 3)
+replace(KEYS[1], ARGV[2], 4)
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
+announce(ARGV[3], 'L' .. ARGV[1])
 return {'created', ARGV[2]}
 "#;
 
-/// KEYS: lease hash, lease index. ARGV: lease key, expected version, new version, then
-/// field/value pairs.
+/// KEYS: lease hash, lease index. ARGV: lease key, expected version, new version, change channel
+/// (empty for a quiet update), then field/value pairs.
 const UPDATE: &str = r#"
 local t = kind(KEYS[1])
 if t == 'none' then return {'absent'} end
@@ -57,12 +68,13 @@ if t ~= 'hash' then return {'wrongtype', t} end
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then
   return {'conflict', redis.call('HGETALL', KEYS[1])}
 end
-replace(KEYS[1], ARGV[3], 4)
+replace(KEYS[1], ARGV[3], 5)
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
+announce(ARGV[4], 'L' .. ARGV[1])
 return {'updated', ARGV[3]}
 "#;
 
-/// KEYS: lease hash, lease index. ARGV: lease key, expected version.
+/// KEYS: lease hash, lease index. ARGV: lease key, expected version, change channel.
 const DELETE: &str = r#"
 local t = kind(KEYS[1])
 if t == 'none' then
@@ -75,16 +87,17 @@ if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+announce(ARGV[3], 'L' .. ARGV[1])
 return {'deleted'}
 "#;
 
 /// KEYS: worker hash, worker index. ARGV: worker id, the new beat, the last beat of its process
-/// (`WorkerRecord::last_beat_of_process`), then field/value pairs. Replaces the record unless
+/// (`WorkerRecord::last_beat_of_process`), change channel, then field/value pairs. Replaces the record unless
 /// it holds a beat of the same process (between the new beat and that last one, both included):
 /// then it replies `kept` and writes nothing (see `LeaseStore::heartbeat`). Beats go up to 2^56,
 /// beyond the integers Lua's doubles hold exactly, so they are compared as decimal strings
 /// (longer is greater, then byte by byte); a stored beat that is not a plain decimal number is
-/// replaced.
+/// replaced. A record that did not exist is announced (a join).
 const HEARTBEAT: &str = r#"
 local function ge(a, b)
   if #a ~= #b then return #a > #b end
@@ -94,7 +107,8 @@ local function ge(a, b)
   end
   return true
 end
-if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
+local existed = redis.call('TYPE', KEYS[1])['ok'] == 'hash'
+if existed then
   local stored = redis.call('HGET', KEYS[1], 'beat')
   if stored and (stored == '0' or string.match(stored, '^[1-9]%d*$'))
       and ge(stored, ARGV[2]) and ge(ARGV[3], stored) then
@@ -102,14 +116,15 @@ if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
   end
 end
 local args = {}
-for i = 4, #ARGV do args[#args + 1] = ARGV[i] end
+for i = 5, #ARGV do args[#args + 1] = ARGV[i] end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(args))
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
+if not existed and ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], 'J' .. ARGV[1]) end
 return {'ok'}
 "#;
 
-/// KEYS: worker hash, worker index. ARGV: worker id, beat. Removes the record and its index entry
+/// KEYS: worker hash, worker index. ARGV: worker id, beat, change channel. Removes the record and its index entry
 /// only while its `beat` field is exactly that beat; replies 1 when it removed, 0 otherwise (a
 /// newer beat, a missing record, or a key that is not a hash, which is left for an operator).
 const REMOVE_WORKER_IF: &str = r#"
@@ -118,6 +133,7 @@ if t ~= 'hash' then return 0 end
 if redis.call('HGET', KEYS[1], 'beat') ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], 'X' .. ARGV[1]) end
 return 1
 "#;
 

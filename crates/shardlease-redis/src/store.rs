@@ -13,7 +13,8 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, Value};
 use shardlease_core::store::{
-    CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
+    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version,
+    VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
@@ -42,6 +43,9 @@ struct Inner {
     page_size: usize,
     redactor: Redactor,
     scripts: Scripts,
+    /// Notification on: the client that opens subscriptions (a connection each), and the
+    /// namespace's change channel the scripts publish to (see `crate::notify`).
+    notify: Option<(redis::Client, String)>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -85,8 +89,10 @@ impl RedisStore {
         target: String,
         page_size: usize,
         redactor: Redactor,
+        pubsub: Option<redis::Client>,
     ) -> RedisStore {
         let keys = Keys::new(&key_prefix, namespace.as_str());
+        let notify = pubsub.map(|client| (client, keys.changes()));
         RedisStore {
             conn,
             inner: Arc::new(Inner {
@@ -97,6 +103,7 @@ impl RedisStore {
                 page_size,
                 redactor,
                 scripts: Scripts::new(),
+                notify,
             }),
         }
     }
@@ -193,6 +200,26 @@ impl RedisStore {
             .await
             .map_err(|e| self.err(&format!("{what} of lease {key}"), e))?;
         parse_reply(&reply).map_err(|detail| unexpected(&format!("{what} of lease {key}"), detail))
+    }
+
+    /// The change channel the scripts publish to, or `""` (publish nothing) when notification
+    /// is off.
+    fn channel(&self) -> &str {
+        self.inner.notify.as_ref().map_or("", |(_, channel)| channel.as_str())
+    }
+
+    /// A compare-and-set update, announced to subscribers when `announce`.
+    async fn update(&self, lease: &Lease, expected: Version, announce: bool) -> Result<Version> {
+        let fields = codec::lease_fields(lease).map_err(Error::InvalidInput)?;
+        let new_version = Version::random_other_than(expected);
+        let channel = if announce { self.channel() } else { "" };
+        let mut args = vec![expected.0.to_string(), new_version.0.to_string(), channel.to_owned()];
+        args.extend(flatten(fields));
+        let script = &self.inner.scripts.update;
+        match self.run_lease_script("update", script, &lease.key, &args).await? {
+            Reply::Version(v) => Ok(v),
+            other => Err(self.conflict(&lease.key, other)),
+        }
     }
 
     /// The current record of a conflict, decoded; `Error::Corrupt` when it cannot be.
@@ -352,7 +379,7 @@ fn flatten(pairs: Vec<(&'static str, String)>) -> Vec<String> {
 impl LeaseStore for RedisStore {
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
         let fields = codec::lease_fields(lease).map_err(Error::InvalidInput)?;
-        let mut args = vec![Version::random().0.to_string()];
+        let mut args = vec![Version::random().0.to_string(), self.channel().to_owned()];
         args.extend(flatten(fields));
         let script = &self.inner.scripts.create;
         match self.run_lease_script("create", script, &lease.key, &args).await? {
@@ -391,20 +418,18 @@ impl LeaseStore for RedisStore {
     }
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
-        let fields = codec::lease_fields(lease).map_err(Error::InvalidInput)?;
-        let new_version = Version::random_other_than(expected);
-        let mut args = vec![expected.0.to_string(), new_version.0.to_string()];
-        args.extend(flatten(fields));
-        let script = &self.inner.scripts.update;
-        match self.run_lease_script("update", script, &lease.key, &args).await? {
-            Reply::Version(v) => Ok(v),
-            other => Err(self.conflict(&lease.key, other)),
-        }
+        self.update(lease, expected, true).await
+    }
+
+    /// The same script, publishing nothing.
+    async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        self.update(lease, expected, false).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
         let script = &self.inner.scripts.delete;
-        match self.run_lease_script("delete", script, key, &[expected.0.to_string()]).await? {
+        let args = [expected.0.to_string(), self.channel().to_owned()];
+        match self.run_lease_script("delete", script, key, &args).await? {
             Reply::Done => Ok(()),
             other => Err(self.conflict(key, other)),
         }
@@ -418,7 +443,8 @@ impl LeaseStore for RedisStore {
             .key(keys.worker_index())
             .arg(record.id.as_str())
             .arg(record.beat.to_string())
-            .arg(WorkerRecord::last_beat_of_process(record.beat).to_string());
+            .arg(WorkerRecord::last_beat_of_process(record.beat).to_string())
+            .arg(self.channel());
         for a in flatten(codec::worker_fields(record)) {
             invocation.arg(a);
         }
@@ -439,15 +465,19 @@ impl LeaseStore for RedisStore {
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
         let keys = &self.inner.keys;
         let mut conn = self.conn.clone();
-        let _: Value = redis::pipe()
-            .atomic()
+        let mut pipe = redis::pipe();
+        pipe.atomic()
             .cmd("DEL")
             .arg(keys.worker(id.as_str()))
             .ignore()
             .cmd("ZREM")
             .arg(keys.worker_index())
             .arg(id.as_str())
-            .ignore()
+            .ignore();
+        if let Some((_, channel)) = &self.inner.notify {
+            pipe.cmd("PUBLISH").arg(channel).arg(format!("X{id}")).ignore();
+        }
+        let _: Value = pipe
             .query_async(&mut conn)
             .await
             .map_err(|e| self.err(&format!("removing worker {id}"), e))?;
@@ -461,7 +491,8 @@ impl LeaseStore for RedisStore {
             .key(keys.worker(id.as_str()))
             .key(keys.worker_index())
             .arg(id.as_str())
-            .arg(beat.to_string());
+            .arg(beat.to_string())
+            .arg(self.channel());
         let mut conn = self.conn.clone();
         let removed: i64 = invocation
             .invoke_async(&mut conn)
@@ -472,6 +503,18 @@ impl LeaseStore for RedisStore {
 
     fn namespace(&self) -> Option<Namespace> {
         Some(self.inner.namespace.clone())
+    }
+
+    /// With notification on (the default for a store opened from a URL; see
+    /// [`RedisStoreBuilder::notify`](crate::RedisStoreBuilder::notify)): a subscription to the
+    /// namespace's change channel, on a connection of its own.
+    async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
+        match &self.inner.notify {
+            Some((client, channel)) => {
+                crate::notify::subscribe(client, channel, &self.inner.redactor).await.map(Some)
+            }
+            None => Ok(None),
+        }
     }
 }
 

@@ -116,6 +116,37 @@ pub(crate) struct Queries {
     pub(crate) remove_worker_if: Sql,
     pub(crate) delete_namespace: [Sql; 3],
     pub(crate) schema_version: Sql,
+    /// PostgreSQL: the writes that announce themselves (see `crate::notify`).
+    pub(crate) notifying: Option<Notifying>,
+}
+
+/// The PostgreSQL writes that `NOTIFY` the namespace's channel in the same statement, each the
+/// plain one wrapped by `crate::notify`; the channel and payload are their last two parameters.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct Notifying {
+    pub(crate) insert_lease: Sql,
+    pub(crate) update_lease: Sql,
+    pub(crate) delete_lease: Sql,
+    pub(crate) heartbeat: Sql,
+    pub(crate) remove_worker: Sql,
+    pub(crate) remove_worker_if: Sql,
+}
+
+impl Notifying {
+    #[cfg(feature = "postgres")]
+    fn new(plain: &Queries) -> Self {
+        use crate::notify::{notifying, notifying_insert};
+        let n = LEASE_WRITE_COLUMNS.len();
+        Notifying {
+            insert_lease: sql(notifying(&plain.insert_lease, n + 4)),
+            update_lease: sql(notifying(&plain.update_lease, n + 5)),
+            delete_lease: sql(notifying(&plain.delete_lease, 4)),
+            heartbeat: sql(notifying_insert(&plain.heartbeat, 9)),
+            remove_worker: sql(notifying(&plain.remove_worker, 3)),
+            remove_worker_if: sql(notifying(&plain.remove_worker_if, 4)),
+        }
+    }
 }
 
 impl Queries {
@@ -175,7 +206,8 @@ impl Queries {
             .map(|(i, c)| format!("{c} = {}", p(i + 1)))
             .collect();
         let set_columns = set_columns.join(", ");
-        Queries {
+        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+        let mut queries = Queries {
             get_lease: sql(format!(
                 "SELECT {LEASE_COLUMNS} FROM {leases} WHERE namespace = {} AND lease_key = {}",
                 p(1),
@@ -238,7 +270,13 @@ impl Queries {
             delete_namespace: [leases, workers, namespaces]
                 .map(|t| sql(format!("DELETE FROM {t} WHERE namespace = {}", p(1)))),
             schema_version: sql(format!("SELECT MAX(version) FROM {migrations}")),
+            notifying: None,
+        };
+        #[cfg(feature = "postgres")]
+        if d == Dialect::Postgres {
+            queries.notifying = Some(Notifying::new(&queries));
         }
+        queries
     }
 }
 

@@ -149,6 +149,18 @@ macro_rules! bind_lease_columns {
     }};
 }
 
+/// Binds a notice's channel and payload (`$notice`, an `Option<(&str, String)>` from
+/// `SqlStore::write_sql`) as the last two parameters of `$query`, when there is one.
+macro_rules! with_notice {
+    ($query:expr, $notice:expr) => {{
+        let query = $query;
+        match $notice {
+            Some((channel, payload)) => query.bind(channel).bind(payload),
+            None => query,
+        }
+    }};
+}
+
 /// Runs `$body` with `$p` bound to the concrete pool of `$pool` (a `&SqlPool`): the body is
 /// written once and compiled for every dialect that is enabled.
 macro_rules! on_pool {
@@ -170,6 +182,7 @@ mod codec;
 mod dialect;
 pub mod effectively_once;
 mod errors;
+mod notify;
 mod pool;
 mod schema;
 mod store;

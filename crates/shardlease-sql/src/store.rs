@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardlease_core::store::{
-    CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
+    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version,
+    VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 use sqlx::AssertSqlSafe;
@@ -20,7 +21,7 @@ use tracing::debug;
 use crate::codec::{
     self, check_name, encode_lease, encode_worker, new_version, read_lease, read_worker, RawLease,
 };
-use crate::dialect::{Dialect, Queries, Sql, Tables};
+use crate::dialect::{Dialect, Notifying, Queries, Sql, Tables};
 use crate::errors::{self, redact_url};
 use crate::pool::{open_pool, PoolSettings, Shared, SqlPool};
 use crate::schema;
@@ -51,6 +52,8 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct SqlStore {
     shared: Arc<Shared>,
     namespace: Namespace,
+    /// PostgreSQL with notification on: the namespace's channel (see `crate::notify`).
+    channel: Option<crate::notify::Channel>,
 }
 
 impl fmt::Debug for SqlStore {
@@ -98,6 +101,7 @@ pub struct SqlStoreBuilder {
     max_connections: Option<u32>,
     acquire_timeout: Option<Duration>,
     busy_timeout: Option<Duration>,
+    notify: Option<bool>,
 }
 
 impl fmt::Debug for SqlStoreBuilder {
@@ -111,6 +115,7 @@ impl fmt::Debug for SqlStoreBuilder {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("busy_timeout", &self.busy_timeout)
+            .field("notify", &self.notify)
             .finish()
     }
 }
@@ -176,6 +181,17 @@ impl SqlStoreBuilder {
         self
     }
 
+    /// PostgreSQL: whether the store announces ownership changes with `NOTIFY` and lets workers
+    /// subscribe to them (`LeaseStore::subscribe_changes`), so they act on a release, a claim,
+    /// a leave or a join at once instead of at their next heartbeat or balance pass. Default:
+    /// the URL's `notify` parameter, else `true`. Checkpoints and heartbeats announce nothing,
+    /// so it adds no store writes; each subscribed worker holds one more connection (its own,
+    /// not one of the pool's). The other dialects have no notification and ignore it.
+    pub fn notify(mut self, notify: bool) -> Self {
+        self.notify = Some(notify);
+        self
+    }
+
     /// Connects (or takes the pool), runs the migrations if asked, and returns the store.
     pub async fn connect(self) -> Result<SqlStore> {
         let SqlStoreBuilder {
@@ -187,6 +203,7 @@ impl SqlStoreBuilder {
             max_connections,
             acquire_timeout,
             busy_timeout,
+            notify,
         } = self;
         let source = match (url, pool) {
             (Some(url), None) => Source::Url(url),
@@ -253,6 +270,7 @@ impl SqlStoreBuilder {
         let prefix =
             table_prefix.or(from_url.table_prefix).unwrap_or_else(|| DEFAULT_TABLE_PREFIX.into());
         let create = create_schema.or(from_url.create_schema).unwrap_or(true);
+        let notify = notify.or(from_url.notify).unwrap_or(true);
         let namespace = Namespace::new(namespace)?;
         validate_prefix(&prefix)?;
         let dialect = pool.dialect();
@@ -263,7 +281,7 @@ impl SqlStoreBuilder {
         let shared =
             Arc::new(Shared { pool, dialect, prefix, tables, queries, write_gate, heartbeats });
         schema::prepare(&shared, create).await?;
-        Ok(SqlStore::in_namespace(shared, namespace))
+        Ok(SqlStore::in_namespace(shared, namespace, notify))
     }
 }
 
@@ -300,8 +318,24 @@ impl SqlStore {
         SqlStoreBuilder::default()
     }
 
-    fn in_namespace(shared: Arc<Shared>, namespace: Namespace) -> SqlStore {
-        SqlStore { shared, namespace }
+    fn in_namespace(shared: Arc<Shared>, namespace: Namespace, notify: bool) -> SqlStore {
+        let channel = (notify && shared.queries.notifying.is_some())
+            .then(|| crate::notify::Channel::new(&shared.prefix, &namespace));
+        SqlStore { shared, namespace, channel }
+    }
+
+    /// The statement for a write: `plain`, or (PostgreSQL with notification on) its notifying
+    /// form from `pick`, with the channel and the payload `say` writes, its last two parameters.
+    fn write_sql<'a>(
+        &'a self,
+        plain: &'a Sql,
+        pick: impl FnOnce(&'a Notifying) -> &'a Sql,
+        say: impl FnOnce(&'a crate::notify::Channel) -> String,
+    ) -> (AssertSqlSafe<Arc<str>>, Option<(&'a str, String)>) {
+        match (&self.channel, &self.shared.queries.notifying) {
+            (Some(channel), Some(n)) => (stmt(pick(n)), Some((channel.name(), say(channel)))),
+            _ => (stmt(plain), None),
+        }
     }
 
     /// The namespace this store reads and writes.
@@ -327,6 +361,12 @@ impl SqlStore {
     /// The name of the worker records table (`<prefix>workers`).
     pub fn workers_table(&self) -> &str {
         &self.shared.tables.workers
+    }
+
+    /// PostgreSQL with notification on: the channel this namespace's change notices go to (see
+    /// [`SqlStoreBuilder::notify`]). `LISTEN "<channel>"` in `psql` shows them as they happen.
+    pub fn notify_channel(&self) -> Option<&str> {
+        self.channel.as_ref().map(crate::notify::Channel::name)
     }
 
     /// The connection pool.
@@ -416,22 +456,59 @@ impl SqlStore {
     }
 }
 
+impl SqlStore {
+    /// The compare-and-set `UPDATE`, announced when `announce` (and notification is on).
+    async fn update(&self, lease: &Lease, expected: Version, announce: bool) -> Result<Version> {
+        let c = encode_lease(lease)?;
+        let new_version = new_version(Some(expected));
+        let Ok(expected) = i64::try_from(expected.0) else {
+            // No row can hold this version.
+            return Err(self.conflict(&lease.key).await);
+        };
+        let ns = self.namespace.as_str();
+        let key = lease.key.as_str();
+        let plain = &self.shared.queries.update_lease;
+        let (sql, notice) = if announce {
+            self.write_sql(plain, |n| &n.update_lease, |c| c.lease(key))
+        } else {
+            (stmt(plain), None)
+        };
+        let turn = self.write_turn().await;
+        let updated: SqlxResult<u64> = on_pool!(&self.shared.pool, p => {
+            let q = bind_lease_columns!(sqlx::query(sql), c)
+                .bind(new_version)
+                .bind(ns)
+                .bind(key)
+                .bind(expected);
+            with_notice!(q, notice).execute(p).await.map(|r| r.rows_affected())
+        });
+        drop(turn);
+        let updated = updated.map_err(|e| self.fail("update a lease", e))?;
+        if updated == 1 {
+            Ok(Version(new_version.unsigned_abs()))
+        } else {
+            Err(self.conflict(&lease.key).await)
+        }
+    }
+}
+
 #[async_trait]
 impl LeaseStore for SqlStore {
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
         let c = encode_lease(lease)?;
         let version = new_version(None);
-        let sql = stmt(&self.shared.queries.insert_lease);
         let ns = self.namespace.as_str();
         let key = lease.key.as_str();
+        let (sql, notice) = self.write_sql(
+            &self.shared.queries.insert_lease,
+            |n| &n.insert_lease,
+            |c| c.lease(key),
+        );
         let turn = self.write_turn().await;
-        let inserted: SqlxResult<u64> = on_pool!(&self.shared.pool, p => bind_lease_columns!(sqlx::query(sql), c)
-            .bind(version)
-            .bind(ns)
-            .bind(key)
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected()));
+        let inserted: SqlxResult<u64> = on_pool!(&self.shared.pool, p => {
+            let q = bind_lease_columns!(sqlx::query(sql), c).bind(version).bind(ns).bind(key);
+            with_notice!(q, notice).execute(p).await.map(|r| r.rows_affected())
+        });
         drop(turn);
         match inserted {
             Ok(1) => Ok(CreateOutcome::Created(Version(version.unsigned_abs()))),
@@ -483,31 +560,12 @@ impl LeaseStore for SqlStore {
     }
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
-        let c = encode_lease(lease)?;
-        let new_version = new_version(Some(expected));
-        let Ok(expected) = i64::try_from(expected.0) else {
-            // No row can hold this version.
-            return Err(self.conflict(&lease.key).await);
-        };
-        let sql = stmt(&self.shared.queries.update_lease);
-        let ns = self.namespace.as_str();
-        let key = lease.key.as_str();
-        let turn = self.write_turn().await;
-        let updated: SqlxResult<u64> = on_pool!(&self.shared.pool, p => bind_lease_columns!(sqlx::query(sql), c)
-            .bind(new_version)
-            .bind(ns)
-            .bind(key)
-            .bind(expected)
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected()));
-        drop(turn);
-        let updated = updated.map_err(|e| self.fail("update a lease", e))?;
-        if updated == 1 {
-            Ok(Version(new_version.unsigned_abs()))
-        } else {
-            Err(self.conflict(&lease.key).await)
-        }
+        self.update(lease, expected, true).await
+    }
+
+    /// The same `UPDATE`, without `NOTIFY`.
+    async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        self.update(lease, expected, false).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
@@ -515,16 +573,17 @@ impl LeaseStore for SqlStore {
         let Ok(expected) = i64::try_from(expected.0) else {
             return Err(self.conflict(key).await);
         };
-        let sql = stmt(&self.shared.queries.delete_lease);
         let ns = self.namespace.as_str();
+        let (sql, notice) = self.write_sql(
+            &self.shared.queries.delete_lease,
+            |n| &n.delete_lease,
+            |c| c.lease(key.as_str()),
+        );
         let turn = self.write_turn().await;
-        let deleted: SqlxResult<u64> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
-            .bind(ns)
-            .bind(key.as_str())
-            .bind(expected)
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected()));
+        let deleted: SqlxResult<u64> = on_pool!(&self.shared.pool, p => {
+            let q = sqlx::query(sql).bind(ns).bind(key.as_str()).bind(expected);
+            with_notice!(q, notice).execute(p).await.map(|r| r.rows_affected())
+        });
         drop(turn);
         let deleted = deleted.map_err(|e| self.fail("delete a lease", e))?;
         if deleted == 1 {
@@ -533,7 +592,6 @@ impl LeaseStore for SqlStore {
             Err(self.conflict(key).await)
         }
     }
-
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
         let c = encode_worker(record)?;
         let (worker_id, beat, updated_at, lease_count, load, capacity, changes) = (
@@ -552,23 +610,29 @@ impl LeaseStore for SqlStore {
         // No write turn: a heartbeat must not queue behind a burst of lease writes (it would
         // miss its deadline and fence the worker); it meets at most the one write in progress
         // at SQLite's lock, which the busy handler resolves within milliseconds.
+        // Announced only when it inserts the record (a join), never for a heartbeat.
+        let (sql, notice) = self.write_sql(
+            &self.shared.queries.heartbeat,
+            |n| &n.heartbeat,
+            |c| c.joined(&worker_id),
+        );
+        let notice = notice.map(|(channel, payload)| (channel.to_owned(), payload));
         let in_flight = Arc::clone(&self.shared.heartbeats).read_owned().await;
         let write = tokio::spawn(async move {
             let _in_flight = in_flight;
-            let sql = stmt(&shared.queries.heartbeat);
             let ns = namespace.as_str();
-            let done: SqlxResult<()> = on_pool!(&shared.pool, p => sqlx::query(sql)
-                .bind(ns)
-                .bind(worker_id.as_str())
-                .bind(beat)
-                .bind(updated_at)
-                .bind(lease_count)
-                .bind(load)
-                .bind(capacity)
-                .bind(changes)
-                .execute(p)
-                .await
-                .map(|_| ()));
+            let done: SqlxResult<()> = on_pool!(&shared.pool, p => {
+                let q = sqlx::query(sql)
+                    .bind(ns)
+                    .bind(worker_id.as_str())
+                    .bind(beat)
+                    .bind(updated_at)
+                    .bind(lease_count)
+                    .bind(load)
+                    .bind(capacity)
+                    .bind(changes);
+                with_notice!(q, notice).execute(p).await.map(|_| ())
+            });
             done.map_err(|e| errors::backend(shared.dialect, "write a heartbeat", e))
         });
         match write.await {
@@ -601,17 +665,19 @@ impl LeaseStore for SqlStore {
 
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
         check_name("worker id", id.as_str())?;
-        let sql = stmt(&self.shared.queries.remove_worker);
+        let (sql, notice) = self.write_sql(
+            &self.shared.queries.remove_worker,
+            |n| &n.remove_worker,
+            |c| c.left(id.as_str()),
+        );
         let ns = self.namespace.as_str();
         // After every heartbeat already started, even abandoned ones (see `Shared::heartbeats`).
         let _no_heartbeat_in_flight = self.shared.heartbeats.write().await;
         let _turn = self.write_turn().await;
-        let done: SqlxResult<()> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
-            .bind(ns)
-            .bind(id.as_str())
-            .execute(p)
-            .await
-            .map(|_| ()));
+        let done: SqlxResult<()> = on_pool!(&self.shared.pool, p => {
+            let q = sqlx::query(sql).bind(ns).bind(id.as_str());
+            with_notice!(q, notice).execute(p).await.map(|_| ())
+        });
         done.map_err(|e| self.fail("remove a worker", e))
     }
 
@@ -620,23 +686,37 @@ impl LeaseStore for SqlStore {
         let Ok(beat) = i64::try_from(beat) else {
             return Ok(false); // no row can hold this beat
         };
-        let sql = stmt(&self.shared.queries.remove_worker_if);
+        let (sql, notice) = self.write_sql(
+            &self.shared.queries.remove_worker_if,
+            |n| &n.remove_worker_if,
+            |c| c.left(id.as_str()),
+        );
         let ns = self.namespace.as_str();
         // No wait for heartbeats in flight (unlike `remove_worker`): one that lands afterwards
         // recreates the record, which is right, since its worker is alive after all.
         let _turn = self.write_turn().await;
-        let removed: SqlxResult<u64> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
-            .bind(ns)
-            .bind(id.as_str())
-            .bind(beat)
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected()));
+        let removed: SqlxResult<u64> = on_pool!(&self.shared.pool, p => {
+            let q = sqlx::query(sql).bind(ns).bind(id.as_str()).bind(beat);
+            with_notice!(q, notice).execute(p).await.map(|r| r.rows_affected())
+        });
         removed.map(|n| n > 0).map_err(|e| self.fail("remove a worker conditionally", e))
     }
 
     fn namespace(&self) -> Option<Namespace> {
         Some(self.namespace.clone())
+    }
+
+    /// PostgreSQL with notification on (the default; see [`SqlStoreBuilder::notify`]): a
+    /// `LISTEN` on the namespace's channel, over a connection of its own. Other dialects have
+    /// no notification.
+    async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
+        match (&self.channel, &self.shared.pool) {
+            #[cfg(feature = "postgres")]
+            (Some(channel), SqlPool::Postgres(pool)) => {
+                crate::notify::subscribe(pool, channel).await.map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 }
 

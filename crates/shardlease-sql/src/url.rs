@@ -3,7 +3,8 @@
 //!
 //! Accepted: `postgres://`, `postgresql://`, `sqlite://path`, `sqlite:path`, `sqlite::memory:`,
 //! `mysql://` and `mariadb://` (spoken to with the MySQL driver). shardlease's own query
-//! parameters (`namespace`, `table_prefix`, `create_schema`, `max_connections`) are removed;
+//! parameters (`namespace`, `table_prefix`, `create_schema`, `max_connections`, `notify`) are
+//! removed;
 //! everything else (`sslmode`, `mode=rwc`, ...) is handed to sqlx unchanged. The options are
 //! read with core's [`QueryOptions`] (a duplicate is refused); error messages never echo the URL.
 
@@ -22,6 +23,8 @@ pub(crate) struct StoreUrl {
     pub(crate) table_prefix: Option<String>,
     pub(crate) create_schema: Option<bool>,
     pub(crate) max_connections: Option<u32>,
+    /// PostgreSQL: whether the store announces changes (`notify=false` turns it off).
+    pub(crate) notify: Option<bool>,
     /// SQLite: an in-memory database (one connection holds it).
     pub(crate) sqlite_in_memory: bool,
     /// SQLite: `sqlite::memory:?name=NAME`, an in-memory database every `connect` of this
@@ -61,6 +64,7 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl> {
     parsed.max_connections = options
         .integer("max_connections", 1..=u64::from(u32::MAX))?
         .and_then(|n| u32::try_from(n).ok());
+    parsed.notify = options.bool("notify")?;
     if dialect == Dialect::Sqlite {
         parsed.sqlite_memory_name = options.non_empty("name")?;
     }

@@ -26,6 +26,8 @@ macro_rules! __conformance_cases {
             worker_records
             remove_worker_if_checks_the_beat
             a_heartbeat_never_moves_the_beat_back
+            notices_announce_ownership_changes_only
+            a_dropped_subscription_ends_its_stream
             one_worker_takes_every_lease_in_one_pass
             workers_share_leases_evenly
             a_joining_worker_gets_its_share_without_duplicates

@@ -102,7 +102,7 @@ where
                 return Outcome::Declined;
             }
         };
-        match shared.store.update_lease(&next, version).await {
+        match crate::notify::update_lease(&*shared.store, &lease, &next, version).await {
             Ok(v) => return Outcome::Written(next, v),
             Err(Error::Conflict { current: now, .. }) => {
                 if conflicts >= policy.conflicts {

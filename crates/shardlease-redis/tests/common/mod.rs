@@ -73,6 +73,29 @@ impl StoreFactory for RedisFactory {
         "redis".to_owned()
     }
 
+    /// `CLIENT KILL TYPE pubsub`: every subscriber connection of the server goes (the
+    /// notification cases run one at a time; a worker's subscription is made again).
+    async fn drop_subscriptions(
+        &self,
+        _store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+    ) -> Result<bool> {
+        let mut conn = self.open(namespace).await?.manager();
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| {
+                Error::permanent(format!("drop_subscriptions: CLIENT KILL failed: {e}"))
+            })?;
+        if killed == 0 {
+            return Err(Error::permanent("drop_subscriptions: no subscriber connection to kill"));
+        }
+        Ok(true)
+    }
+
     /// Writes the content through `store` (its own encoding: an update at the current version,
     /// or a create), then sets the hash's `version` field by hand with a raw `HSET`.
     async fn restore_raw(

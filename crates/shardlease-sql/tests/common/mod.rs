@@ -135,6 +135,23 @@ impl StoreFactory for SqlFactory {
         format!("sql/{}", self.base.dialect())
     }
 
+    /// PostgreSQL: terminates the backends `LISTEN`ing on the namespace's channel. The other
+    /// dialects have no notification.
+    async fn drop_subscriptions(
+        &self,
+        _store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+    ) -> Result<bool> {
+        let raw = self.open(namespace).await?;
+        let Some(channel) = raw.notify_channel() else { return Ok(false) };
+        let listen = format!("LISTEN \"{channel}\"");
+        let sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = $1";
+        match exec_raw(&raw, sql, &[&listen]).await {
+            0 => Err(Error::permanent(format!("drop_subscriptions: nobody runs {listen}"))),
+            _ => Ok(true),
+        }
+    }
+
     /// Writes the content through `store` (its own encoding: an update at the current version,
     /// or a create), then sets the version by hand with a raw `UPDATE` on the factory's pool.
     async fn restore_raw(

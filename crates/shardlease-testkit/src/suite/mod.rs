@@ -16,6 +16,7 @@ mod create;
 mod lease_loop;
 mod lifecycle;
 mod listing;
+mod notices;
 mod rollback;
 mod scope;
 mod skip;
@@ -39,6 +40,9 @@ pub use lease_loop::{
 };
 pub use listing::{
     list_many_leases, list_many_leases_n, namespaces_are_isolated, LIST_MANY_LEASES_COUNT,
+};
+pub use notices::{
+    a_dropped_subscription_ends_its_stream, notices_announce_ownership_changes_only,
 };
 pub use rollback::a_rolled_back_record_never_accepts_a_stale_version;
 pub use scope::{with_scope, Scope};
@@ -94,6 +98,24 @@ pub trait StoreFactory: Send + Sync {
     ) -> Result<bool> {
         Ok(false)
     }
+
+    /// The subscription hook: makes the server drop the connections of the change
+    /// subscriptions of `namespace` (e.g. `pg_terminate_backend` on PostgreSQL, `CLIENT KILL`
+    /// on Redis), the way a network failure or a server restart would. `store` is a store this
+    /// factory opened on `namespace`. Returns `Ok(true)` when it did, `Ok(false)` when the
+    /// backend cannot (the default); the case needing it then says so and passes, since a store
+    /// may well have no way to do this from outside.
+    ///
+    /// It may drop more than the namespace's subscriptions (other cases' subscriptions then end
+    /// and are made again, as the runtime does); the notification cases of one process run one
+    /// at a time.
+    async fn drop_subscriptions(
+        &self,
+        _store: &Arc<dyn LeaseStore>,
+        _namespace: &str,
+    ) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 #[async_trait]
@@ -119,6 +141,13 @@ impl<T: StoreFactory + ?Sized> StoreFactory for Arc<T> {
     ) -> Result<bool> {
         (**self).restore_raw(store, namespace, lease, version).await
     }
+    async fn drop_subscriptions(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+    ) -> Result<bool> {
+        (**self).drop_subscriptions(store, namespace).await
+    }
 }
 
 #[async_trait]
@@ -143,6 +172,13 @@ impl<T: StoreFactory + ?Sized> StoreFactory for Box<T> {
         version: Version,
     ) -> Result<bool> {
         (**self).restore_raw(store, namespace, lease, version).await
+    }
+    async fn drop_subscriptions(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        namespace: &str,
+    ) -> Result<bool> {
+        (**self).drop_subscriptions(store, namespace).await
     }
 }
 
