@@ -36,7 +36,7 @@ use shardlease_core::{Config, LeaseKey, MemorySource, Position, ShardSource, Wor
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
-use shardlease_testkit::Faults;
+use shardlease_testkit::{Faults, Notifier};
 
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
@@ -158,6 +158,11 @@ struct Draw {
     /// often, for a handoff's or a shutdown's deadline to pass while it hangs). Drawn from an RNG
     /// of its own, like the late writes.
     stuck_batches: Option<(u64, Duration)>,
+    /// Change notification (a store that pushes, like PostgreSQL or Redis), for half the seeds:
+    /// the share of notices lost (pub/sub is at most once). Subscriptions also drop at a wipe,
+    /// a rollback and a partition, as a server restart or a lost connection ends them. Drawn
+    /// from an RNG of its own, like the late writes.
+    notifications: Option<f64>,
 }
 
 fn draw(rng: &mut StdRng) -> Draw {
@@ -185,7 +190,15 @@ fn draw(rng: &mut StdRng) -> Draw {
         error_rate: rng.random_range(0.0..0.2),
         late_writes: (0.0, Duration::ZERO),
         stuck_batches: None,
+        notifications: None,
     }
+}
+
+/// Change notification for half the seeds, losing up to 30% of the notices.
+fn draw_notifications(seed: u64) -> Option<f64> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0071_f1ca_7105);
+    rng.random_bool(0.5)
+        .then(|| if rng.random_bool(0.5) { 0.0 } else { rng.random_range(0.0..0.3) })
 }
 
 /// Stuck processors for half the seeds: every 2nd to 6th processor instance hangs 1 to 9
@@ -210,8 +223,16 @@ async fn simulate(seed: u64) -> Result<String, String> {
     let mut d = draw(&mut rng);
     d.late_writes = draw_late_writes(seed);
     d.stuck_batches = draw_stuck_batches(seed);
+    d.notifications = draw_notifications(seed);
     let mem = MemoryBackend::new().store("sim".parse().unwrap());
-    let base: Arc<dyn LeaseStore> = Arc::new(mem.clone());
+    let notifier = Notifier::new(seed);
+    let base: Arc<dyn LeaseStore> = match d.notifications {
+        Some(loss) => {
+            notifier.set_loss(loss);
+            Arc::new(notifier.wrap(Arc::new(mem.clone())))
+        }
+        None => Arc::new(mem.clone()),
+    };
     let faults = Faults::new(seed);
     faults.set_error_rate(d.error_rate);
     faults.set_latency(Duration::from_millis(1), d.latency_max);
@@ -360,6 +381,9 @@ async fn simulate(seed: u64) -> Result<String, String> {
                     (Event::Rollback, Some(c)) => mem.restore(c),
                     _ => mem.wipe(),
                 }
+                // A server that lost its data restarted or failed over: its subscribers' streams
+                // end (a no-op without notification).
+                notifier.drop_subscriptions();
                 // The running workers remember what the store forgot and restore it; a fleet
                 // that lost that memory too (all restarted) could not, so wait for the repair
                 // before drawing the next event.

@@ -99,8 +99,24 @@ impl shardlease_core::store::StoreDecorator for AuditStore {
     }
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        self.audited(lease, expected, false).await
+    }
+
+    /// Audited as an update, passed on as quiet.
+    async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        self.audited(lease, expected, true).await
+    }
+}
+
+impl AuditStore {
+    /// The update, checked against the record it replaced.
+    async fn audited(&self, lease: &Lease, expected: Version, quiet: bool) -> Result<Version> {
         let prev = self.inner.get_lease(&lease.key).await.ok().flatten();
-        let v = self.inner.update_lease(lease, expected).await?;
+        let v = if quiet {
+            self.inner.update_lease_quietly(lease, expected).await?
+        } else {
+            self.inner.update_lease(lease, expected).await?
+        };
         if let Some(VersionedLease { lease: prev, version: pv }) = prev {
             if pv == expected {
                 self.check(&prev, lease);

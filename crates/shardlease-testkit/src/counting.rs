@@ -98,6 +98,13 @@ pub struct CountingStore {
 }
 
 impl CountingStore {
+    /// Counts a failed compare-and-set.
+    fn conflicted<T>(&self, r: &Result<T>) {
+        if matches!(r, Err(Error::Conflict { .. })) {
+            self.update_conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn LeaseStore>) -> Self {
         CountingStore {
@@ -162,9 +169,15 @@ impl shardlease_core::store::StoreDecorator for CountingStore {
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
         self.count(3);
         let r = self.inner.update_lease(lease, expected).await;
-        if matches!(r, Err(Error::Conflict { .. })) {
-            self.update_conflicts.fetch_add(1, Ordering::Relaxed);
-        }
+        self.conflicted(&r);
+        r
+    }
+
+    /// Counted as an update (the same compare-and-set), passed on as quiet.
+    async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        self.count(3);
+        let r = self.inner.update_lease_quietly(lease, expected).await;
+        self.conflicted(&r);
         r
     }
 

@@ -14,10 +14,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shardlease_core::store::{
-    CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
+    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version,
+    VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Result, WorkerId};
 
@@ -332,6 +334,36 @@ impl FaultyStore {
     }
 }
 
+impl FaultyStore {
+    /// A compare-and-set update (`quiet`: one the core wrote with `update_lease_quietly`), with
+    /// the faults of a write; a late landing repeats it the same way.
+    async fn update(&self, lease: &Lease, expected: Version, quiet: bool) -> Result<Version> {
+        if !self.faults.is_corrupt(&lease.key) {
+            let l = lease.clone();
+            if let Some(e) = self.late("update_lease", move |s| async move {
+                let _ = if quiet {
+                    s.update_lease_quietly(&l, expected).await
+                } else {
+                    s.update_lease(&l, expected).await
+                };
+            }) {
+                return Err(e);
+            }
+        }
+        let call = async {
+            if self.faults.is_corrupt(&lease.key) {
+                return Err(Self::corrupt_error(&lease.key));
+            }
+            if quiet {
+                self.inner.update_lease_quietly(lease, expected).await
+            } else {
+                self.inner.update_lease(lease, expected).await
+            }
+        };
+        self.run("update_lease", Kind::Write, call).await
+    }
+}
+
 #[async_trait]
 impl shardlease_core::store::StoreDecorator for FaultyStore {
     fn inner(&self) -> &dyn LeaseStore {
@@ -372,21 +404,12 @@ impl shardlease_core::store::StoreDecorator for FaultyStore {
     }
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
-        if !self.faults.is_corrupt(&lease.key) {
-            let l = lease.clone();
-            if let Some(e) = self.late("update_lease", |s| async move {
-                let _ = s.update_lease(&l, expected).await;
-            }) {
-                return Err(e);
-            }
-        }
-        let call = async {
-            if self.faults.is_corrupt(&lease.key) {
-                return Err(Self::corrupt_error(&lease.key));
-            }
-            self.inner.update_lease(lease, expected).await
-        };
-        self.run("update_lease", Kind::Write, call).await
+        self.update(lease, expected, false).await
+    }
+
+    /// The same faults as an update, passed on as quiet.
+    async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        self.update(lease, expected, true).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
@@ -439,5 +462,25 @@ impl shardlease_core::store::StoreDecorator for FaultyStore {
             return Err(e);
         }
         self.run("remove_worker_if", Kind::Write, self.inner.remove_worker_if(id, beat)).await
+    }
+
+    /// A partitioned worker cannot subscribe, and its open stream ends at the first notice after
+    /// the partition began, as a lost connection ends a real one. No latency or error is drawn
+    /// (a seed's other draws stay what they were).
+    async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
+        let down = || Error::retryable("partitioned: cannot subscribe to change notices");
+        if self.worker.as_ref().is_some_and(|w| self.faults.is_partitioned(w)) {
+            return Err(down());
+        }
+        let Some(stream) = self.inner.subscribe_changes().await? else { return Ok(None) };
+        let (faults, worker) = (self.faults.clone(), self.worker.clone());
+        Ok(Some(
+            stream
+                .take_while(move |_| {
+                    let up = !worker.as_ref().is_some_and(|w| faults.is_partitioned(w));
+                    async move { up }
+                })
+                .boxed(),
+        ))
     }
 }

@@ -5,6 +5,14 @@ use shardlease_testkit::MemoryFactory;
 
 shardlease_testkit::store_conformance_tests!(MemoryFactory::new());
 
+/// The in-process notifier the simulation draws ([`shardlease_testkit::NotifyingStore`]) meets
+/// the notification cases like a real store's push.
+mod notifying {
+    use shardlease_testkit::MemoryFactory;
+
+    shardlease_testkit::store_conformance_tests!(MemoryFactory::new().with_notifications());
+}
+
 /// The `@async` form with a factory, and `run_all` on a shared factory.
 mod asynchronous {
     use std::sync::Arc;

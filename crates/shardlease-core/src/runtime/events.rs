@@ -44,12 +44,17 @@ pub(crate) enum Event {
         /// How many.
         n: u64,
     },
-    /// A reason to list the leases: a refused fenced write, a lost lease, a store notice. With
+    /// A reason to list the leases: a refused fenced write, a lost lease, a new subscription. With
     /// `now`, the next pass runs at once.
     WantListing {
         /// Run the pass at once rather than at the next interval.
         now: bool,
     },
+    /// The store announced a change worth a listing (see `notices`): a pass runs soon, a few
+    /// milliseconds later so that a burst of notices (a leave releasing every lease) is one
+    /// listing, and no sooner than [`NOTICE_GAP`](super::balance::NOTICE_GAP) after the last
+    /// listing a notice asked for.
+    Noticed,
     /// A lease task wrote `lease` (a pinned start, a handoff or release, a shard's end): the loop's
     /// memory of the namespace follows without waiting for a listing (see `recovery`).
     Remember(Lease, Instant),

@@ -30,6 +30,7 @@ pub(crate) async fn notice_loop(shared: Arc<Shared>) {
             Ok(None) => return,
             Ok(Some(mut stream)) => {
                 debug!("subscribed to the store's change notices");
+                shared.notified.send_replace(true);
                 backoff = timing.backoff();
                 // Whatever changed while no stream was open is found by listing once.
                 shared.tell(Event::WantListing { now: true });
@@ -40,12 +41,15 @@ pub(crate) async fn notice_loop(shared: Arc<Shared>) {
                         _ = shared.cancel.cancelled() => return,
                         n = stream.next() => n,
                     };
-                    let Some(change) = next else { break };
+                    let Some(change) = next else {
+                        shared.notified.send_replace(false);
+                        break;
+                    };
                     if change.calls_for_worker_listing() {
                         shared.workers_changed.notify_one();
                     }
                     if change.calls_for_listing() {
-                        shared.tell(Event::WantListing { now: true });
+                        shared.tell(Event::Noticed);
                     }
                 }
                 debug!("the store's change stream ended; subscribing again");

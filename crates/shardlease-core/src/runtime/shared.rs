@@ -153,6 +153,10 @@ pub(crate) struct Shared {
     /// Wakes the heartbeat loop to beat and list the worker records now: the store notified that
     /// a worker record appeared or vanished (see `notices`).
     pub workers_changed: Notify,
+    /// Whether the store's change stream is open (see `notices`): peers then hear of this
+    /// worker's first heartbeat and of its claims at once, so a starting worker may claim before
+    /// its full view of the workers (see `balance::wait_for_first_view`).
+    pub notified: watch::Sender<bool>,
     /// This worker's metrics and counters, labelled with its namespace and configured id.
     pub metrics: crate::telemetry::WorkerMetrics,
 }
@@ -211,6 +215,7 @@ impl Shared {
             changes: watch::channel(0).0,
             heartbeat_ok: watch::channel(None).0,
             workers_changed: Notify::new(),
+            notified: watch::channel(false).0,
             metrics,
         };
         (shared, Receivers { events: events_rx, sync: sync_rx })

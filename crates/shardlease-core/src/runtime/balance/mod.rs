@@ -42,6 +42,16 @@ use super::shared::Shared;
 use super::shutdown_report::{ReleasedLease, ShutdownReport};
 use crate::lease::{transition, Epoch, LeaseKey};
 
+/// How long a pass waits after a store notice, so that the notices of one burst (a leave
+/// releasing every lease, a fleet's claims) are read by one listing (jittered).
+pub(crate) const NOTICE_COALESCE: Duration = Duration::from_millis(5);
+
+/// The shortest time between two passes brought forward by store notices. Two workers that
+/// disagree for a moment (a claim that one makes and the other clears until it lists the
+/// workers) would otherwise answer each other's notices back to back; at most one listing per
+/// gap bounds that to a few writes a second until the next heartbeat settles it.
+pub(crate) const NOTICE_GAP: Duration = Duration::from_millis(100);
+
 /// Runs the worker's balance loop until the worker stops, owning its coordination state.
 pub(crate) async fn balance_loop(shared: Arc<Shared>, mut events: UnboundedReceiver<Event>) {
     let mut owner = Owner::new(&shared);
@@ -50,28 +60,42 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>, mut events: UnboundedRecei
     // Dropping the receiver lets go of callers waiting for a pass; later requests fail at once.
 }
 
-/// Waits for the first pass's view of the workers: a listing of worker records started at least
-/// one heartbeat interval after this worker's first heartbeat, so workers that start together see
-/// each other (each has heartbeated by then) and split the shards without churn. Applies events
-/// meanwhile; false when taking stopped first.
+/// Waits for the first pass's view of the workers. Applies events meanwhile; false when taking
+/// stopped first.
+///
+/// The full view is a listing of worker records started at least one heartbeat interval after
+/// this worker's first heartbeat: workers that start together see each other by then (each has
+/// heartbeated) and split the free shards without churn, and every peer has listed this worker
+/// (peers list the records every heartbeat), so it answers this worker's claims. Until then no
+/// pass takes a free lease ([`Owner::before_full_view`]).
+///
+/// With the store's change stream open, peers hear of this worker's first heartbeat and of its
+/// claims at once, so the first pass need not wait for the full view: it runs after the first
+/// listing of the worker records that follows the first heartbeat, and only claims (a worker
+/// joining a running fleet asks for its share at once; docs/algorithm.md, "Change
+/// notification").
 async fn wait_for_first_view(
     shared: &Shared,
     events: &mut UnboundedReceiver<Event>,
     owner: &mut Owner,
 ) -> bool {
     let mut ok = shared.heartbeat_ok.subscribe();
+    let mut notified = shared.notified.subscribe();
     // The first successful heartbeat (later ones keep updating the channel).
     let mut first: Option<Instant> = None;
     loop {
         first = first.or(*ok.borrow_and_update());
-        let ready = first.map(|t| t + shared.cfg.heartbeat_interval());
-        if ready.is_some_and(|r| owner.workers_listed.is_some_and(|t| t >= r)) {
+        owner.full_view_at = first.map(|t| t + shared.cfg.heartbeat_interval());
+        let pushed = *notified.borrow_and_update();
+        let listed_since = |at: Instant| owner.workers_listed.is_some_and(|t| t >= at);
+        if !owner.before_full_view() || (pushed && first.is_some_and(listed_since)) {
             return true;
         }
         tokio::select! {
             biased;
             _ = shared.stop_taking.cancelled() => return false,
             changed = ok.changed() => if changed.is_err() { return false },
+            changed = notified.changed() => if changed.is_err() { return false },
             event = events.recv() => match event {
                 Some(e) => {
                     // With whatever else is queued, then published once.
@@ -99,6 +123,12 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
         owner.drain(shared, events);
         owner.pass_now = false;
         owner.peer_moved = false;
+        if let Some(at) = owner.notice_pass_at {
+            if at <= Instant::now() {
+                owner.notice_pass_at = None;
+                owner.noticed_listing = Some(Instant::now());
+            }
+        }
         if shared.stop_taking.is_cancelled() {
             owner.answering.extend(answering);
             return;
@@ -139,6 +169,9 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
         loop {
             if owner.pass_now || !owner.answering.is_empty() {
                 break;
+            }
+            if let Some(at) = owner.notice_pass_at {
+                wake = wake.min(at);
             }
             if owner.peer_moved {
                 owner.peer_moved = false;

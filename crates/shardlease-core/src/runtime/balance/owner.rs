@@ -94,6 +94,11 @@ pub(crate) struct Owner {
     /// going back in time (a worker's beat went backwards), so a lease may look free only because
     /// its owner's writes were lost; its running owner repairs it within a pass.
     pub hold_takes_until: Option<Instant>,
+    /// The start hold: until a listing of the worker records sent at or after this moment (one
+    /// heartbeat interval after this worker's first heartbeat), its passes take no lease that
+    /// is free, only claim, so workers started together split the free leases on one view
+    /// (docs/algorithm.md, "Starting together"). `None` before the first heartbeat.
+    pub full_view_at: Option<Instant>,
     /// Ownership changes this process made: published on [`Shared::changes`] for the heartbeat.
     pub changes: u64,
     /// Bumped for every reason to list the leases at the next pass (a peer's changes, a worker
@@ -105,6 +110,10 @@ pub(crate) struct Owner {
     pub in_pass: bool,
     /// An event asked for a pass at once.
     pub pass_now: bool,
+    /// A store notice asked for a pass at this moment (see [`Owner::noticed`]).
+    pub notice_pass_at: Option<Instant>,
+    /// When the last pass a notice brought forward started.
+    pub noticed_listing: Option<Instant>,
     /// A peer published a change (or a worker came): list soon, no sooner than half a balance
     /// interval after the last listing.
     pub peer_moved: bool,
@@ -142,10 +151,13 @@ impl Owner {
             workers_listed: None,
             memory: BTreeMap::new(),
             hold_takes_until: None,
+            full_view_at: None,
             changes: 0,
             listing_wanted: 0,
             in_pass: false,
             pass_now: false,
+            notice_pass_at: None,
+            noticed_listing: None,
             peer_moved: false,
             answering: Vec::new(),
             shutdown: None,
@@ -176,6 +188,7 @@ impl Owner {
             Event::Resumed => self.want_listing(true),
             Event::Changed { n } => self.changed(shared, n),
             Event::WantListing { now } => self.want_listing(now),
+            Event::Noticed => self.noticed(),
             Event::Remember(lease, at) => self.remember(&lease, at),
             Event::Checkpointed(token, position, at) => self.checkpointed(&token, &position, at),
             Event::Request(Request::Pass(reply)) => {
@@ -201,6 +214,18 @@ impl Owner {
             self.apply(shared, event);
         }
         self.publish_tasks(shared);
+    }
+
+    /// A store notice: a listing at a pass that runs after the notice's coalescing delay, and no
+    /// sooner than the notice gap after the last pass a notice brought forward.
+    fn noticed(&mut self) {
+        self.listing_wanted += 1;
+        if self.notice_pass_at.is_none() {
+            let now = Instant::now();
+            let soonest = self.noticed_listing.map_or(now, |at| at + super::NOTICE_GAP);
+            let at = (now + self.timing.jittered(super::NOTICE_COALESCE)).max(soonest);
+            self.notice_pass_at = Some(at);
+        }
     }
 
     /// Asks for a listing at the next pass, and for that pass at once with `now`.
@@ -254,6 +279,15 @@ impl Owner {
         self.hold_takes_until.is_some_and(|until| Instant::now() < until)
     }
 
+    /// Whether the start hold is on: this worker has not yet listed the worker records one
+    /// heartbeat interval after its first heartbeat (see [`Owner::full_view_at`]).
+    pub(crate) fn before_full_view(&self) -> bool {
+        match self.full_view_at {
+            None => true,
+            Some(at) => self.workers_listed.is_none_or(|listed| listed < at),
+        }
+    }
+
     /// Removes a task that reported its end, and forgets its grant, both only if they are still
     /// the ones of that task (a later task for the key has its own epoch).
     fn on_exit(&mut self, shared: &Shared, exited: Exited) {
@@ -302,7 +336,12 @@ impl Owner {
             debug!("a peer changed owners, came or went: the next pass lists the leases");
         }
         self.peers = Some(now);
+        let held = self.before_full_view();
         self.workers_listed = self.workers_listed.max(Some(sent));
+        if held && !self.before_full_view() {
+            // The start hold is over: the pass that takes the free leases runs now.
+            self.want_listing(true);
+        }
         self.remove_long_dead(shared);
         shared.metrics.live_workers(records.len());
         if change.needs_balance() || !change.went_back.is_empty() {

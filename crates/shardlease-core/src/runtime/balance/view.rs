@@ -129,11 +129,21 @@ pub(super) async fn list_and_act(
         lease_task::spawn(shared, owner, lease, version);
     }
     owner.publish_tasks(shared);
-    let holding = owner.holding_takes();
+    let starting = owner.before_full_view();
+    let rolled_back = owner.holding_takes();
+    let holding = rolled_back || starting;
+    // Before the full view (a start with the change stream open), only the leases handed over in
+    // answer to this worker's own claims are re-taken; one this id owned before is left for the
+    // pass after the hold, like a free lease.
+    let retake: Vec<VersionedLease> = if starting {
+        retake.into_iter().filter(|v| owner.my_claims.contains_key(&v.lease.key)).collect()
+    } else {
+        retake
+    };
     // Concurrently (bounded), like the takes: a join's newcomer re-takes every lease handed to it
     // in one pass, and one at a time that cost a store round trip each (about a second for four
     // on a busy SQLite file).
-    if !holding {
+    if !rolled_back {
         for chunk in retake.chunks(shared.cfg.take_concurrency()) {
             let chunk: Vec<&VersionedLease> = chunk.iter().collect();
             let won = take_all(shared, owner, &chunk).await;
@@ -181,7 +191,14 @@ pub(super) async fn list_and_act(
         );
     }
     if holding && (plan.take_count > 0 || !plan.take_over.is_empty()) {
-        debug!(take = plan.take_count, "the store went back in time: no takes this pass");
+        if starting {
+            debug!(
+                take = plan.take_count,
+                "starting: claims only until the full view of the workers"
+            );
+        } else {
+            debug!(take = plan.take_count, "the store went back in time: no takes this pass");
+        }
         plan.take_count = 0;
         plan.take_over.clear();
         settled = false;
