@@ -15,7 +15,8 @@
 //!   finds the children (from `ChildShards`, or by listing when the service omits them); and
 //!   reads one batch ahead of the processor.
 //! - **KPL aggregates** are unpacked ([`kpl`]); a malformed one is delivered raw with a warning;
-//!   user records outside the shard's hash range are skipped, as the KCL does.
+//!   user records whose hash key lies outside the shard's hash range are delivered too (they
+//!   exist nowhere else) and counted ([`telemetry::OUT_OF_RANGE_USER_RECORDS`]).
 //! - **Configuration** follows the AWS SDK's default chain, with region, endpoint and credential
 //!   overrides ([`KinesisSourceBuilder`]); every call has an operation timeout.
 //!
@@ -36,12 +37,16 @@
 mod api;
 mod builder;
 mod config;
+mod convert;
+mod fanout;
 mod fetcher;
 pub mod kpl;
 mod listing;
 mod reader;
 mod sdk;
+mod sdk_fanout;
 mod source;
+pub mod telemetry;
 
 #[cfg(test)]
 mod fake;
@@ -56,6 +61,7 @@ pub use {aws_config, aws_sdk_kinesis};
 pub use api::StreamRef;
 pub use builder::KinesisSourceBuilder;
 pub use config::{ReadConfig, MAX_RECORDS_LIMIT};
-pub use fetcher::MILLIS_BEHIND_GAUGE;
+pub use fanout::FanOutConfig;
 pub use reader::KinesisReader;
 pub use source::KinesisSource;
+pub use telemetry::MILLIS_BEHIND_GAUGE;
