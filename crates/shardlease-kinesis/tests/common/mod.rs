@@ -20,6 +20,7 @@ use shardlease_kinesis::{KinesisSource, ReadConfig};
 use shardlease_testkit::suite::env_or_skip;
 
 pub mod ferro;
+pub mod fleet;
 
 /// The variable naming the emulator.
 pub const ENDPOINT_VAR: &str = "SHARDLEASE_TEST_KINESIS_ENDPOINT";
