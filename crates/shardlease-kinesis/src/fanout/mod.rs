@@ -9,6 +9,11 @@
 pub(crate) mod consumer;
 pub(crate) mod subscriber;
 
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,7 +83,7 @@ pub(crate) struct FanOut {
 }
 
 #[cfg(test)]
-mod tests {
+mod config_tests {
     use super::*;
 
     #[test]
