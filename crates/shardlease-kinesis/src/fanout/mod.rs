@@ -30,8 +30,8 @@ pub struct FanOutConfig {
     /// the same name). 1 to 128 characters of `a-z A-Z 0-9 _ . -`.
     pub consumer_name: String,
     /// A subscription that delivers no event for this long is dropped and opened again, after
-    /// a backoff with jitter (default 30 s). Kinesis sends events on an idle shard too, every
-    /// few seconds.
+    /// a backoff with jitter (default 30 s). Kinesis keeps sending events (with no records) on
+    /// an idle shard.
     pub quiet_timeout: Duration,
     /// How long building the source waits for the consumer to become `ACTIVE` (default 2 min).
     pub consumer_wait: Duration,
