@@ -6,8 +6,8 @@
 pub const STREAM: &str = "stream";
 /// Label: the shard id.
 pub const SHARD: &str = "shard";
-/// Label: why a subscription was restarted (`session_end`, `quiet`, `error`, `in_use`,
-/// `throttled`).
+/// Label: why a subscription was restarted (`session_end`, `empty_session`, `quiet`, `error`,
+/// `in_use`).
 pub const REASON: &str = "reason";
 
 /// Gauge `{stream, shard}`: how far behind the tip of the shard the last read was, in ms.

@@ -6,7 +6,8 @@
 //!   last record of the last event) is skipped if the service sends it again, so a restarted
 //!   subscription never delivers a record twice and never skips one.
 //! - **Session end.** The service ends every subscription after 5 minutes; the loop subscribes
-//!   again at once from the continuation, without backoff.
+//!   again at once from the continuation, without backoff (after a backoff when the subscription
+//!   ended before its first event, so a server that hangs up at once is not hammered).
 //! - **Quiet subscriptions.** No event for [`FanOutConfig::quiet_timeout`]: the subscription is
 //!   dropped and opened again after a backoff with jitter.
 //! - **`ResourceInUseException`** (a subscription to this shard opened moments ago, by a
@@ -51,6 +52,8 @@ pub(crate) struct Subscriber {
     resume: IteratorStart,
     /// The open subscription, if any.
     events: Option<Box<dyn EventStream>>,
+    /// Events the open subscription delivered.
+    session_events: u64,
     next_subscribe_at: Instant,
     /// Backoffs in a row (drives the wait).
     attempt: u32,
@@ -79,6 +82,7 @@ impl Subscriber {
             unpacker,
             resume,
             events: None,
+            session_events: 0,
             next_subscribe_at: Instant::now(),
             attempt: 0,
             failures: 0,
@@ -114,14 +118,23 @@ impl Subscriber {
             };
             match tokio::time::timeout(self.fan.config.quiet_timeout, events.recv()).await {
                 Ok(Ok(Some(event))) => {
+                    self.session_events += 1;
                     self.attempt = 0;
                     self.failures = 0;
                     return self.on_event(event).await;
                 }
-                Ok(Ok(None)) => {
+                Ok(Ok(None)) if self.session_events > 0 => {
                     // The session is over (5 minutes on Kinesis): continue at once.
                     self.restart("session_end");
                     debug!(shard = %self.shard, resume = ?self.resume, "subscription ended; renewing");
+                }
+                Ok(Ok(None)) => {
+                    // Ended before its first event: not a session's end; do not spin.
+                    self.restart("empty_session");
+                    self.attempt = self.attempt.saturating_add(1);
+                    let wait = self.config.backoff(self.attempt);
+                    debug!(shard = %self.shard, ?wait, "subscription ended without an event");
+                    self.next_subscribe_at = Instant::now() + wait;
                 }
                 Err(_) => {
                     self.restart("quiet");
@@ -161,6 +174,7 @@ impl Subscriber {
                 .increment(1);
                 debug!(shard = %self.shard, start = ?self.resume, "subscribed");
                 self.events = Some(events);
+                self.session_events = 0;
                 Ok(())
             }
             Err(e) => self.on_failure(e),

@@ -1,6 +1,7 @@
 //! Unit tests of the subscription loop against the scripted [`FakeFanOut`], in paused tokio time
 //! (every wait is virtual and exact): `ResourceInUseException` waited out with growing jittered
-//! backoffs, a session end renewed at once from the continuation, a quiet subscription dropped
+//! backoffs, a session end renewed at once from the continuation (but one without any event
+//! after a backoff), a quiet subscription dropped
 //! after the quiet timeout, a broken one retried a bounded number of times, records the service
 //! sends again never delivered twice, and the shard's end with children from a listing.
 
@@ -90,6 +91,23 @@ async fn restarts_deliver_every_record_once_in_order() {
     assert!(gap(3) >= quiet + c.base_backoff / 2 && gap(3) <= quiet + c.base_backoff);
     // A broken one is retried after a backoff.
     assert!(gap(4) >= c.base_backoff / 2 && gap(4) <= c.base_backoff);
+}
+
+#[tokio::test(start_paused = true)]
+async fn subscriptions_ending_before_any_event_are_retried_after_a_backoff() {
+    let fake = Arc::new(FakeFanOut::new(vec![
+        Answer::Opens(vec![Item::End]),
+        Answer::Opens(vec![Item::End]),
+        Answer::Opens(vec![event(&[1000], Some("1001"))]),
+    ]));
+    let mut s = subscriber(&fake, FakeApi::new(1, 10));
+    assert_eq!(data(&next_batch(&mut s).await), ["1000"]);
+    let calls = fake.calls();
+    let c = config();
+    assert_eq!(calls.len(), 3);
+    let (g0, g1) = (calls[1].1 - calls[0].1, calls[2].1 - calls[1].1);
+    assert!(g0 >= c.base_backoff / 2 && g0 <= c.base_backoff, "{g0:?}");
+    assert!(g1 >= c.base_backoff && g1 <= c.base_backoff * 2, "{g1:?}");
 }
 
 #[tokio::test(start_paused = true)]
