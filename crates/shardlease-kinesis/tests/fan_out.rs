@@ -2,7 +2,8 @@
 //! and found again, every start position through a subscription, resubscription after short
 //! sessions without loss or repeat, shard end with both parents of a merge, KPL aggregates that
 //! pack a partition key per user record (delivered whole, out-of-range ones counted, exactly as
-//! polling delivers them), and deregistration only on request.
+//! polling delivers them), deregistration only on request, and errors (not panics) for unknown
+//! streams and shards.
 
 mod common;
 
@@ -286,4 +287,26 @@ async fn kpl_user_records_are_delivered_whole_and_exactly_as_polling_delivers_th
         let got = counter(OUT_OF_RANGE_USER_RECORDS, &[("stream", &stream), ("shard", id)]);
         assert!(got >= 2 * n, "{id}: counted {got}, expected at least {}", 2 * n);
     }
+}
+
+#[tokio::test]
+async fn unknown_streams_and_shards_are_errors_not_panics() {
+    let k = ferrokinesis(LONG).await;
+    // No stream: building fails at once (a permanent error), it does not wait for a consumer.
+    let built = KinesisSource::builder("no-such-stream")
+        .region("us-east-1")
+        .endpoint_url(&k.endpoint)
+        .static_credentials("dummy", "dummy")
+        .fan_out_config(fan_out("app"))
+        .build()
+        .await;
+    let err = built.err().unwrap_or_else(|| panic!("building must fail"));
+    assert!(!err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("ResourceNotFoundException"), "{err}");
+    assert!(!err.to_string().contains("dummy"), "no credentials in errors: {err}");
+    // No shard: opening it fails.
+    let stream = k.create_stream(1).await;
+    let source = efo(&k, &stream, "app").await;
+    let open = source.open(&key("shardId-000000000009"), &Position::TrimHorizon).await;
+    assert!(open.is_err());
 }
