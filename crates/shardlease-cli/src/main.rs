@@ -4,6 +4,8 @@
 //! notices it (see docs/operations.md).
 
 mod demo;
+#[cfg(feature = "kinesis")]
+mod efo;
 mod error;
 mod inspect;
 mod observe;
@@ -141,6 +143,10 @@ enum Command {
         #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
         heartbeat_ms: u64,
     },
+    /// Kinesis enhanced fan-out: stream consumers (needs no --store).
+    #[cfg(feature = "kinesis")]
+    #[command(subcommand)]
+    Efo(efo::EfoCommand),
 }
 
 #[tokio::main]
@@ -157,6 +163,10 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let g = cli.global;
+    #[cfg(feature = "kinesis")]
+    if let Command::Efo(cmd) = &cli.command {
+        return efo::run(cmd, g.json).await;
+    }
     let Some(url) = g.store.as_deref() else {
         return Err(CliError::Usage(
             "no store given: pass --store URL or set SHARDLEASE_STORE".into(),
@@ -182,5 +192,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Demo { workers, shards, seconds, heartbeat_ms } => {
             demo::run(&target, workers, shards, seconds, heartbeat_ms).await
         }
+        #[cfg(feature = "kinesis")]
+        Command::Efo(cmd) => efo::run(&cmd, g.json).await, // (answered above, before the store)
     }
 }

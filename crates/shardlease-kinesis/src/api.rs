@@ -1,8 +1,10 @@
-//! The three Kinesis calls the source makes, behind a small internal trait.
+//! The Kinesis calls the source makes, behind two small internal traits: [`Api`] for listing and
+//! polling, [`FanOutApi`] for enhanced fan-out (consumers and `SubscribeToShard`).
 //!
-//! The reader's loop (limits, backoff, iterator renewal, shard end) talks to this trait only, so
-//! the same loop runs against the AWS SDK ([`crate::sdk`]) and, in unit tests, against a scripted
-//! fake that throttles, expires iterators and pages listings on demand.
+//! The reading loops (limits, backoff, iterator renewal, resubscription, shard end) talk to these
+//! traits only, so the same loops run against the AWS SDK ([`crate::sdk`]) and, in unit tests,
+//! against scripted fakes that throttle, expire iterators, page listings and end subscriptions on
+//! demand.
 
 use std::fmt::Debug;
 
@@ -88,6 +90,9 @@ pub(crate) struct RecordsPage {
 pub(crate) enum ApiError {
     /// `ProvisionedThroughputExceeded`, `LimitExceeded`, KMS throttling: back off with jitter.
     Throttled(Error),
+    /// `ResourceInUseException`: another subscription to the shard was opened moments ago (or
+    /// the consumer is not active yet); back off with jitter and try again.
+    InUse(Error),
     /// The shard iterator is too old: get a new one where reading stopped.
     ExpiredIterator,
     /// Anything else, retryable or not as the core error says.
@@ -98,7 +103,7 @@ impl ApiError {
     /// The error as the core sees it.
     pub fn into_error(self) -> Error {
         match self {
-            ApiError::Throttled(e) | ApiError::Other(e) => e,
+            ApiError::Throttled(e) | ApiError::InUse(e) | ApiError::Other(e) => e,
             ApiError::ExpiredIterator => Error::retryable("Kinesis shard iterator expired"),
         }
     }
@@ -114,6 +119,69 @@ pub(crate) trait Api: Send + Sync + Debug {
         start: &IteratorStart,
     ) -> Result<String, ApiError>;
     async fn get_records(&self, iterator: &str, limit: i32) -> Result<RecordsPage, ApiError>;
+}
+
+/// The state of a registered stream consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConsumerState {
+    Creating,
+    Active,
+    Deleting,
+}
+
+/// A registered stream consumer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ConsumerInfo {
+    pub arn: String,
+    pub state: ConsumerState,
+}
+
+/// One `SubscribeToShardEvent`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ShardEvent {
+    pub records: Vec<RawRecord>,
+    /// Where a new subscription continues; `None` (or empty from the service) after the last
+    /// event of a closed shard.
+    pub continuation: Option<String>,
+    pub millis_behind: Option<i64>,
+    /// The children, in the last event of a closed shard.
+    pub children: Vec<ShardInfo>,
+}
+
+/// An open subscription: the events of one shard, in order.
+#[async_trait]
+pub(crate) trait EventStream: Send + Debug {
+    /// The next event; `None` once the service ended the subscription (its session is over).
+    async fn recv(&mut self) -> Result<Option<ShardEvent>, ApiError>;
+}
+
+/// The enhanced fan-out calls. Each implementation bounds every call (but not the wait for
+/// an event) by a timeout.
+#[async_trait]
+pub(crate) trait FanOutApi: Send + Sync + Debug {
+    /// The ARN of the stream (consumers are registered by stream ARN).
+    async fn stream_arn(&self) -> Result<String, ApiError>;
+    /// The consumer of that name, or `None` when none is registered.
+    async fn describe_consumer(
+        &self,
+        stream_arn: &str,
+        name: &str,
+    ) -> Result<Option<ConsumerInfo>, ApiError>;
+    /// Registers a consumer; `InUse` when one of that name exists already.
+    async fn register_consumer(
+        &self,
+        stream_arn: &str,
+        name: &str,
+    ) -> Result<ConsumerInfo, ApiError>;
+    /// Deregisters the consumer; `Ok(false)` when none of that name was registered.
+    async fn deregister_consumer(&self, stream_arn: &str, name: &str) -> Result<bool, ApiError>;
+    /// Opens a subscription to `shard` for the consumer, starting at `start`.
+    async fn subscribe(
+        &self,
+        consumer_arn: &str,
+        shard: &str,
+        start: &IteratorStart,
+    ) -> Result<Box<dyn EventStream>, ApiError>;
 }
 
 #[cfg(test)]

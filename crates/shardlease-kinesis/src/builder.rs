@@ -1,7 +1,7 @@
 //! Building a [`KinesisSource`] the AWS way: the SDK's default configuration chain (environment,
 //! profile, container and instance credentials; `AWS_REGION`; `AWS_ENDPOINT_URL_KINESIS`), with
 //! optional overrides for the region, the endpoint (emulators) and static credentials, or an SDK
-//! config or client of the caller's own.
+//! config or client of the caller's own; and polling or enhanced fan-out.
 //!
 //! Credentials never appear in `Debug` output, logs or errors.
 
@@ -17,6 +17,7 @@ use shardlease_core::{Error, Result};
 
 use crate::api::StreamRef;
 use crate::config::ReadConfig;
+use crate::fanout::{consumer, FanOut, FanOutConfig};
 use crate::sdk::SdkApi;
 use crate::source::KinesisSource;
 
@@ -32,6 +33,7 @@ struct StaticCredentials {
 pub struct KinesisSourceBuilder {
     stream: String,
     read: ReadConfig,
+    fan_out: Option<FanOutConfig>,
     region: Option<String>,
     endpoint_url: Option<String>,
     credentials: Option<StaticCredentials>,
@@ -44,6 +46,7 @@ impl fmt::Debug for KinesisSourceBuilder {
         f.debug_struct("KinesisSourceBuilder")
             .field("stream", &self.stream)
             .field("read", &self.read)
+            .field("fan_out", &self.fan_out)
             .field("region", &self.region)
             .field("endpoint_url", &self.endpoint_url)
             .field("credentials", &self.credentials.as_ref().map(|_| "<static, redacted>"))
@@ -58,6 +61,7 @@ impl KinesisSourceBuilder {
         KinesisSourceBuilder {
             stream,
             read: ReadConfig::default(),
+            fan_out: None,
             region: None,
             endpoint_url: None,
             credentials: None,
@@ -136,8 +140,62 @@ impl KinesisSourceBuilder {
         self
     }
 
-    /// Builds the source (loading the AWS configuration unless a client was given).
+    /// Read through enhanced fan-out as the stream consumer `consumer_name` (one name per
+    /// application; every worker of it uses the same) instead of polling `GetRecords`. Building
+    /// the source registers the consumer, or finds it registered, and waits until it is
+    /// `ACTIVE`; each leased shard is then read by a `SubscribeToShard` subscription. The
+    /// consumer is never deregistered by the source: see
+    /// [`KinesisSourceBuilder::deregister_consumer`]. Costs and trade-offs: docs/kinesis.md.
+    pub fn enhanced_fan_out(mut self, consumer_name: impl Into<String>) -> Self {
+        self.fan_out = Some(FanOutConfig::new(consumer_name));
+        self
+    }
+
+    /// Enhanced fan-out with all its settings at once (see
+    /// [`KinesisSourceBuilder::enhanced_fan_out`]).
+    pub fn fan_out_config(mut self, config: FanOutConfig) -> Self {
+        self.fan_out = Some(config);
+        self
+    }
+
+    /// Builds the source (loading the AWS configuration unless a client was given). With
+    /// enhanced fan-out, also registers or finds the consumer and waits until it is `ACTIVE`.
     pub async fn build(self) -> Result<KinesisSource> {
+        let fan_out = self.fan_out.clone();
+        if let Some(f) = &fan_out {
+            f.validate()?;
+        }
+        let read = self.read.clone();
+        let (api, stream) = self.api().await?;
+        let api = Arc::new(api);
+        let source = KinesisSource::with_api(api.clone(), stream, read.clone())?;
+        match fan_out {
+            None => Ok(source),
+            Some(config) => {
+                let consumer_arn = consumer::register_or_find(&*api, &config, &read).await?;
+                let fan = FanOut { api, config: Arc::new(config), consumer_arn };
+                Ok(source.with_fan_out(fan))
+            }
+        }
+    }
+
+    /// Deregisters the stream consumer named by [`KinesisSourceBuilder::enhanced_fan_out`]
+    /// without building a source; `Ok(false)` when it was not registered. Every worker
+    /// subscribed as that consumer loses its subscriptions: this is for retiring an
+    /// application, never part of stopping a worker.
+    pub async fn deregister_consumer(self) -> Result<bool> {
+        let Some(config) = self.fan_out.clone() else {
+            return Err(Error::Config(
+                "deregister_consumer needs the consumer's name: call enhanced_fan_out first".into(),
+            ));
+        };
+        config.validate()?;
+        let (api, _) = self.api().await?;
+        consumer::deregister(&api, &config.consumer_name).await
+    }
+
+    /// The SDK-backed calls for the configured stream.
+    async fn api(self) -> Result<(SdkApi, StreamRef)> {
         self.read.validate()?;
         if self.stream.is_empty() {
             return Err(Error::Config("the Kinesis stream name must not be empty".into()));
@@ -189,8 +247,7 @@ impl KinesisSourceBuilder {
             }
         };
         let stream = StreamRef::parse(&self.stream);
-        let api = SdkApi::new(client, stream.clone(), timeout);
-        KinesisSource::with_api(Arc::new(api), stream, self.read)
+        Ok((SdkApi::new(client, stream.clone(), timeout), stream))
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use rand::Rng;
 use shardlease_core::{Error, Result};
 
 /// The largest `Limit` `GetRecords` accepts.
@@ -43,6 +44,11 @@ pub struct ReadConfig {
     /// skew with the service (default 60 s). A lease that changes hands before its first record
     /// re-reads at most this much; it never skips a record.
     pub latest_pin_margin: Duration,
+    /// Skip the user records of a KPL aggregate whose hash key lies outside the shard's hash
+    /// range, as the KCL does (default false: they are delivered). They exist only in the shard
+    /// the aggregate landed on, so skipping loses them; each skip is logged as a warning. Either
+    /// way they are counted (`shardlease_kinesis_out_of_range_user_records_total`).
+    pub skip_out_of_range_user_records: bool,
 }
 
 impl Default for ReadConfig {
@@ -59,6 +65,7 @@ impl Default for ReadConfig {
             list_page_size: None,
             deaggregate: true,
             latest_pin_margin: Duration::from_secs(60),
+            skip_out_of_range_user_records: false,
         }
     }
 }
@@ -68,6 +75,16 @@ impl Default for ReadConfig {
 const MAX_DURATION: Duration = Duration::from_secs(86_400);
 
 impl ReadConfig {
+    /// Exponential backoff with jitter for the `attempt`-th retry in a row (from 1): a random
+    /// wait in [d/2, d], d = base·2^(attempt-1) ≤ max.
+    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
+        let exp = attempt.saturating_sub(1).min(20);
+        let d = self.base_backoff.saturating_mul(1 << exp).min(self.max_backoff);
+        let half = d / 2;
+        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        half + Duration::from_nanos(rand::rng().random_range(0..=nanos))
+    }
+
     /// Checks every knob; the source refuses to build with an invalid one.
     pub fn validate(&self) -> Result<()> {
         if !(1..=MAX_RECORDS_LIMIT).contains(&self.max_records) {

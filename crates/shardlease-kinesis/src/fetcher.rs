@@ -16,20 +16,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::Rng;
-use shardlease_core::{
-    Batch, Error, HashRange, LeaseKey, Record, Result, SequenceNumber, ShardInfo,
-};
+use shardlease_core::{Batch, HashRange, LeaseKey, Result, SequenceNumber, ShardInfo};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::api::{Api, ApiError, IteratorStart, RawRecord, RecordsPage};
+use crate::api::{Api, ApiError, IteratorStart, RecordsPage};
 use crate::config::ReadConfig;
-use crate::kpl::{self, Deaggregated};
+use crate::convert::Unpacker;
 use crate::listing::list_all;
-
-/// The name of the per-shard gauge of how far behind the tip of the stream reading is.
-pub const MILLIS_BEHIND_GAUGE: &str = "shardlease_kinesis_millis_behind_latest";
+use crate::telemetry::{self, MILLIS_BEHIND_GAUGE};
 
 /// Reads one shard, one `GetRecords` reply at a time.
 pub(crate) struct Fetcher {
@@ -37,14 +32,12 @@ pub(crate) struct Fetcher {
     config: Arc<ReadConfig>,
     stream: String,
     shard: LeaseKey,
-    range: Option<HashRange>,
+    /// De-aggregation, the out-of-range rule, and what was delivered already.
+    unpacker: Unpacker,
     /// The current iterator; `None` when a new one must be fetched at `resume`.
     iterator: Option<String>,
     /// Where a new iterator starts.
     resume: IteratorStart,
-    /// User records at or before this (sequence, sub-sequence) are not delivered: the part of a
-    /// record a checkpoint or an earlier reply already covered.
-    skip_through: Option<(SequenceNumber, u64)>,
     /// The arrival time of the first record this fetcher read.
     first_arrival: Option<i64>,
     next_call_at: Instant,
@@ -66,15 +59,15 @@ impl Fetcher {
         resume: IteratorStart,
         skip_through: Option<(SequenceNumber, u64)>,
     ) -> Self {
+        let unpacker = Unpacker::new(stream.clone(), shard.clone(), range, &config, skip_through);
         Fetcher {
             api,
             config,
             stream,
             shard,
-            range,
+            unpacker,
             iterator,
             resume,
-            skip_through,
             first_arrival: None,
             next_call_at: Instant::now(),
             attempt: 0,
@@ -115,7 +108,7 @@ impl Fetcher {
                     }
                 }
             };
-            metrics::counter!("shardlease_kinesis_get_records_total").increment(1);
+            metrics::counter!(telemetry::GET_RECORDS).increment(1);
             match self.api.get_records(&iterator, self.config.max_records).await {
                 Ok(page) => {
                     self.attempt = 0;
@@ -131,7 +124,7 @@ impl Fetcher {
     fn on_failure(&mut self, e: ApiError) -> Result<()> {
         match e {
             ApiError::Throttled(err) => {
-                metrics::counter!("shardlease_kinesis_throttled_total").increment(1);
+                metrics::counter!(telemetry::THROTTLED).increment(1);
                 self.attempt = self.attempt.saturating_add(1);
                 let wait = self.backoff();
                 debug!(shard = %self.shard, error = %err, ?wait, "throttled; backing off");
@@ -139,7 +132,7 @@ impl Fetcher {
                 Ok(())
             }
             ApiError::ExpiredIterator => {
-                metrics::counter!("shardlease_kinesis_iterator_renewals_total").increment(1);
+                metrics::counter!(telemetry::ITERATOR_RENEWALS).increment(1);
                 self.iterator = None;
                 self.failures = self.failures.saturating_add(1);
                 if self.failures > self.config.max_retries {
@@ -148,6 +141,7 @@ impl Fetcher {
                 debug!(shard = %self.shard, resume = ?self.resume, "shard iterator expired; renewing");
                 Ok(())
             }
+            ApiError::InUse(err) => self.on_failure(ApiError::Other(err)),
             ApiError::Other(err)
                 if err.is_retryable() && self.failures < self.config.max_retries =>
             {
@@ -162,13 +156,8 @@ impl Fetcher {
         }
     }
 
-    /// Exponential backoff with jitter: a random wait in [d/2, d], d = base·2^(attempt-1) ≤ max.
     fn backoff(&self) -> Duration {
-        let exp = self.attempt.saturating_sub(1).min(20);
-        let d = self.config.base_backoff.saturating_mul(1 << exp).min(self.config.max_backoff);
-        let half = d / 2;
-        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
-        half + Duration::from_nanos(rand::rng().random_range(0..=nanos))
+        self.config.backoff(self.attempt)
     }
 
     async fn on_page(&mut self, page: RecordsPage) -> Result<Option<Batch>> {
@@ -184,7 +173,11 @@ impl Fetcher {
         if let Some(first) = page.records.first() {
             self.first_arrival.get_or_insert(first.arrival_millis);
         }
-        let records = self.convert(page.records)?;
+        let records = self.unpacker.convert(page.records)?;
+        if let Some(last) = self.unpacker.last_seq() {
+            // A renewed iterator starts at the last record again; every part of it is read.
+            self.resume = IteratorStart::AtSequence(last.as_str().to_owned());
+        }
         let millis_behind = page.millis_behind.map(|m| u64::try_from(m).unwrap_or(0));
         if let Some(m) = millis_behind {
             metrics::gauge!(
@@ -214,54 +207,6 @@ impl Fetcher {
         batch.millis_behind = millis_behind;
         batch.end = end;
         Ok(Some(batch))
-    }
-
-    /// Turns raw records into user records: de-aggregates, filters by hash range, drops what a
-    /// checkpoint or an earlier reply already covered, and remembers where to renew.
-    fn convert(&mut self, raw: Vec<RawRecord>) -> Result<Vec<Record>> {
-        let mut out = Vec::with_capacity(raw.len());
-        for r in raw {
-            let seq = SequenceNumber::parse(&r.seq).map_err(|_| {
-                Error::permanent(format!(
-                    "Kinesis returned a malformed sequence number on shard {}",
-                    self.shard
-                ))
-            })?;
-            let unpacked = if self.config.deaggregate {
-                kpl::deaggregate(&r.data, self.range.as_ref())
-            } else {
-                Deaggregated::Plain
-            };
-            let base = |sub: u64, partition_key: String, data: bytes::Bytes| {
-                Record::new(seq.clone(), partition_key, data)
-                    .with_sub(sub)
-                    .with_arrival_millis(r.arrival_millis)
-            };
-            let mut users = Vec::new();
-            match unpacked {
-                Deaggregated::Plain => users.push(base(0, r.partition_key.clone(), r.data.clone())),
-                Deaggregated::Records(v) => {
-                    users.extend(v.into_iter().map(|(i, u)| base(i, u.partition_key, u.data)))
-                }
-                Deaggregated::Malformed(why) => {
-                    metrics::counter!("shardlease_kinesis_malformed_aggregates_total").increment(1);
-                    warn!(shard = %self.shard, seq = %seq, reason = %why,
-                        "malformed KPL aggregate; delivering the raw record");
-                    users.push(base(0, r.partition_key.clone(), r.data.clone()));
-                }
-            }
-            for u in users {
-                let covered =
-                    self.skip_through.as_ref().is_some_and(|(s, sub)| (&u.seq, u.sub) <= (s, *sub));
-                if !covered {
-                    out.push(u);
-                }
-            }
-            // A renewed iterator starts at this record again; every part of it is read.
-            self.resume = IteratorStart::AtSequence(seq.as_str().to_owned());
-            self.skip_through = Some((seq, u64::MAX));
-        }
-        Ok(out)
     }
 
     /// The children of this (closed) shard: from the reply, or else from a listing.

@@ -10,9 +10,12 @@
 //!
 //! User records get sub-sequence numbers: their index in the aggregate. A user record whose hash
 //! key (its explicit hash key, or the MD5 of its partition key) lies outside the hash range of the
-//! shard being read is skipped, as the KCL does: it belongs to another shard (an aggregate put
-//! before a reshard can straddle the children's ranges), and the index of every other record
-//! stays the same.
+//! shard being read is **out of range**: [`deaggregate`] returns it like any other and names its
+//! index, and the reader delivers it (and counts it). The aggregate was routed by its own
+//! partition key, so its user records exist only in the shard it landed on: producers that pack
+//! records with different partition keys into one aggregate (the kinesis-aggregation libraries,
+//! Lambda producers) put most of them "out of range", and skipping them, as the KCL does, loses
+//! them for good.
 //!
 //! [`aggregate`] builds aggregates the way the KPL does; producers and tests use it.
 
@@ -75,9 +78,14 @@ pub struct UserRecord {
 pub enum Deaggregated {
     /// Not an aggregate (no magic prefix): deliver as is.
     Plain,
-    /// An aggregate: the user records that belong to the shard, with their index (sub-sequence
-    /// number) in the aggregate.
-    Records(Vec<(u64, UserRecord)>),
+    /// An aggregate: every user record with its index (sub-sequence number) in the aggregate.
+    Records {
+        /// The user records, in order, each with its index.
+        records: Vec<(u64, UserRecord)>,
+        /// The indices of the user records whose hash key lies outside the shard's hash range
+        /// (none when no range was given).
+        out_of_range: Vec<u64>,
+    },
     /// Looks like an aggregate but does not check out; deliver the raw record. Says why.
     Malformed(String),
 }
@@ -120,8 +128,8 @@ fn index_of(table: &mut Vec<String>, key: &str) -> u64 {
     i as u64
 }
 
-/// Unpacks a Kinesis record's data. `range` is the hash range of the shard being read; user
-/// records outside it are skipped (none are when it is `None`).
+/// Unpacks a Kinesis record's data. `range` is the hash range of the shard being read; the
+/// indices of user records outside it are listed in `out_of_range` (none are when it is `None`).
 pub fn deaggregate(data: &[u8], range: Option<&HashRange>) -> Deaggregated {
     if data.len() < MAGIC.len() || data[..MAGIC.len()] != MAGIC {
         return Deaggregated::Plain;
@@ -139,6 +147,7 @@ pub fn deaggregate(data: &[u8], range: Option<&HashRange>) -> Deaggregated {
         Err(e) => return Deaggregated::Malformed(format!("protobuf body does not decode: {e}")),
     };
     let mut out = Vec::with_capacity(decoded.records.len());
+    let mut out_of_range = Vec::new();
     for (i, entry) in decoded.records.into_iter().enumerate() {
         let Some(pk) = table_entry(&decoded.partition_key_table, entry.partition_key_index) else {
             return Deaggregated::Malformed(format!(
@@ -168,13 +177,13 @@ pub fn deaggregate(data: &[u8], range: Option<&HashRange>) -> Deaggregated {
             None => partition_key_hash(pk),
         };
         if range.is_some_and(|r| hash < r.start || hash > r.end) {
-            continue;
+            out_of_range.push(i as u64);
         }
         let user =
             UserRecord { partition_key: pk.to_owned(), explicit_hash_key: ehk, data: entry.data };
         out.push((i as u64, user));
     }
-    Deaggregated::Records(out)
+    Deaggregated::Records { records: out, out_of_range }
 }
 
 fn table_entry(table: &[String], index: u64) -> Option<&str> {
@@ -206,14 +215,18 @@ mod tests {
             vec![user("a", None, "one"), user("b", Some("42"), "two"), user("a", None, "three")];
         let packed = aggregate(&records);
         assert_eq!(packed[..4], MAGIC);
-        let Deaggregated::Records(out) = deaggregate(&packed, None) else { panic!("not decoded") };
+        let Deaggregated::Records { records: out, out_of_range } = deaggregate(&packed, None)
+        else {
+            panic!("not decoded")
+        };
         let expected: Vec<(u64, UserRecord)> =
             records.into_iter().enumerate().map(|(i, r)| (i as u64, r)).collect();
         assert_eq!(out, expected);
+        assert!(out_of_range.is_empty());
     }
 
     #[test]
-    fn records_outside_the_shard_are_skipped_keeping_indices() {
+    fn records_outside_the_shard_are_kept_and_named() {
         let records = vec![
             user("a", Some("10"), "in"),
             user("b", Some("1000"), "out"),
@@ -221,22 +234,27 @@ mod tests {
         ];
         let packed = aggregate(&records);
         let range = HashRange { start: 0, end: 100 };
-        let Deaggregated::Records(out) = deaggregate(&packed, Some(&range)) else {
+        let Deaggregated::Records { records: out, out_of_range } =
+            deaggregate(&packed, Some(&range))
+        else {
             panic!("not decoded")
         };
-        let kept: Vec<u64> = out.iter().map(|(i, _)| *i).collect();
-        assert_eq!(kept, vec![0, 2]);
+        let all: Vec<u64> = out.iter().map(|(i, _)| *i).collect();
+        assert_eq!(all, vec![0, 1, 2], "every user record is returned");
+        assert_eq!(out_of_range, vec![1]);
         // Without an explicit key, the MD5 of the partition key decides.
         let h = partition_key_hash("pk");
         let packed = aggregate(&[user("pk", None, "x")]);
         let inside = HashRange { start: h, end: h };
         let outside = HashRange { start: h.wrapping_add(1), end: u128::MAX };
-        assert!(
-            matches!(deaggregate(&packed, Some(&inside)), Deaggregated::Records(v) if v.len() == 1)
-        );
-        assert!(
-            matches!(deaggregate(&packed, Some(&outside)), Deaggregated::Records(v) if v.is_empty())
-        );
+        assert!(matches!(
+            deaggregate(&packed, Some(&inside)),
+            Deaggregated::Records { records, out_of_range } if records.len() == 1 && out_of_range.is_empty()
+        ));
+        assert!(matches!(
+            deaggregate(&packed, Some(&outside)),
+            Deaggregated::Records { records, out_of_range } if records.len() == 1 && out_of_range == [0]
+        ));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! # shardlease-kinesis
 //!
 //! Amazon Kinesis Data Streams as a shardlease [`ShardSource`](shardlease_core::ShardSource):
-//! workers share a stream's shards through leases and read each shard by polling `GetRecords`.
+//! workers share a stream's shards through leases and read each shard by polling `GetRecords`,
+//! or through enhanced fan-out (`SubscribeToShard`).
 //!
 //! - **Listing** pages through `ListShards` (`NextToken` alone after the first page) and reports
 //!   parents (both parents of a merge), hash ranges and closed shards. A stream is addressed by
@@ -14,8 +15,15 @@
 //!   `shardlease_kinesis_millis_behind_latest`; detects shard end from a null next iterator and
 //!   finds the children (from `ChildShards`, or by listing when the service omits them); and
 //!   reads one batch ahead of the processor.
+//! - **Enhanced fan-out** ([`KinesisSourceBuilder::enhanced_fan_out`]) registers or finds the
+//!   application's stream consumer and keeps one subscription per leased shard: renewed at the
+//!   end of each session from the continuation sequence number, restarted with jittered backoff
+//!   when quiet or in use (`ResourceInUseException`), read one event ahead (backpressure), ended
+//!   at shard end with the children. The consumer is deregistered only on request
+//!   ([`KinesisSource::deregister_consumer`]).
 //! - **KPL aggregates** are unpacked ([`kpl`]); a malformed one is delivered raw with a warning;
-//!   user records outside the shard's hash range are skipped, as the KCL does.
+//!   user records whose hash key lies outside the shard's hash range are delivered too (they
+//!   exist nowhere else) and counted ([`telemetry::OUT_OF_RANGE_USER_RECORDS`]).
 //! - **Configuration** follows the AWS SDK's default chain, with region, endpoint and credential
 //!   overrides ([`KinesisSourceBuilder`]); every call has an operation timeout.
 //!
@@ -36,12 +44,16 @@
 mod api;
 mod builder;
 mod config;
+mod convert;
+mod fanout;
 mod fetcher;
 pub mod kpl;
 mod listing;
 mod reader;
 mod sdk;
+mod sdk_fanout;
 mod source;
+pub mod telemetry;
 
 #[cfg(test)]
 mod fake;
@@ -56,6 +68,7 @@ pub use {aws_config, aws_sdk_kinesis};
 pub use api::StreamRef;
 pub use builder::KinesisSourceBuilder;
 pub use config::{ReadConfig, MAX_RECORDS_LIMIT};
-pub use fetcher::MILLIS_BEHIND_GAUGE;
+pub use fanout::FanOutConfig;
 pub use reader::KinesisReader;
 pub use source::KinesisSource;
+pub use telemetry::MILLIS_BEHIND_GAUGE;

@@ -1,12 +1,30 @@
 //! [`KinesisReader`]: the [`ShardReader`] of one Kinesis shard, reading one batch ahead.
 //!
-//! A background task runs the [`Fetcher`] and hands batches over a channel of capacity one, and
-//! it reserves the slot *before* it reads: so exactly one batch waits while the processor works
-//! on the one before (a slow processor does not also pay the `GetRecords` latency), and memory
-//! stays bounded. Dropping the reader ends the task at once, even mid-wait.
+//! A background task pulls batches from a [`Pull`] (the polling [`Fetcher`], or a fan-out
+//! [`Subscriber`](crate::fanout::subscriber::Subscriber)) and hands them over a channel of
+//! capacity one, and it reserves the slot *before* it reads: so exactly one batch waits while the
+//! processor works on the one before (a slow processor does not also pay the read latency), and
+//! memory stays bounded. For a subscription this is also its backpressure: no event is taken off
+//! the connection while the slot is full. Dropping the reader ends the task at once, even
+//! mid-wait (and so closes a subscription).
 
 use async_trait::async_trait;
 use shardlease_core::{Batch, Error, LeaseKey, Position, Result, ShardInfo, ShardReader};
+
+/// Where the read-ahead task takes batches from.
+#[async_trait]
+pub(crate) trait Pull: Send + 'static {
+    /// `Some` batch with records or the shard's end; `None` when a read found nothing to
+    /// deliver; an error the reader hands to the runtime (the task then stops).
+    async fn next(&mut self) -> Result<Option<Batch>>;
+}
+
+#[async_trait]
+impl Pull for Fetcher {
+    async fn next(&mut self) -> Result<Option<Batch>> {
+        Fetcher::next(self).await
+    }
+}
 use tokio::sync::mpsc;
 use tracing::debug;
 
@@ -38,7 +56,7 @@ impl KinesisReader {
     /// `LATEST` start); it is delivered before anything else.
     pub(crate) fn spawn(
         shard: LeaseKey,
-        mut fetcher: Fetcher,
+        mut fetcher: impl Pull,
         first: Option<Batch>,
         resolved: Option<Position>,
     ) -> Self {

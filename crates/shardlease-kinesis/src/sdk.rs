@@ -45,9 +45,19 @@ impl SdkApi {
         SdkApi { client, stream, timeout }
     }
 
+    /// The client (the fan-out calls live in [`crate::sdk_fanout`]).
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The stream this API reads.
+    pub(crate) fn stream(&self) -> &StreamRef {
+        &self.stream
+    }
+
     /// Runs one call under the operation timeout (on top of the SDK's own, which a client
     /// built elsewhere may not have set).
-    async fn bounded<T, E>(
+    pub(crate) async fn bounded<T, E>(
         &self,
         what: &'static str,
         call: impl Future<Output = Result<T, SdkError<E, HttpResponse>>>,
@@ -66,10 +76,52 @@ impl SdkApi {
     }
 }
 
+/// A raw reply an SDK error may carry: an HTTP response, or an event-stream message (which has
+/// no status; its error code says everything).
+pub(crate) trait RawReply: fmt::Debug + Send + Sync + 'static {
+    /// Whether the service failed (a 5xx status).
+    fn server_error(&self) -> bool;
+}
+
+impl RawReply for HttpResponse {
+    fn server_error(&self) -> bool {
+        self.status().is_server_error()
+    }
+}
+
+impl RawReply for aws_smithy_types::event_stream::RawMessage {
+    fn server_error(&self) -> bool {
+        false
+    }
+}
+
+impl SdkApi {
+    /// Like [`SdkApi::bounded`], but `ResourceNotFoundException` is `Ok(None)`.
+    pub(crate) async fn bounded_found<T, E>(
+        &self,
+        what: &'static str,
+        call: impl Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+    ) -> Result<Option<T>, ApiError>
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(v)) => Ok(Some(v)),
+            Ok(Err(e)) if e.code() == Some("ResourceNotFoundException") => Ok(None),
+            Ok(Err(e)) => Err(classify(what, e)),
+            Err(_) => Err(ApiError::Other(Error::retryable(format!(
+                "Kinesis {what} timed out after {:?}",
+                self.timeout
+            )))),
+        }
+    }
+}
+
 /// Sorts an SDK failure into what the reader does about it.
-fn classify<E>(what: &'static str, err: SdkError<E, HttpResponse>) -> ApiError
+pub(crate) fn classify<E, R>(what: &'static str, err: SdkError<E, R>) -> ApiError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: RawReply,
 {
     let code = err.code().unwrap_or("").to_owned();
     let detail = err.message().unwrap_or("").to_owned();
@@ -77,7 +129,7 @@ where
         err,
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_)
     );
-    let server_side = err.raw_response().is_some_and(|r| r.status().is_server_error());
+    let server_side = err.raw_response().is_some_and(RawReply::server_error);
     let message = if code.is_empty() {
         format!("Kinesis {what} failed")
     } else {
@@ -89,7 +141,8 @@ where
         | "LimitExceededException"
         | "KMSThrottlingException"
         | "ThrottlingException" => ApiError::Throttled(Error::backend(true, message, err)),
-        "ResourceInUseException" | "InternalFailureException" | "ServiceUnavailable" => {
+        "ResourceInUseException" => ApiError::InUse(Error::backend(true, message, err)),
+        "InternalFailureException" | "ServiceUnavailable" => {
             ApiError::Other(Error::backend(true, message, err))
         }
         _ => ApiError::Other(Error::backend(transport || server_side, message, err)),
@@ -101,7 +154,7 @@ pub(crate) fn parse_hash_key(s: &str) -> Option<u128> {
     s.parse::<u128>().ok()
 }
 
-fn hash_range(r: Option<&HashKeyRange>, shard: &str) -> Option<HashRange> {
+pub(crate) fn hash_range(r: Option<&HashKeyRange>, shard: &str) -> Option<HashRange> {
     let r = r?;
     match (parse_hash_key(r.starting_hash_key()), parse_hash_key(r.ending_hash_key())) {
         (Some(start), Some(end)) => Some(HashRange { start, end }),
@@ -215,7 +268,7 @@ impl Api for SdkApi {
 /// milliseconds would move the record 1 ms earlier than the service holds it, and an
 /// `AT_TIMESTAMP` built from that figure would then start before the record's true neighbour.
 /// Rounding to the nearest millisecond gives back the digits the service sent.
-fn nearest_millis(t: &DateTime) -> i64 {
+pub(crate) fn nearest_millis(t: &DateTime) -> i64 {
     t.secs()
         .saturating_mul(1000)
         .saturating_add(i64::from((t.subsec_nanos() + 500_000) / 1_000_000))

@@ -1,7 +1,8 @@
 //! [`KinesisSource`]: the [`ShardSource`] of one Kinesis data stream.
 //!
-//! Listing pages through `ListShards`; opening a shard gets an iterator for the position and
-//! starts a [`KinesisReader`]. Positions map to iterators as follows:
+//! Listing pages through `ListShards`; opening a shard gets an iterator for the position (or,
+//! with enhanced fan-out, subscribes at it) and starts a [`KinesisReader`]. Positions map to
+//! iterators (and subscription starting positions) as follows:
 //!
 //! | position | iterator | delivered |
 //! |---|---|---|
@@ -15,7 +16,7 @@
 //! and skips its user records up to `sub`: this resumes exactly inside a KPL aggregate and costs
 //! one record for plain ones.
 //!
-//! **Pinning `LATEST`.** Opening at `LATEST` reads once right away. If that read found records,
+//! **Pinning `LATEST`.** Opening at `LATEST` reads once (or takes the first event) right away. If that read found records,
 //! the reader reports `AT_TIMESTAMP` of the first one's arrival as its resolved start (every
 //! record after the iterator arrived at or after it); if it found none, `AT_TIMESTAMP` of the
 //! opening minus [`ReadConfig::latest_pin_margin`]. Either way a lease that moves before its first
@@ -35,6 +36,9 @@ use shardlease_core::{
 use crate::api::{Api, ApiError, IteratorStart, StreamRef};
 use crate::builder::KinesisSourceBuilder;
 use crate::config::ReadConfig;
+use crate::convert::Unpacker;
+use crate::fanout::subscriber::Subscriber;
+use crate::fanout::{consumer, FanOut, FanOutConfig};
 use crate::fetcher::Fetcher;
 use crate::listing::list_all;
 use crate::reader::KinesisReader;
@@ -48,8 +52,11 @@ pub struct KinesisSource {
     api: Arc<dyn Api>,
     stream: StreamRef,
     config: Arc<ReadConfig>,
-    /// Hash ranges of the shards seen in listings, for filtering de-aggregated records.
+    /// Hash ranges of the shards seen in listings, for the out-of-range rule of de-aggregated
+    /// records.
     ranges: Mutex<HashMap<LeaseKey, Option<HashRange>>>,
+    /// Enhanced fan-out: the consumer and its calls; `None` when polling.
+    fan_out: Option<FanOut>,
 }
 
 impl fmt::Debug for KinesisSource {
@@ -57,6 +64,7 @@ impl fmt::Debug for KinesisSource {
         f.debug_struct("KinesisSource")
             .field("stream", &self.stream)
             .field("config", &self.config)
+            .field("fan_out", &self.fan_out.as_ref().map(|f| (&f.config, &f.consumer_arn)))
             .finish_non_exhaustive()
     }
 }
@@ -78,7 +86,38 @@ impl KinesisSource {
             stream,
             config: Arc::new(config),
             ranges: Mutex::new(HashMap::new()),
+            fan_out: None,
         })
+    }
+
+    /// Reads through enhanced fan-out as the consumer `consumer_arn`.
+    pub(crate) fn with_fan_out(mut self, fan_out: FanOut) -> Self {
+        self.fan_out = Some(fan_out);
+        self
+    }
+
+    /// The enhanced fan-out settings, when this source subscribes instead of polling.
+    pub fn fan_out_config(&self) -> Option<&FanOutConfig> {
+        self.fan_out.as_ref().map(|f| &*f.config)
+    }
+
+    /// The ARN of the stream consumer this source subscribes as (enhanced fan-out only).
+    pub fn consumer_arn(&self) -> Option<&str> {
+        self.fan_out.as_ref().map(|f| f.consumer_arn.as_str())
+    }
+
+    /// Deregisters this source's stream consumer (enhanced fan-out only; `Ok(false)` when it was
+    /// not registered any more). Every application reading the stream through that consumer
+    /// loses its subscriptions: call it only when the application is retired, never as part of
+    /// a worker's shutdown. See also
+    /// [`KinesisSourceBuilder::deregister_consumer`] (no source needed).
+    pub async fn deregister_consumer(&self) -> Result<bool> {
+        match &self.fan_out {
+            Some(f) => consumer::deregister(&*f.api, &f.config.consumer_name).await,
+            None => Err(Error::Config(
+                "this Kinesis source polls; it has no stream consumer to deregister".into(),
+            )),
+        }
     }
 
     /// The stream this source reads.
@@ -160,15 +199,10 @@ impl ShardSource for KinesisSource {
             return Ok(Box::new(KinesisReader::at_end(shard.clone(), children)));
         }
         let range = if self.config.deaggregate { self.range_of(shard).await? } else { None };
-        let (start, skip) = match from {
-            Position::TrimHorizon => (IteratorStart::TrimHorizon, None),
-            Position::Latest => (IteratorStart::Latest, None),
-            Position::AtTimestamp { millis } => (IteratorStart::AtTimestamp(*millis), None),
-            Position::Sequence { seq, sub } => {
-                (IteratorStart::AtSequence(seq.as_str().to_owned()), Some((seq.clone(), *sub)))
-            }
-            Position::ShardEnd => (IteratorStart::TrimHorizon, None), // handled above
-        };
+        if let Some(fan) = &self.fan_out {
+            return self.subscribe(fan.clone(), shard, from, range).await;
+        }
+        let (start, skip) = start_of(from);
         let opened_at = now_millis();
         let iterator = self
             .api
@@ -196,5 +230,68 @@ impl ShardSource for KinesisSource {
             _ => (None, None),
         };
         Ok(Box::new(KinesisReader::spawn(shard.clone(), fetcher, first, resolved)))
+    }
+}
+
+impl KinesisSource {
+    /// Opens `shard` through enhanced fan-out. The first subscription is made by the reader
+    /// (so `ResourceInUseException` is waited out there), except at `LATEST`: the first event
+    /// is taken here to pin the start, as polling pins it with its first read.
+    async fn subscribe(
+        &self,
+        fan: FanOut,
+        shard: &LeaseKey,
+        from: &Position,
+        range: Option<HashRange>,
+    ) -> Result<Box<dyn ShardReader>> {
+        let (start, skip) = start_of(from);
+        let unpacker =
+            Unpacker::new(self.stream.label().to_owned(), shard.clone(), range, &self.config, skip);
+        let mut sub = Subscriber::new(
+            fan,
+            self.api.clone(),
+            self.config.clone(),
+            self.stream.label().to_owned(),
+            shard.clone(),
+            unpacker,
+            start,
+        );
+        let opened_at = now_millis();
+        let (first, resolved) = match from {
+            Position::Latest => {
+                let f = sub.fan_config().quiet_timeout.max(self.config.operation_timeout);
+                let bound = f.saturating_mul(2);
+                let first =
+                    tokio::time::timeout(bound, sub.next_event()).await.map_err(|_| {
+                        Error::retryable(format!(
+                            "the first event of shard {shard} at LATEST did not come in time"
+                        ))
+                    })??;
+                let pin = sub.first_arrival().unwrap_or_else(|| {
+                    let margin = i64::try_from(self.config.latest_pin_margin.as_millis())
+                        .unwrap_or(i64::MAX);
+                    opened_at.saturating_sub(margin)
+                });
+                sub.renew_before_first_event_at(IteratorStart::AtTimestamp(pin));
+                (first, Some(Position::AtTimestamp { millis: pin }))
+            }
+            Position::AtTimestamp { .. } => (None, Some(from.clone())),
+            _ => (None, None),
+        };
+        Ok(Box::new(KinesisReader::spawn(shard.clone(), sub, first, resolved)))
+    }
+}
+
+/// Where reading starts for a position, and what of that first record a checkpoint covers.
+fn start_of(from: &Position) -> (IteratorStart, Option<(SequenceNumber, u64)>) {
+    match from {
+        Position::TrimHorizon => (IteratorStart::TrimHorizon, None),
+        Position::Latest => (IteratorStart::Latest, None),
+        Position::AtTimestamp { millis } => (IteratorStart::AtTimestamp(*millis), None),
+        Position::Sequence { seq, sub } => {
+            (IteratorStart::AtSequence(seq.as_str().to_owned()), Some((seq.clone(), *sub)))
+        }
+        // Handled before any reading starts.
+        Position::ShardEnd => (IteratorStart::TrimHorizon, None),
     }
 }

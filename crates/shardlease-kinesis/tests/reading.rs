@@ -1,6 +1,6 @@
 //! The Kinesis source against kinesalite: listing, every start position, resuming inside a KPL
 //! aggregate, shard end after a split and a merge, de-aggregation (a malformed aggregate arrives
-//! raw; user records outside the shard's hash range are skipped).
+//! raw; user records outside the shard's hash range are delivered and counted).
 
 mod common;
 
@@ -149,7 +149,7 @@ async fn resumes_inside_an_aggregate_by_sub_sequence_number() {
 }
 
 #[tokio::test]
-async fn malformed_aggregates_arrive_raw_and_foreign_user_records_are_skipped() {
+async fn malformed_aggregates_arrive_raw_and_out_of_range_user_records_are_delivered() {
     let Some(k) = emulator() else { return };
     let stream = k.create_stream(2).await;
     let source = k.source(&stream, fast_reads()).await;
@@ -171,14 +171,16 @@ async fn malformed_aggregates_arrive_raw_and_foreign_user_records_are_skipped() 
     k.put_with(&stream, "z", Some(3), Bytes::from_static(b"plain")).await;
 
     let mut r = source.open(&shard, &Position::TrimHorizon).await.unwrap_or_else(|e| panic!("{e}"));
-    let (records, _) = read_records(&mut r, 4).await;
-    assert_eq!(records.len(), 4, "{records:?}");
-    assert_eq!(payloads(&records[..2]), ["in-0", "in-2"]);
-    assert_eq!((records[0].sub, records[1].sub), (0, 2), "indices stay those of the aggregate");
-    assert!(records[..2].iter().all(|r| r.seq == seq(&mixed_seq)));
-    assert_eq!(records[2].data, Bytes::from(corrupt), "the malformed aggregate arrives raw");
-    assert_eq!((records[2].sub, records[2].partition_key.as_str()), (0, "y"));
-    assert_eq!(payloads(&records[3..]), ["plain"]);
+    let (records, _) = read_records(&mut r, 5).await;
+    assert_eq!(records.len(), 5, "{records:?}");
+    assert_eq!(payloads(&records[..3]), ["in-0", "out", "in-2"], "out of range, still delivered");
+    let subs: Vec<u64> = records[..3].iter().map(|r| r.sub).collect();
+    assert_eq!(subs, [0, 1, 2]);
+    assert_eq!(records[1].partition_key, "b");
+    assert!(records[..3].iter().all(|r| r.seq == seq(&mixed_seq)));
+    assert_eq!(records[3].data, Bytes::from(corrupt), "the malformed aggregate arrives raw");
+    assert_eq!((records[3].sub, records[3].partition_key.as_str()), (0, "y"));
+    assert_eq!(payloads(&records[4..]), ["plain"]);
     k.delete(&stream).await;
 }
 

@@ -2,7 +2,7 @@
 //! `SHARDLEASE_TEST_KINESIS_ENDPOINT` (a skip locally when unset, a failure under `CI=true`), an
 //! admin client, streams with random names, puts, splits and merges that wait until the stream is
 //! active again, and reading helpers that wait for a condition with a deadline (never a fixed
-//! sleep standing in for one).
+//! sleep standing in for one). [`ferro`] starts the in-process emulator of the fan-out tests.
 
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
@@ -18,6 +18,9 @@ use rand::Rng;
 use shardlease_core::{Record, ShardInfo, ShardReader};
 use shardlease_kinesis::{KinesisSource, ReadConfig};
 use shardlease_testkit::suite::env_or_skip;
+
+pub mod ferro;
+pub mod fleet;
 
 /// The variable naming the emulator.
 pub const ENDPOINT_VAR: &str = "SHARDLEASE_TEST_KINESIS_ENDPOINT";
