@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== build dependencies (protoc for the etcd store)"
+echo "== build dependencies (protoc for the etcd store, promtool for the alert rules)"
 scripts/build-deps.sh
 
 echo "== cargo fmt --check"
