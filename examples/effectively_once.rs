@@ -3,8 +3,8 @@
 //! rebalance never writes a record's row twice, even though the table has no unique constraint.
 //!
 //! ```text
-//! cargo run --example effectively_once -- --url postgres://postgres@127.0.0.1:5432/test
-//! DATABASE_URL=postgres://... cargo run --example effectively_once -- --leases-in-postgres
+//! cargo run --example effectively_once --features postgres -- --url postgres://postgres@127.0.0.1:5432/test
+//! DATABASE_URL=postgres://... cargo run --example effectively_once --features postgres -- --leases-in-postgres
 //! ```
 //!
 //! Three workers share an 8-shard in-memory stream while a producer writes to it; half-way one

@@ -20,7 +20,7 @@
 //! ```sh
 //! AWS_ACCESS_KEY_ID=dummy AWS_SECRET_ACCESS_KEY=dummy \
 //! KINESIS_ENDPOINT_URL=$SHARDLEASE_TEST_KINESIS_ENDPOINT KINESIS_CREATE_SHARDS=4 \
-//!   cargo run --example kinesis_dynamodb
+//!   cargo run --example kinesis_dynamodb --features kinesis,dynamodb
 //! ```
 
 use std::process::ExitCode;

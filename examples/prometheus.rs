@@ -2,7 +2,7 @@
 //! `metrics-exporter-prometheus` recorder serving `/metrics` on 127.0.0.1.
 //!
 //! ```text
-//! cargo run --example prometheus -- --port 9898
+//! cargo run --example prometheus --features prometheus -- --port 9898
 //! curl -s http://127.0.0.1:9898/metrics | grep millis_behind_latest
 //! ```
 //!

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system packages the workspace's build needs, when they are missing (idempotent):
 # `protoc` and Google's well-known .proto files for the etcd store's gRPC client (etcd-client runs
-# protoc in its build script; without libprotobuf-dev it fails on google/protobuf/descriptor.proto).
+# protoc in its build script; without libprotobuf-dev it fails on google/protobuf/descriptor.proto),
+# and `promtool` (Debian's `prometheus` package), with which examples/tests/deploy.rs checks and
+# unit-tests deploy/prometheus/shardlease.rules.yml. Neither is needed to run the embedded examples.
 set -euo pipefail
 
 log() { echo "build-deps: $*" >&2; }
@@ -9,8 +11,9 @@ log() { echo "build-deps: $*" >&2; }
 missing=()
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 log "installing ${missing[*]}"
 DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

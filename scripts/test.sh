@@ -7,14 +7,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== build dependencies (protoc for the etcd store)"
+echo "== build dependencies (protoc for the etcd store, promtool for the alert rules)"
 scripts/build-deps.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "== cargo clippy (warnings are errors)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+# The examples package's `all` feature turns on every example and test that names a
+# `required-features` (prometheus, effectively_once, kinesis_dynamodb), so they compile and run too.
+cargo clippy --workspace --all-targets --locked --features shardlease-examples/all -- -D warnings
 
 echo "== services"
 eval "$(scripts/services.sh)"
@@ -22,8 +24,8 @@ eval "$(scripts/services.sh)"
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --locked --all-targets 2>&1 | tee "$log"
-cargo test --workspace --locked --doc 2>&1 | tee -a "$log"
+cargo test --workspace --locked --all-targets --features shardlease-examples/all 2>&1 | tee "$log"
+cargo test --workspace --locked --doc --features shardlease-examples/all 2>&1 | tee -a "$log"
 # One closing line for the whole run (cargo prints one per test binary).
 echo
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

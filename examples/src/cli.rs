@@ -7,7 +7,8 @@ use std::time::Duration;
 /// Store, shards, workers and timing of a demo fleet.
 #[derive(clap::Args, Clone, Debug)]
 pub struct FleetArgs {
-    /// Lease store URL (anything `shardlease::connect` accepts).
+    /// Lease store URL (anything `shardlease::connect` accepts: `memory://`, `sqlite://`; other
+    /// schemes with the examples' feature of the same name, e.g. `--features postgres`).
     #[arg(long, value_name = "URL", default_value = "memory://",
           value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub store: String,

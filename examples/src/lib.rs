@@ -1,8 +1,8 @@
 //! Shared helpers of the examples: a record processor that counts deliveries (so a demo can show
 //! that nothing was lost and nothing processed twice), a view of who owns what, and a polling
-//! wait with a deadline; the Prometheus example's fleet and exporter ([`prometheus`]); and
-//! [`btree_store`], a lease store written against the public API as an outside user would write
-//! one.
+//! wait with a deadline; the Prometheus example's fleet and exporter (`prometheus`, with the
+//! `prometheus` feature); and [`btree_store`], a lease store written against the public API as an
+//! outside user would write one.
 
 pub mod btree_store;
 pub mod cli;
@@ -14,6 +14,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+#[cfg(feature = "prometheus")]
 pub mod prometheus;
 
 use shardlease::balancer::is_active;

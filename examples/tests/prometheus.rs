@@ -4,6 +4,9 @@
 //! labels `shardlease::telemetry::METRICS` (and docs/operations.md) give it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/deploy.rs"]
+mod deploy;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -107,5 +110,33 @@ async fn the_endpoint_serves_per_shard_lag_with_the_documented_labels() {
         checked += 1;
     }
     assert!(checked > 20, "only {checked} samples");
+
+    // The metric names deploy/ (the Prometheus rules, their tests, the Grafana dashboard) queries,
+    // held against what this exporter writes: a metric that is scraped is scraped under exactly
+    // the name queried (a histogram's `_bucket`, which the quantiles need, a counter's one `_total`).
+    let (used, _) = deploy::metric_names_used();
+    let scraped: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
+    let mut found = BTreeSet::new();
+    for name in &used {
+        let base = metric_of(name);
+        let written: BTreeSet<&str> =
+            scraped.iter().copied().filter(|s| metric_of(s) == base).collect();
+        if !written.is_empty() {
+            assert!(
+                written.contains(name.as_str()),
+                "deploy/ queries {name}; scraped: {written:?}"
+            );
+            found.insert(name.as_str());
+        }
+    }
+    for name in [
+        "shardlease_millis_behind_latest",
+        "shardlease_leases_held",
+        "shardlease_records_processed_total",
+        "shardlease_store_call_seconds_bucket",
+        "shardlease_batch_processing_seconds_bucket",
+    ] {
+        assert!(found.contains(name), "{name} is not in the scrape: {found:?}");
+    }
     fleet.shutdown().await.unwrap();
 }

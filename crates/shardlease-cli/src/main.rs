@@ -12,6 +12,7 @@ mod observe;
 mod output;
 mod state;
 mod store_url;
+mod watch;
 mod write;
 
 use std::process::ExitCode;
@@ -127,6 +128,35 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// A live terminal view of the namespace: workers, leases, recent changes and health,
+    /// refreshed every interval until `q`, Esc or Ctrl-C.
+    ///
+    /// Each refresh lists the worker records; the leases are listed only when a worker came,
+    /// left, died or changed owners (its record's change count moved), and every
+    /// --list-every-ms for checkpoint ages. A worker is dead once its beat stood still for
+    /// --failover-ms on this machine's clock. With --once, it watches for --observe-ms and
+    /// prints one frame as text instead (no terminal needed).
+    Watch {
+        /// Time between refreshes, in milliseconds.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+        interval_ms: u64,
+        /// The fleet's failover timeout in milliseconds: a beat still for that long is dead.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+        failover_ms: u64,
+        /// List the leases at least this often, in milliseconds, to refresh checkpoint ages
+        /// (0: only when something changed).
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+        list_every_ms: u64,
+        /// Print one frame as text after watching for --observe-ms, instead of the live view.
+        #[arg(long)]
+        once: bool,
+        /// Width of the --once frame in columns.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(40..=1000))]
+        width: u16,
+        /// Height of the --once frame in rows (default: tall enough for everything, up to 200).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(12..=1000))]
+        height: Option<u16>,
+    },
     /// Run a small fleet on the store: workers reading an in-memory stream, printing who holds
     /// how many leases every second.
     Demo {
@@ -188,6 +218,17 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::DeleteWorker { id, force } => {
             write::delete_worker(&target, observe, g.json, &id, force).await
+        }
+        Command::Watch { interval_ms, failover_ms, list_every_ms, once, width, height } => {
+            let opts = watch::Options {
+                interval: Duration::from_millis(interval_ms),
+                failover: Duration::from_millis(failover_ms),
+                list_every: (list_every_ms > 0).then(|| Duration::from_millis(list_every_ms)),
+                once: once.then_some(observe),
+                width,
+                height,
+            };
+            watch::run(&target, opts).await
         }
         Command::Demo { workers, shards, seconds, heartbeat_ms } => {
             demo::run(&target, workers, shards, seconds, heartbeat_ms).await

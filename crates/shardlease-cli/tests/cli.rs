@@ -273,6 +273,47 @@ async fn leases_watch_redraws_what_changed() {
     reader.join().unwrap_or_else(|_| panic!("the reader thread panicked"));
 }
 
+/// `watch --once` on a SQLite file with a running worker: one frame as text, with the worker,
+/// its leases and the health line. Without --once and without a terminal it refuses (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_once_prints_a_frame_and_watch_needs_a_terminal() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("{}?namespace=framed", sqlite_url(dir.path()));
+    let (worker, producer) = start_worker(store(&url).await, "framed");
+    let id = worker.id().to_string();
+    eventually("the worker holds both leases", || async { worker.held_leases().len() == 2 }).await;
+    let out = cli_async(
+        &url,
+        &[
+            "--namespace",
+            "framed",
+            "--observe-ms",
+            "600",
+            "watch",
+            "--once",
+            "--interval-ms",
+            "100",
+            "--width",
+            "120",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let text = &out.stdout;
+    assert!(text.starts_with("shardlease watch  namespace framed"), "{text}");
+    assert!(text.contains("health: ok  2 leases (2 running)"), "{text}");
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains(&id)).collect();
+    assert!(rows.iter().any(|l| l.contains("alive")), "{text}");
+    assert_eq!(rows.iter().filter(|l| l.contains("running")).count(), 2, "{text}");
+    assert!(text.lines().all(|l| l.chars().count() <= 120), "{text}");
+
+    let out = cli_async(&url, &["--namespace", "framed", "watch"]).await;
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("use --once"), "{}", out.stderr);
+    worker.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    producer.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gives_clear_errors_without_secrets() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
