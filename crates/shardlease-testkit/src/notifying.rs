@@ -218,7 +218,7 @@ mod tests {
     #[tokio::test]
     async fn dropped_subscriptions_end_and_lost_notices_are_lost() {
         let notifier = Notifier::new(7);
-        let store = notifier.wrap(Arc::new(MemoryStore::new()));
+        let store: Arc<dyn LeaseStore> = Arc::new(notifier.wrap(Arc::new(MemoryStore::new())));
         let mut stream = store.subscribe_changes().await.unwrap().unwrap();
         store.create_lease(&Lease::new("a", Position::Latest)).await.unwrap();
         assert!(matches!(stream.next().await, Some(StoreChange::Lease { .. })));
