@@ -242,17 +242,7 @@ impl Api for SdkApi {
                 data: Bytes::from(r.data.into_inner()),
             })
             .collect();
-        let children = out
-            .child_shards
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| {
-                let mut info = ShardInfo::new(c.shard_id())
-                    .with_parents(c.parent_shards().iter().map(|p| LeaseKey::from(p.as_str())));
-                info.hash_range = hash_range(c.hash_key_range(), c.shard_id());
-                info
-            })
-            .collect();
+        let children = child_infos(out.child_shards);
         Ok(RecordsPage {
             records,
             next_iterator: out.next_shard_iterator,
@@ -268,6 +258,22 @@ impl Api for SdkApi {
 /// milliseconds would move the record 1 ms earlier than the service holds it, and an
 /// `AT_TIMESTAMP` built from that figure would then start before the record's true neighbour.
 /// Rounding to the nearest millisecond gives back the digits the service sent.
+/// The children a reply names at a shard's end (`GetRecords` or a subscription's last event).
+pub(crate) fn child_infos(
+    children: Option<Vec<aws_sdk_kinesis::types::ChildShard>>,
+) -> Vec<ShardInfo> {
+    children
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| {
+            let mut info = ShardInfo::new(c.shard_id())
+                .with_parents(c.parent_shards().iter().map(|p| LeaseKey::from(p.as_str())));
+            info.hash_range = hash_range(c.hash_key_range(), c.shard_id());
+            info
+        })
+        .collect()
+}
+
 pub(crate) fn nearest_millis(t: &DateTime) -> i64 {
     t.secs()
         .saturating_mul(1000)

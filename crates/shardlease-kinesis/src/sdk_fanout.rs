@@ -10,13 +10,13 @@ use aws_sdk_kinesis::types::{
 };
 use aws_smithy_types::DateTime;
 use bytes::Bytes;
-use shardlease_core::{Error, LeaseKey, ShardInfo};
+use shardlease_core::Error;
 
 use crate::api::{
     ApiError, ConsumerInfo, ConsumerState, EventStream, FanOutApi, IteratorStart, RawRecord,
     ShardEvent, StreamRef,
 };
-use crate::sdk::{classify, hash_range, nearest_millis, SdkApi};
+use crate::sdk::{child_infos, classify, nearest_millis, SdkApi};
 
 fn state(s: &ConsumerStatus) -> ConsumerState {
     match s {
@@ -144,17 +144,7 @@ impl EventStream for SdkEvents {
                     data: Bytes::from(r.data.into_inner()),
                 })
                 .collect();
-            let children = event
-                .child_shards
-                .unwrap_or_default()
-                .into_iter()
-                .map(|c| {
-                    let mut info = ShardInfo::new(c.shard_id())
-                        .with_parents(c.parent_shards().iter().map(|p| LeaseKey::from(p.as_str())));
-                    info.hash_range = hash_range(c.hash_key_range(), c.shard_id());
-                    info
-                })
-                .collect();
+            let children = child_infos(event.child_shards);
             let continuation = Some(event.continuation_sequence_number).filter(|c| !c.is_empty());
             return Ok(Some(ShardEvent {
                 records,
