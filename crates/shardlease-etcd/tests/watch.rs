@@ -2,7 +2,8 @@
 //! heartbeat.
 //!
 //! The taker runs with a 60 s heartbeat (and the default ratios: a 150 s balance interval, a
-//! 300 s failover timeout) and no jitter. Without notification it can only learn that the
+//! 300 s failover timeout) and no jitter; the leaver beats every 200 ms with the same failover
+//! timeout. Without notification it can only learn that the
 //! leaver's record vanished from its own heartbeat loop's listing of the worker records, and a
 //! listing comes no sooner than a quarter heartbeat (15 s) after the previous beat, even when it
 //! beats early to publish a change. The leave starts right after one of its beats is observed, so
@@ -37,6 +38,9 @@ fn start(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_graceful_leave_is_taken_over_before_the_takers_next_heartbeat() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
     let Some(factory) = common::factory().await else { return };
     with_scope(&factory, "watch_leave", |scope| async move {
         let (ns, store) = scope.fresh_store().await;
@@ -47,9 +51,13 @@ async fn a_graceful_leave_is_taken_over_before_the_takers_next_heartbeat() {
         let rec = Recorder::new();
         let every = Duration::from_millis(20);
 
+        // A fleet shares one failover timeout: with its own (5 × 200 ms) the fast worker would
+        // judge the slow one dead between two of its beats, take its leases and remove its record.
+        let hb = Duration::from_secs(60);
         let fast_cfg = Config::new(ns.as_str())
             .unwrap()
             .with_heartbeat(Duration::from_millis(200))
+            .with_failover_timeout(hb * 5)
             .with_worker_id("fast")
             .with_initial_position(Position::TrimHorizon);
         let fast = start(fast_cfg, store.clone(), &source, &rec);
@@ -59,7 +67,6 @@ async fn a_graceful_leave_is_taken_over_before_the_takers_next_heartbeat() {
         .await
         .unwrap();
 
-        let hb = Duration::from_secs(60);
         let slow_cfg = Config::new(ns.as_str())
             .unwrap()
             .with_heartbeat(hb)

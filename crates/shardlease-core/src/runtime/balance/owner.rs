@@ -99,6 +99,11 @@ pub(crate) struct Owner {
     /// is free, only claim, so workers started together split the free leases on one view
     /// (docs/algorithm.md, "Starting together"). `None` before the first heartbeat.
     pub full_view_at: Option<Instant>,
+    /// Whether a peer left or died during the start hold, which ends it: that peer's leases are
+    /// free now, and holding them until the full view would leave them unread for up to a
+    /// heartbeat interval, while taking them costs at most a handoff to a worker that started
+    /// together with this one and is not yet seen (docs/algorithm.md, "Starting together").
+    pub fleet_changed_in_hold: bool,
     /// Ownership changes this process made: published on [`Shared::changes`] for the heartbeat.
     pub changes: u64,
     /// Bumped for every reason to list the leases at the next pass (a peer's changes, a worker
@@ -152,6 +157,7 @@ impl Owner {
             memory: BTreeMap::new(),
             hold_takes_until: None,
             full_view_at: None,
+            fleet_changed_in_hold: false,
             changes: 0,
             listing_wanted: 0,
             in_pass: false,
@@ -280,8 +286,12 @@ impl Owner {
     }
 
     /// Whether the start hold is on: this worker has not yet listed the worker records one
-    /// heartbeat interval after its first heartbeat (see [`Owner::full_view_at`]).
+    /// heartbeat interval after its first heartbeat (see [`Owner::full_view_at`]), and no peer
+    /// left or died meanwhile ([`Owner::fleet_changed_in_hold`]).
     pub(crate) fn before_full_view(&self) -> bool {
+        if self.fleet_changed_in_hold {
+            return false;
+        }
         match self.full_view_at {
             None => true,
             Some(at) => self.workers_listed.is_none_or(|listed| listed < at),
@@ -338,6 +348,10 @@ impl Owner {
         self.peers = Some(now);
         let held = self.before_full_view();
         self.workers_listed = self.workers_listed.max(Some(sent));
+        if held && change.needs_balance() {
+            debug!(left = ?change.vanished, died = ?change.newly_dead, "a peer left or died during the start hold: ending it");
+            self.fleet_changed_in_hold = true;
+        }
         if held && !self.before_full_view() {
             // The start hold is over: the pass that takes the free leases runs now.
             self.want_listing(true);
