@@ -30,6 +30,7 @@ mod ids;
 mod instrumented;
 mod lease;
 mod liveness;
+mod load;
 mod memory;
 mod notify;
 mod position;

@@ -39,6 +39,9 @@ pub use crate::instrumented::InstrumentedStore;
 /// runtime's.
 pub use crate::lease::transition;
 pub use crate::lease::{Claim, Lease, Version, VersionedLease};
+pub use crate::load::{
+    decode_lease_loads, encode_lease_loads, LeaseLoad, MAX_PUBLISHED_LEASE_LOADS,
+};
 pub use crate::memory::{MemoryBackend, MemorySnapshot, MemoryStore};
 pub use crate::notify::{ChangeStream, StoreChange};
 pub use crate::redact::{Redactor, MASK};

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::WorkerId;
+use crate::load::LeaseLoad;
 
 /// A worker's heartbeat. Liveness is judged by watching `beat` change on the observer's own
 /// monotonic clock; `updated_at_millis` is informational only (clocks differ between machines).
@@ -17,7 +18,8 @@ pub struct WorkerRecord {
     pub updated_at_millis: u64,
     /// How many leases the worker holds.
     pub lease_count: u32,
-    /// Optional load figure (records per second, CPU, ...), for operators and custom balancers.
+    /// The worker's total load: the sum of its leases' measured loads (busy seconds per second,
+    /// see [`LeaseLoad`]) when it measures them, for operators and the load-aware balancer.
     #[serde(default)]
     pub load: Option<f64>,
     /// Optional capacity (maximum leases) the worker advertises.
@@ -29,6 +31,13 @@ pub struct WorkerRecord {
     /// not leases. Only equality matters: a new process starts again from 0.
     #[serde(default)]
     pub changes: u64,
+    /// The worker's heaviest leases by measured load, at most
+    /// [`MAX_PUBLISHED_LEASE_LOADS`](crate::store::MAX_PUBLISHED_LEASE_LOADS), heaviest first;
+    /// `load` then holds the total over all its leases. Empty when the worker does not measure
+    /// (balancing by count). Stores keep it as one text field
+    /// ([`encode_lease_loads`](crate::store::encode_lease_loads)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lease_loads: Vec<LeaseLoad>,
 }
 
 const BEAT_COUNT_BITS: u32 = WorkerRecord::BEAT_COUNT_BITS;
@@ -97,6 +106,7 @@ impl WorkerRecord {
             load: None,
             capacity: None,
             changes: 0,
+            lease_loads: Vec::new(),
         }
     }
 }

@@ -189,6 +189,7 @@ pub(crate) fn decode_worker(item: &Item) -> Result<WorkerRecord, String> {
             .map_err(|_| format!("attribute `{LEASE_COUNT}` does not fit 32 bits"))?,
         load,
         capacity,
+        lease_loads: Vec::new(),
     })
 }
 

@@ -178,6 +178,7 @@ pub(crate) fn decode_worker(id: &str, fields: &Fields) -> Result<WorkerRecord, S
         capacity: optional_number(fields, CAPACITY)?,
         // Absent in records written before the field existed.
         changes: optional_number(fields, CHANGES)?.unwrap_or(0),
+        lease_loads: Vec::new(),
     })
 }
 

@@ -360,7 +360,16 @@ impl RawWorker {
             .map(|c| u32::try_from(c).map_err(|_| format!("column capacity is out of range ({c})")))
             .transpose()?;
         let changes = unsigned("changes", required("changes", self.changes)?)?;
-        Ok(WorkerRecord { id, beat, updated_at_millis, lease_count, load, capacity, changes })
+        Ok(WorkerRecord {
+            id,
+            beat,
+            updated_at_millis,
+            lease_count,
+            load,
+            capacity,
+            changes,
+            lease_loads: Vec::new(),
+        })
     }
 }
 
