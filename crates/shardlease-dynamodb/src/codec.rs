@@ -14,8 +14,11 @@
 //! claim_at    N   }
 //! ```
 //!
-//! Worker item: `beat`, `updated_at_millis`, `lease_count`, `changes` (N), and `load`,
-//! `capacity` (N) when set (a missing `changes` reads as 0). Attribute names are spelled out
+//! Worker item: `beat`, `updated_at_millis`, `lease_count`, `changes` (N), `load`, `capacity`
+//! (N) when set (a missing `changes` reads as 0), and `lease_loads` (S: the published lease loads
+//! as one text, a line `<load> <lease key>` per lease, see
+//! `shardlease_core::store::encode_lease_loads`) when the worker publishes any: never an empty
+//! string, and a missing one (also in items written before it existed) reads as none. Attribute names are spelled out
 //! (they count toward item size, but an operator reading the table in the console should not
 //! need a decoder ring).
 
@@ -24,7 +27,9 @@ use shardlease_core::Epoch;
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use shardlease_core::store::{Claim, Lease, Version, WorkerRecord};
+use shardlease_core::store::{
+    decode_lease_loads, encode_lease_loads, Claim, Lease, Version, WorkerRecord,
+};
 use shardlease_core::{LeaseKey, Position, WorkerId};
 use tracing::debug;
 
@@ -47,6 +52,7 @@ const LEASE_COUNT: &str = "lease_count";
 const LOAD: &str = "load";
 const CAPACITY: &str = "capacity";
 const CHANGES: &str = "changes";
+const LEASE_LOADS: &str = "lease_loads";
 
 fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
@@ -98,6 +104,10 @@ pub(crate) fn worker_item(pk: &str, record: &WorkerRecord) -> Item {
     }
     if let Some(capacity) = record.capacity {
         item.insert(CAPACITY.into(), n(capacity));
+    }
+    // A heartbeat puts the whole item, so leaving the attribute out removes it.
+    if !record.lease_loads.is_empty() {
+        item.insert(LEASE_LOADS.into(), s(encode_lease_loads(&record.lease_loads)));
     }
     item
 }
@@ -180,6 +190,12 @@ pub(crate) fn decode_worker(item: &Item) -> Result<WorkerRecord, String> {
         None => 0, // written before the field existed
         Some(_) => number(item, CHANGES)?,
     };
+    // Absent when the worker publishes none, and in items written before the field existed.
+    let lease_loads = match optional_string(item, LEASE_LOADS)? {
+        None => Vec::new(),
+        Some(text) => decode_lease_loads(&text)
+            .map_err(|e| format!("attribute `{LEASE_LOADS}` is not lease loads: {e}"))?,
+    };
     Ok(WorkerRecord {
         id: WorkerId::from(id),
         changes,
@@ -189,7 +205,7 @@ pub(crate) fn decode_worker(item: &Item) -> Result<WorkerRecord, String> {
             .map_err(|_| format!("attribute `{LEASE_COUNT}` does not fit 32 bits"))?,
         load,
         capacity,
-        lease_loads: Vec::new(),
+        lease_loads,
     })
 }
 
@@ -220,6 +236,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use shardlease_core::store::LeaseLoad;
 
     #[test]
     fn leases_round_trip() {
@@ -250,6 +267,37 @@ mod tests {
         assert_eq!(decode_worker(&worker_item("ns/workers", &w)).unwrap(), w);
         w.load = Some(f64::NAN);
         assert_eq!(decode_worker(&worker_item("ns/workers", &w)).unwrap().load, None);
+    }
+
+    #[test]
+    fn lease_loads_are_one_string_absent_when_empty() {
+        let mut w = WorkerRecord::new("w".into(), 3);
+        assert!(!worker_item("ns/workers", &w).contains_key(LEASE_LOADS), "never an empty S");
+        w.lease_loads = vec![
+            LeaseLoad::new("stream a/shard 1", 0.25),
+            LeaseLoad::new("s/2", 1.5e-7),
+            LeaseLoad::new("s 3", 0.0),
+        ];
+        let item = worker_item("ns/workers", &w);
+        assert!(
+            matches!(item.get(LEASE_LOADS), Some(AttributeValue::S(t)) if t.lines().count() == 3)
+        );
+        let back = decode_worker(&item).unwrap().lease_loads;
+        assert_eq!(back.len(), 3);
+        for (a, b) in w.lease_loads.iter().zip(&back) {
+            assert_eq!(a.key, b.key);
+            assert!((a.load - b.load).abs() <= a.load * 1e-5, "{} vs {}", a.load, b.load);
+        }
+        // Missing (an item from before the attribute existed): no loads.
+        let mut old = item.clone();
+        old.remove(LEASE_LOADS);
+        assert!(decode_worker(&old).unwrap().lease_loads.is_empty());
+        for bad in [s("0.5"), s("x s/1"), s("-1 s/1"), n(3)] {
+            let mut garbled = item.clone();
+            garbled.insert(LEASE_LOADS.into(), bad);
+            let reason = decode_worker(&garbled).unwrap_err();
+            assert!(reason.contains(LEASE_LOADS), "{reason}");
+        }
     }
 
     #[test]

@@ -97,6 +97,7 @@ impl CorruptRecords for Corrupting {
         vec![
             Corruption::new("garbled-beat", "beat").repairable(),
             Corruption::new("no-count", "lease_count").beat_intact(),
+            Corruption::new("garbled-loads", "lease_loads").repairable().beat_intact(),
         ]
     }
 
@@ -125,6 +126,7 @@ impl CorruptRecords for Corrupting {
         match damage.name {
             "garbled-beat" => self.update(pk, sk, "SET beat = :v", Some("many")).await,
             "no-count" => self.update(pk, sk, "REMOVE lease_count", None).await,
+            "garbled-loads" => self.update(pk, sk, "SET lease_loads = :v", Some("lots s/1")).await,
             other => panic!("no such damage: {other}"),
         }
     }

@@ -159,4 +159,25 @@ mod tests {
         assert!(decode_lease("k", v2.as_bytes()).unwrap_err().contains("format 2"));
         assert!(decode_worker("w", b"{}").is_err());
     }
+
+    #[test]
+    fn lease_loads_round_trip_and_are_left_out_when_empty() {
+        use shardlease_core::store::LeaseLoad;
+        let mut w = WorkerRecord::new(WorkerId::new("w1"), 5);
+        let text = String::from_utf8(encode_worker(&w)).unwrap();
+        assert!(!text.contains("lease_loads"), "{text}");
+        w.load = Some(0.75);
+        w.lease_loads = vec![
+            LeaseLoad::new("stream a/shard 1", 0.25),
+            LeaseLoad::new("s/2", 1.5e-7),
+            LeaseLoad::new("s 3", 0.0),
+        ];
+        assert_eq!(decode_worker("w1", &encode_worker(&w)), Ok(w.clone()), "exact through JSON");
+        // A document from before the field existed: no loads.
+        let old = br#"{"format":1,"id":"w1","beat":5,"updated_at_millis":1,"lease_count":0}"#;
+        assert_eq!(decode_worker("w1", old).map(|r| r.lease_loads), Ok(Vec::new()));
+        let bad = br#"{"format":1,"id":"w1","beat":5,"updated_at_millis":1,"lease_count":0,
+            "lease_loads":"0.5 k"}"#;
+        assert!(decode_worker("w1", bad).is_err());
+    }
 }

@@ -9,14 +9,19 @@
 //! e.g. `{"kind":"sequence","seq":"4959…","sub":0}`), `parents` (JSON array), `claim` (JSON
 //! `{"by":…,"at":…}`, absent when none), `attributes` (JSON object), `version` (written by the
 //! Lua scripts only). Worker hash: `id`, `beat`, `updated_at_millis`, `lease_count`, `changes`
-//! (absent in records written before it existed: 0), `load` and `capacity` (absent when unset). Unknown fields are ignored, so later versions may add some.
+//! (absent in records written before it existed: 0), `load` and `capacity` (absent when unset),
+//! `lease_loads` (the published lease loads as one text, a line `<load> <lease key>` per lease,
+//! see `shardlease_core::store::encode_lease_loads`; absent when there are none, and in records
+//! written before it existed). Unknown fields are ignored, so later versions may add some.
 
 use shardlease_core::Epoch;
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
 use redis::Value;
-use shardlease_core::store::{Claim, Lease, Version, VersionedLease, WorkerRecord};
+use shardlease_core::store::{
+    decode_lease_loads, encode_lease_loads, Claim, Lease, Version, VersionedLease, WorkerRecord,
+};
 use shardlease_core::{LeaseKey, Position};
 
 /// The fields of one hash, as read.
@@ -58,6 +63,8 @@ pub(crate) mod worker_field {
     pub const LOAD: &str = "load";
     /// Optional advertised capacity.
     pub const CAPACITY: &str = "capacity";
+    /// The published lease loads, `encode_lease_loads` text; absent when there are none.
+    pub const LEASE_LOADS: &str = "lease_loads";
 }
 
 /// The field/value pairs of `lease`, without `version` (the scripts add it).
@@ -97,6 +104,10 @@ pub(crate) fn worker_fields(record: &WorkerRecord) -> Vec<(&'static str, String)
     }
     if let Some(capacity) = record.capacity {
         out.push((CAPACITY, capacity.to_string()));
+    }
+    // The heartbeat script replaces the whole hash, so leaving the field out removes it.
+    if !record.lease_loads.is_empty() {
+        out.push((LEASE_LOADS, encode_lease_loads(&record.lease_loads)));
     }
     out
 }
@@ -169,6 +180,13 @@ pub(crate) fn decode_worker(id: &str, fields: &Fields) -> Result<WorkerRecord, S
     if stored != id {
         return Err(format!("field `id` says {} but the record is {id:?}", excerpt(stored)));
     }
+    let lease_loads = match fields.get(LEASE_LOADS) {
+        // Absent when there are none, and in records written before the field existed.
+        None => Vec::new(),
+        Some(raw) => decode_lease_loads(raw).map_err(|e| {
+            format!("field `{LEASE_LOADS}` is not lease loads ({e}): {}", excerpt(raw))
+        })?,
+    };
     Ok(WorkerRecord {
         id: id.into(),
         beat: number(fields, BEAT)?,
@@ -178,7 +196,7 @@ pub(crate) fn decode_worker(id: &str, fields: &Fields) -> Result<WorkerRecord, S
         capacity: optional_number(fields, CAPACITY)?,
         // Absent in records written before the field existed.
         changes: optional_number(fields, CHANGES)?.unwrap_or(0),
-        lease_loads: Vec::new(),
+        lease_loads,
     })
 }
 
@@ -219,6 +237,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use shardlease_core::store::LeaseLoad;
     use shardlease_core::SequenceNumber;
 
     fn as_fields(pairs: Vec<(&'static str, String)>, version: u64) -> Fields {
@@ -300,6 +319,40 @@ mod tests {
         bad.insert("beat".into(), "many".into());
         assert!(decode_worker("w-1", &bad).unwrap_err().contains("beat"));
         assert!(decode_worker("w-2", &f).unwrap_err().contains("says"));
+    }
+
+    #[test]
+    fn lease_loads_are_one_field_absent_when_empty() {
+        let mut w = WorkerRecord::new("w-1".into(), 9);
+        let fields = |w: &WorkerRecord| -> Fields {
+            worker_fields(w).into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+        };
+        assert!(!fields(&w).contains_key("lease_loads"), "no loads: no field");
+        w.lease_loads = vec![
+            LeaseLoad::new("stream a/shard 1", 0.25),
+            LeaseLoad::new("s/2", 1.5e-7),
+            LeaseLoad::new("s 3", 0.0),
+        ];
+        let f = fields(&w);
+        assert_eq!(f["lease_loads"].lines().count(), 3);
+        let back = decode_worker("w-1", &f).unwrap().lease_loads;
+        assert_eq!(back.len(), 3);
+        for (a, b) in w.lease_loads.iter().zip(&back) {
+            assert_eq!(a.key, b.key);
+            assert!((a.load - b.load).abs() <= a.load * 1e-5, "{} vs {}", a.load, b.load);
+        }
+        // Absent (a record from before the field existed) or empty: no loads.
+        let mut old = f.clone();
+        old.remove("lease_loads");
+        assert!(decode_worker("w-1", &old).unwrap().lease_loads.is_empty());
+        old.insert("lease_loads".into(), String::new());
+        assert!(decode_worker("w-1", &old).unwrap().lease_loads.is_empty());
+        for bad in ["0.5", "x s/1", "-1 s/1", "NaN s"] {
+            let mut garbled = f.clone();
+            garbled.insert("lease_loads".into(), bad.into());
+            let err = decode_worker("w-1", &garbled).unwrap_err();
+            assert!(err.contains("`lease_loads`"), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -35,7 +35,8 @@
 //!                                                   parents, claim, attributes, version
 //! {shardlease:orders}:leases                       ZSET of lease keys
 //! {shardlease:orders}:worker:host-42-1f2e3d4c       HGETALL → id, beat, updated_at_millis,
-//!                                                   lease_count, load, capacity
+//!                                                   lease_count, changes, load, capacity,
+//!                                                   lease_loads
 //! {shardlease:orders}:workers                      ZSET of worker ids
 //! ```
 //!
@@ -44,7 +45,8 @@
 //!
 //! Fields are plain text an operator can read with `HGETALL`: numbers in decimal, the checkpoint
 //! as JSON of `Position` (`{"kind":"sequence","seq":"4959…","sub":0}`), parents, claim and
-//! attributes as JSON. A record that does not decode (a missing or garbled field, or a key of
+//! attributes as JSON, a worker's published lease loads as lines `<load> <lease key>` (absent
+//! when it publishes none). A record that does not decode (a missing or garbled field, or a key of
 //! another type) is reported as `Error::Corrupt` by `get_lease`/`update_lease`/`delete_lease`
 //! and as a `Listing::corrupt` entry by the listings; the other records keep working. A listing's
 //! corrupt entry is named by its index member, which is the lease key (or worker id) exactly;

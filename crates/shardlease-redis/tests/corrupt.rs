@@ -47,6 +47,7 @@ impl CorruptRecords for RedisFactory {
             Corruption::new("garbled-beat", "beat").repairable(),
             Corruption::new("no-id", "`id`").beat_intact(),
             Corruption::new("wrongtype", "WRONGTYPE"),
+            Corruption::new("garbled-loads", "lease_loads").repairable().beat_intact(),
         ]
     }
 
@@ -76,6 +77,7 @@ impl CorruptRecords for RedisFactory {
         match damage.name {
             "garbled-beat" => raw(&mut conn, &[b"HSET", k, b"beat", b"many"]).await,
             "no-id" => raw(&mut conn, &[b"HDEL", k, b"id"]).await,
+            "garbled-loads" => raw(&mut conn, &[b"HSET", k, b"lease_loads", b"lots s/1"]).await,
             "wrongtype" => {
                 raw(&mut conn, &[b"DEL", k]).await?;
                 raw(&mut conn, &[b"SET", k, b"x"]).await

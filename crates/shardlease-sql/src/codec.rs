@@ -11,7 +11,10 @@
 use shardlease_core::Epoch;
 use std::collections::BTreeMap;
 
-use shardlease_core::store::{Claim, CorruptRecord, Lease, Version, VersionedLease, WorkerRecord};
+use shardlease_core::store::{
+    decode_lease_loads, encode_lease_loads, Claim, CorruptRecord, Lease, Version, VersionedLease,
+    WorkerRecord,
+};
 use shardlease_core::{Error, LeaseKey, Position, Result, SequenceNumber, WorkerId};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
@@ -159,10 +162,12 @@ pub(crate) struct WorkerColumns<'a> {
     pub(crate) load: Option<f64>,
     pub(crate) capacity: Option<i64>,
     pub(crate) changes: i64,
+    /// The published lease loads as one text (`encode_lease_loads`); NULL when there are none.
+    pub(crate) lease_loads: Option<String>,
 }
 
 /// Encodes a worker record. A load that is not a finite number is stored as NULL (SQLite cannot
-/// keep NaN, and MySQL rejects it).
+/// keep NaN, and MySQL rejects it); so is an empty list of lease loads.
 pub(crate) fn encode_worker(record: &WorkerRecord) -> Result<WorkerColumns<'_>> {
     check_name("worker id", record.id.as_str())?;
     Ok(WorkerColumns {
@@ -173,6 +178,11 @@ pub(crate) fn encode_worker(record: &WorkerRecord) -> Result<WorkerColumns<'_>> 
         load: record.load.filter(|l| l.is_finite()),
         capacity: record.capacity.map(i64::from),
         changes: to_i64("changes", record.changes)?,
+        lease_loads: if record.lease_loads.is_empty() {
+            None
+        } else {
+            Some(encode_lease_loads(&record.lease_loads))
+        },
     })
 }
 
@@ -315,6 +325,7 @@ pub(crate) struct RawWorker {
     load: Col<f64>,
     capacity: Col<i64>,
     changes: Col<i64>,
+    lease_loads: Col<String>,
 }
 
 /// Reads a row selected with [`WORKER_COLUMNS`](crate::dialect::WORKER_COLUMNS).
@@ -334,6 +345,7 @@ where
         load: col(row, 4),
         capacity: col(row, 5),
         changes: col(row, 6),
+        lease_loads: col(row, 7),
     }
 }
 
@@ -360,6 +372,13 @@ impl RawWorker {
             .map(|c| u32::try_from(c).map_err(|_| format!("column capacity is out of range ({c})")))
             .transpose()?;
         let changes = unsigned("changes", required("changes", self.changes)?)?;
+        // NULL in rows written before the column existed (schema 3), or by older workers.
+        let lease_loads = match optional("lease_loads", self.lease_loads)? {
+            Some(text) => {
+                decode_lease_loads(&text).map_err(|e| format!("column lease_loads: {e}"))?
+            }
+            None => Vec::new(),
+        };
         Ok(WorkerRecord {
             id,
             beat,
@@ -368,7 +387,7 @@ impl RawWorker {
             load,
             capacity,
             changes,
-            lease_loads: Vec::new(),
+            lease_loads,
         })
     }
 }
@@ -377,6 +396,7 @@ impl RawWorker {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use shardlease_core::store::LeaseLoad;
 
     #[test]
     fn new_versions_are_positive_and_never_the_replaced_one() {
@@ -469,6 +489,7 @@ mod tests {
             load: Ok(Some(0.5)),
             capacity: Ok(None),
             changes: Ok(Some(9)),
+            lease_loads: Ok(None),
         };
         let w = raw().decode().unwrap();
         assert_eq!((w.beat, w.lease_count, w.load, w.capacity), (4, 6, Some(0.5), None));
@@ -481,5 +502,43 @@ mod tests {
         let mut record = WorkerRecord::new("w".into(), 1);
         record.load = Some(f64::NAN);
         assert_eq!(encode_worker(&record).unwrap().load, None);
+    }
+
+    #[test]
+    fn lease_loads_round_trip_through_their_column() {
+        let mut record = WorkerRecord::new("w".into(), 1);
+        assert_eq!(encode_worker(&record).unwrap().lease_loads, None, "no loads: NULL");
+        record.lease_loads = vec![
+            LeaseLoad::new("stream a/shard 1", 0.25),
+            LeaseLoad::new("s/2", 1.5e-7),
+            LeaseLoad::new("s 3", 0.0),
+        ];
+        let text = encode_worker(&record).unwrap().lease_loads.unwrap();
+        let raw = |lease_loads: Col<String>| RawWorker {
+            id: Ok(Some("w".into())),
+            beat: Ok(Some(1)),
+            updated_at_millis: Ok(Some(5)),
+            lease_count: Ok(Some(3)),
+            load: Ok(None),
+            capacity: Ok(None),
+            changes: Ok(Some(0)),
+            lease_loads,
+        };
+        let back = raw(Ok(Some(text))).decode().unwrap().lease_loads;
+        assert_eq!(back.len(), 3);
+        for (a, b) in record.lease_loads.iter().zip(&back) {
+            assert_eq!(a.key, b.key);
+            assert!((a.load - b.load).abs() <= a.load * 1e-5, "{} vs {}", a.load, b.load);
+        }
+        // NULL (a row from before schema 3) and the empty text are no loads.
+        assert!(raw(Ok(None)).decode().unwrap().lease_loads.is_empty());
+        assert!(raw(Ok(Some(String::new()))).decode().unwrap().lease_loads.is_empty());
+        for bad in ["0.5", "x s/1", "-1 s/1"] {
+            let bad = raw(Ok(Some(bad.into()))).decode().unwrap_err();
+            assert_eq!(bad.key, "w");
+            assert!(bad.reason.contains("column lease_loads"), "{}", bad.reason);
+        }
+        let bad = raw(Err("mismatched types".into())).decode().unwrap_err();
+        assert!(bad.reason.contains("column lease_loads"), "{}", bad.reason);
     }
 }

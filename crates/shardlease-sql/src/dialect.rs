@@ -75,7 +75,7 @@ pub(crate) const LEASE_COLUMNS: &str = "lease_key, owner, epoch, version, checkp
 
 /// The columns of a worker row, in the order every `SELECT` returns them.
 pub(crate) const WORKER_COLUMNS: &str =
-    "worker_id, beat, updated_at_millis, lease_count, load_figure, capacity, changes";
+    "worker_id, beat, updated_at_millis, lease_count, load_figure, capacity, changes, lease_loads";
 
 /// The table names of one prefix.
 #[derive(Clone, Debug)]
@@ -142,7 +142,7 @@ impl Notifying {
             insert_lease: sql(notifying(&plain.insert_lease, n + 4)),
             update_lease: sql(notifying(&plain.update_lease, n + 5)),
             delete_lease: sql(notifying(&plain.delete_lease, 4)),
-            heartbeat: sql(notifying_insert(&plain.heartbeat, 9)),
+            heartbeat: sql(notifying_insert(&plain.heartbeat, 10)),
             remove_worker: sql(notifying(&plain.remove_worker, 3)),
             remove_worker_if: sql(notifying(&plain.remove_worker_if, 4)),
         }
@@ -182,6 +182,7 @@ impl Queries {
                     "load_figure",
                     "capacity",
                     "changes",
+                    "lease_loads",
                     "beat",
                 ]
                 .iter()
@@ -193,7 +194,8 @@ impl Queries {
                 " ON CONFLICT (namespace, worker_id) DO UPDATE \
                  SET beat = excluded.beat, updated_at_millis = excluded.updated_at_millis, \
                  lease_count = excluded.lease_count, load_figure = excluded.load_figure, \
-                 capacity = excluded.capacity, changes = excluded.changes \
+                 capacity = excluded.capacity, changes = excluded.changes, \
+                 lease_loads = excluded.lease_loads \
                  WHERE ({workers}.beat >> {bits}) <> (excluded.beat >> {bits}) \
                  OR {workers}.beat < excluded.beat"
             ),
@@ -249,8 +251,9 @@ impl Queries {
             )),
             heartbeat: sql(format!(
                 "INSERT INTO {workers} (namespace, worker_id, beat, updated_at_millis, \
-                 lease_count, load_figure, capacity, changes) VALUES ({}){worker_upsert}",
-                d.phs(1, 8)
+                 lease_count, load_figure, capacity, changes, lease_loads) \
+                 VALUES ({}){worker_upsert}",
+                d.phs(1, 9)
             )),
             list_workers: sql(format!(
                 "SELECT {WORKER_COLUMNS} FROM {workers} WHERE namespace = {} ORDER BY worker_id",
@@ -433,6 +436,24 @@ pub(crate) fn schema_v2(dialect: Dialect, tables: &Tables, _mysql_collation: &st
     )]
 }
 
+/// The statements of schema version 3: the `lease_loads` column of worker records (see
+/// `WorkerRecord::lease_loads`), the published lease loads as one text
+/// (`shardlease_core::store::encode_lease_loads`). Nullable with no default (MySQL cannot give a
+/// `TEXT` column a default before 8.0.13): NULL reads as no loads, so rows written before the
+/// column existed, and by workers of the previous release (whose upsert leaves the column as it
+/// is, NULL on a row they insert), stay readable. Duplicate columns are handled as in
+/// [`schema_v2`].
+pub(crate) fn schema_v3(dialect: Dialect, tables: &Tables, _mysql_collation: &str) -> Vec<String> {
+    let if_not_exists = match dialect {
+        Dialect::Postgres => "IF NOT EXISTS ",
+        Dialect::Sqlite | Dialect::MySql => "",
+    };
+    vec![format!(
+        "ALTER TABLE {workers} ADD COLUMN {if_not_exists}lease_loads TEXT",
+        workers = tables.workers
+    )]
+}
+
 /// Whether a migration statement failed only because the column it adds exists already (another
 /// worker migrating at the same moment, or a run interrupted before it recorded the version).
 pub(crate) fn is_duplicate_column(e: &sqlx::Error) -> bool {
@@ -469,6 +490,36 @@ mod tests {
                 _ => "?",
             });
             assert_eq!(count.count(), 15, "{d}: {}", q.update_lease);
+            assert!(q.heartbeat.contains("lease_loads") && q.list_workers.contains("lease_loads"));
         }
+    }
+
+    #[test]
+    fn the_heartbeat_writes_nine_columns_and_notices_follow_them() {
+        let tables = Tables::new("shardlease_");
+        let q = Queries::new(Dialect::Sqlite, &tables);
+        assert!(q.heartbeat.contains("?9)") && !q.heartbeat.contains("?10"), "{}", q.heartbeat);
+        let q = Queries::new(Dialect::MySql, &tables);
+        assert!(q.heartbeat.contains("lease_loads = IF("), "{}", q.heartbeat);
+        #[cfg(feature = "postgres")]
+        {
+            let q = Queries::new(Dialect::Postgres, &tables);
+            assert!(q.heartbeat.contains("$9)") && !q.heartbeat.contains("$10"));
+            let n = q.notifying.as_ref().map(|n| n.heartbeat.to_string()).unwrap_or_default();
+            assert!(n.contains("pg_notify($10, $11)"), "{n}");
+        }
+    }
+
+    #[test]
+    fn schema_3_adds_a_nullable_text_column() {
+        let tables = Tables::new("p_");
+        for d in [Dialect::Postgres, Dialect::Sqlite, Dialect::MySql] {
+            let statements = schema_v3(d, &tables, "");
+            assert_eq!(statements.len(), 1);
+            let s = &statements[0];
+            assert!(s.starts_with("ALTER TABLE p_workers ADD COLUMN "), "{s}");
+            assert!(s.ends_with("lease_loads TEXT"), "{d}: no NOT NULL, no DEFAULT: {s}");
+        }
+        assert!(schema_v3(Dialect::Postgres, &tables, "")[0].contains("IF NOT EXISTS"));
     }
 }

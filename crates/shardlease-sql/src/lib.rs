@@ -43,9 +43,13 @@
 //!   (a pending handoff), `attributes` (a JSON object) and `updated_at_millis` (the writer's
 //!   wall clock, for people only).
 //! - `<prefix>workers`: `namespace`, `worker_id`, `beat`, `updated_at_millis`, `lease_count`,
-//!   `load_figure`, `capacity`, and (since schema 2) `changes`, the worker's count of ownership
-//!   changes that tells its peers when to list the leases again. Schema 2 only adds that column
-//!   (default 0), so workers of the previous release keep working on migrated tables.
+//!   `load_figure`, `capacity`, (since schema 2) `changes`, the worker's count of ownership
+//!   changes that tells its peers when to list the leases again, and (since schema 3)
+//!   `lease_loads`, the loads of the worker's heaviest leases as one text, a line
+//!   `<load> <lease key>` per lease (`shardlease_core::store::encode_lease_loads`), NULL when it
+//!   publishes none. Schema 2 only adds its column (default 0) and schema 3 only its nullable
+//!   column (no default; NULL reads as no loads), so workers of the previous release keep working
+//!   on migrated tables.
 //! - `<prefix>namespaces`: `namespace`, `last_incarnation`: the per-namespace counter earlier
 //!   releases drew versions from. It is no longer read or written (versions are random now,
 //!   below) but stays in schema 1, so that no migration is needed and older and newer workers can

@@ -34,10 +34,15 @@ const MIGRATIONS: &[Migration] = &[
         description: "worker records publish their count of ownership changes",
         statements: dialect::schema_v2,
     },
+    Migration {
+        version: 3,
+        description: "worker records publish their heaviest leases' loads",
+        statements: dialect::schema_v3,
+    },
 ];
 
 /// The schema version this build reads and writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Runs the missing migrations when `create` is set, then checks that the schema is there.
 pub(crate) async fn prepare(shared: &Shared, create: bool) -> Result<()> {

@@ -594,7 +594,7 @@ impl LeaseStore for SqlStore {
     }
     async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
         let c = encode_worker(record)?;
-        let (worker_id, beat, updated_at, lease_count, load, capacity, changes) = (
+        let (worker_id, beat, updated_at, lease_count, load, capacity, changes, lease_loads) = (
             c.worker_id.to_owned(),
             c.beat,
             c.updated_at_millis,
@@ -602,6 +602,7 @@ impl LeaseStore for SqlStore {
             c.load,
             c.capacity,
             c.changes,
+            c.lease_loads,
         );
         let shared = Arc::clone(&self.shared);
         let namespace = self.namespace.clone();
@@ -630,7 +631,8 @@ impl LeaseStore for SqlStore {
                     .bind(lease_count)
                     .bind(load)
                     .bind(capacity)
-                    .bind(changes);
+                    .bind(changes)
+                    .bind(lease_loads.as_deref());
                 with_notice!(q, notice).execute(p).await.map(|_| ())
             });
             done.map_err(|e| errors::backend(shared.dialect, "write a heartbeat", e))

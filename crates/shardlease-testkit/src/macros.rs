@@ -24,6 +24,7 @@ macro_rules! __conformance_cases {
             list_many_leases
             namespaces_are_isolated
             worker_records
+            worker_records_keep_lease_loads
             remove_worker_if_checks_the_beat
             a_heartbeat_never_moves_the_beat_back
             notices_announce_ownership_changes_only

@@ -35,6 +35,10 @@ enum Bug {
     /// A heartbeat never replaces a greater beat, even of another process (compares the beats
     /// but not the processes).
     HeartbeatIgnoresProcess,
+    /// A heartbeat keeps every field but the published lease loads.
+    HeartbeatDropsLeaseLoads,
+    /// A heartbeat with no lease loads leaves the previously published ones in place.
+    HeartbeatKeepsOldLeaseLoads,
 }
 
 #[derive(Debug)]
@@ -82,6 +86,19 @@ impl LeaseStore for Broken {
                     return Ok(());
                 }
                 self.inner.remove_worker(&record.id).await?;
+            }
+            Bug::HeartbeatDropsLeaseLoads => {
+                let mut stripped = record.clone();
+                stripped.lease_loads.clear();
+                return self.inner.heartbeat(&stripped).await;
+            }
+            Bug::HeartbeatKeepsOldLeaseLoads if record.lease_loads.is_empty() => {
+                let listed = self.inner.list_workers().await?;
+                let mut kept = record.clone();
+                if let Some(old) = listed.items.iter().find(|w| w.id == record.id) {
+                    kept.lease_loads = old.lease_loads.clone();
+                }
+                return self.inner.heartbeat(&kept).await;
             }
             _ => {}
         }
@@ -176,6 +193,12 @@ async fn each_bug_fails_its_case() {
             suite::a_heartbeat_never_moves_the_beat_back(&f),
         )
         .await; // ... but lets a late heartbeat move the beat back, or a restart be ignored
+    }
+
+    for bug in [Bug::HeartbeatDropsLeaseLoads, Bug::HeartbeatKeepsOldLeaseLoads] {
+        let f = BrokenFactory::new(bug);
+        suite::worker_records(&f).await; // records without loads read back fine ...
+        must_fail("lease loads lost or stale", suite::worker_records_keep_lease_loads(&f)).await;
     }
 
     let f = counter_factory();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use shardlease_core::store::VersionedLease;
-use shardlease_core::store::{CreateOutcome, Lease, LeaseStore, Version, WorkerRecord};
+use shardlease_core::store::{CreateOutcome, Lease, LeaseLoad, LeaseStore, Version, WorkerRecord};
 use shardlease_core::{Error, LeaseKey, Position, Result, WorkerId};
 use shardlease_sql::{Dialect, SqlPool, SqlStore};
 use shardlease_testkit::extensions::{CorruptRecords, Corruption, SecretUrl};
@@ -60,6 +60,12 @@ macro_rules! server_tests {
         async fn migrates_version_1_tables() {
             let Some(url) = $url else { return };
             common::migrates_version_1_tables(&url).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn migrates_version_2_tables() {
+            let Some(url) = $url else { return };
+            common::migrates_version_2_tables(&url).await;
         }
     };
 }
@@ -218,7 +224,10 @@ impl CorruptRecords for SqlFactory {
     }
 
     fn worker_corruptions(&self) -> Vec<Corruption> {
-        vec![Corruption::new("w-bad", "").repairable().beat_intact()]
+        vec![
+            Corruption::new("w-bad", "").repairable().beat_intact(),
+            Corruption::new("w-loads", "lease_loads").repairable().beat_intact(),
+        ]
     }
 
     async fn corrupt_lease(&self, ns: &str, key: &LeaseKey, damage: &Corruption) -> Result<()> {
@@ -230,11 +239,16 @@ impl CorruptRecords for SqlFactory {
         Ok(())
     }
 
-    async fn corrupt_worker(&self, ns: &str, id: &WorkerId, _: &Corruption) -> Result<()> {
+    async fn corrupt_worker(&self, ns: &str, id: &WorkerId, damage: &Corruption) -> Result<()> {
         let store = self.open(ns).await?;
         let d = store.dialect();
+        let set = match damage.name {
+            "w-bad" => "lease_count = -1",
+            "w-loads" => "lease_loads = 'not lease loads'",
+            other => panic!("no such damage: {other}"),
+        };
         let sql = format!(
-            "UPDATE {} SET lease_count = -1 WHERE namespace = {} AND worker_id = {}",
+            "UPDATE {} SET {set} WHERE namespace = {} AND worker_id = {}",
             store.workers_table(),
             ph(d, 1),
             ph(d, 2)
@@ -488,27 +502,99 @@ pub async fn concurrent_migrations(url: &str) {
     }
 }
 
-/// Tables left at schema version 1 (worker rows without `changes`) are refused without
-/// `create_schema`, migrated with it, and their old worker rows read as 0 changes.
-pub async fn migrates_version_1_tables(url: &str) {
-    let prefix = format!("v{}_", fresh_namespace("").replace('-', "_").trim_start_matches("ns_"));
-    let current = SqlStore::builder().url(url).table_prefix(&prefix).connect().await.unwrap();
-    // Back to version 1 by hand: drop the column and the record of migration 2. Through a new
-    // pool: SQLite compiles DDL against the schema a connection cached, and a connection of the
-    // migrating pool may have cached the table before another one added `changes` ("no such
-    // column", seen once in CI on a loaded machine). New connections read the schema afresh.
-    let workers = current.workers_table().to_owned();
+/// Tables of `prefix` on `url`, created at the current schema, then taken back by hand to schema
+/// `version` (1 or 2): the columns later migrations add dropped and their records deleted. The
+/// returned store (`create_schema` off) is on a new pool: SQLite compiles DDL against the schema
+/// a connection cached, and a connection of the migrating pool may have cached the table before
+/// another one added a column ("no such column", seen once in CI on a loaded machine). New
+/// connections read the schema afresh.
+async fn tables_at_version(url: &str, prefix: &str, version: i64) -> SqlStore {
+    let current = SqlStore::builder().url(url).table_prefix(prefix).connect().await.unwrap();
     drop(current);
     let current = SqlStore::builder()
         .url(url)
-        .table_prefix(&prefix)
+        .table_prefix(prefix)
         .create_schema(false)
         .connect()
         .await
         .unwrap();
+    let workers = current.workers_table().to_owned();
     let migrations = format!("{prefix}schema_migrations");
-    exec_raw(&current, &format!("ALTER TABLE {workers} DROP COLUMN changes"), &[]).await;
-    exec_raw(&current, &format!("DELETE FROM {migrations} WHERE version = 2"), &[]).await;
+    // Newest first, each column with the migration that added it.
+    for (added_by, column) in [(3, "lease_loads"), (2, "changes")] {
+        if added_by > version {
+            exec_raw(&current, &format!("ALTER TABLE {workers} DROP COLUMN {column}"), &[]).await;
+            exec_raw(
+                &current,
+                &format!("DELETE FROM {migrations} WHERE version = {added_by}"),
+                &[],
+            )
+            .await;
+        }
+    }
+    current
+}
+
+/// Drops the tables of `store`'s prefix.
+async fn drop_tables(store: &SqlStore) {
+    let prefix = store.table_prefix().to_owned();
+    for table in [
+        store.leases_table().to_owned(),
+        store.workers_table().to_owned(),
+        format!("{prefix}namespaces"),
+        format!("{prefix}schema_migrations"),
+    ] {
+        exec_raw(store, &format!("DROP TABLE {table}"), &[]).await;
+    }
+}
+
+/// Tables left at schema version 2 (worker rows without `lease_loads`) are refused without
+/// `create_schema` and migrated with it; their old worker rows, and rows a worker of the previous
+/// release writes after the migration (an insert that does not name the column), read as no lease
+/// loads; a heartbeat with loads keeps them.
+pub async fn migrates_version_2_tables(url: &str) {
+    let prefix = format!("w{}_", fresh_namespace("").replace('-', "_").trim_start_matches("ns_"));
+    let current = tables_at_version(url, &prefix, 2).await;
+    let workers = current.workers_table().to_owned();
+    let old_row = |id: &str| {
+        format!(
+            "INSERT INTO {workers} (namespace, worker_id, beat, updated_at_millis, lease_count, \
+             changes) VALUES ('default', '{id}', 7, 0, 1, 3)"
+        )
+    };
+    exec_raw(&current, &old_row("old"), &[]).await;
+    match SqlStore::builder().url(url).table_prefix(&prefix).create_schema(false).connect().await {
+        Err(Error::Config(m)) => assert!(m.contains("schema version 2"), "{m}"),
+        other => panic!("version 2 tables without create_schema: expected Config, got {other:?}"),
+    }
+    let migrated = SqlStore::builder().url(url).table_prefix(&prefix).connect().await.unwrap();
+    exec_raw(&migrated, &old_row("older-release"), &[]).await;
+    let listed = migrated.list_workers().await.unwrap();
+    assert!(listed.corrupt.is_empty(), "{listed:?}");
+    assert_eq!(listed.items.len(), 2, "{listed:?}");
+    for w in &listed.items {
+        assert_eq!((w.beat, w.changes), (7, 3), "{w:?}");
+        assert!(w.lease_loads.is_empty(), "NULL is no loads: {w:?}");
+    }
+    let mut fresh = WorkerRecord::new("new".into(), 1);
+    fresh.load = Some(0.75);
+    fresh.lease_loads = vec![LeaseLoad::new("a/b c", 0.5), LeaseLoad::new("d", 0.25)];
+    migrated.heartbeat(&fresh).await.unwrap();
+    let listed = migrated.list_workers().await.unwrap();
+    let loads = listed.items.iter().find(|w| w.id.as_str() == "new").map(|w| &w.lease_loads);
+    assert_eq!(loads, Some(&fresh.lease_loads), "{listed:?}");
+    // Migrating again (another worker starting) changes nothing.
+    let again = SqlStore::builder().url(url).table_prefix(&prefix).connect().await.unwrap();
+    assert_eq!(again.list_workers().await.unwrap().items.len(), 3);
+    drop_tables(&migrated).await;
+}
+
+/// Tables left at schema version 1 (worker rows without `changes`) are refused without
+/// `create_schema`, migrated with it, and their old worker rows read as 0 changes.
+pub async fn migrates_version_1_tables(url: &str) {
+    let prefix = format!("v{}_", fresh_namespace("").replace('-', "_").trim_start_matches("ns_"));
+    let current = tables_at_version(url, &prefix, 1).await;
+    let workers = current.workers_table().to_owned();
     let old_row = format!(
         "INSERT INTO {workers} (namespace, worker_id, beat, updated_at_millis, lease_count) \
          VALUES ('default', 'old', 7, 0, 1)"
@@ -522,16 +608,13 @@ pub async fn migrates_version_1_tables(url: &str) {
     let listed = migrated.list_workers().await.unwrap();
     assert_eq!(listed.items.len(), 1, "{listed:?}");
     assert_eq!((listed.items[0].beat, listed.items[0].changes), (7, 0));
+    assert!(listed.items[0].lease_loads.is_empty());
     let mut fresh = WorkerRecord::new("new".into(), 1);
     fresh.changes = 12;
     migrated.heartbeat(&fresh).await.unwrap();
     let listed = migrated.list_workers().await.unwrap();
     assert_eq!(listed.items.iter().find(|w| w.id.as_str() == "new").map(|w| w.changes), Some(12));
-    for table in
-        [migrated.leases_table().to_owned(), workers, format!("{prefix}namespaces"), migrations]
-    {
-        exec_raw(&migrated, &format!("DROP TABLE {table}"), &[]).await;
-    }
+    drop_tables(&migrated).await;
 }
 
 /// The URLs with a password of one dialect's scheme(s), for the testkit's redaction case:

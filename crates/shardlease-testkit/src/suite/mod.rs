@@ -50,6 +50,7 @@ pub use skip::{env_or_skip, skip, MaybeFactory};
 pub use update::{concurrent_increments, delete_is_compare_and_set, update_is_compare_and_set};
 pub use workers::{
     a_heartbeat_never_moves_the_beat_back, remove_worker_if_checks_the_beat, worker_records,
+    worker_records_keep_lease_loads,
 };
 
 #[doc(hidden)]
@@ -252,5 +253,6 @@ mod tests {
         assert!(STORE_CASES.contains(&"a_rolled_back_record_never_accepts_a_stale_version"));
         assert!(STORE_CASES.contains(&"remove_worker_if_checks_the_beat"));
         assert!(STORE_CASES.contains(&"a_heartbeat_never_moves_the_beat_back"));
+        assert!(STORE_CASES.contains(&"worker_records_keep_lease_loads"));
     }
 }

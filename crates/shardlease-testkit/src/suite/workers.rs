@@ -2,7 +2,7 @@
 //! (never duplicate) a worker's record, a clean leave must make it vanish, and removing a dead
 //! worker's record must not remove a record its worker refreshed meanwhile.
 
-use shardlease_core::store::WorkerRecord;
+use shardlease_core::store::{LeaseLoad, WorkerRecord, MAX_PUBLISHED_LEASE_LOADS};
 use shardlease_core::WorkerId;
 
 use super::check::ok;
@@ -154,6 +154,103 @@ pub async fn a_heartbeat_never_moves_the_beat_back(factory: &dyn StoreFactory) {
         let mut listed = ok(store.list_workers().await, "list at the end").items;
         listed.sort_by(|x, y| x.id.cmp(&y.id));
         assert_eq!(listed, [other, next], "the next base up is another process too");
+    })
+    .await;
+}
+
+/// A heartbeat keeps the worker's published lease loads: with a total `load` and
+/// [`MAX_PUBLISHED_LEASE_LOADS`] lease loads (keys with spaces and slashes, loads from 0 to a few,
+/// 1.5e-7 among them), the listed record has the same keys in the same order (not sorted by key
+/// or by load: as written) and loads equal within 1e-5 relative (stores may keep them as
+/// text with fewer digits), every other field exactly; a later heartbeat with no lease loads
+/// lists back none. A worker that publishes none is listed with none.
+pub async fn worker_records_keep_lease_loads(factory: &dyn StoreFactory) {
+    with_scope(factory, "worker_records_keep_lease_loads", |scope| async move {
+        let (ns, store) = scope.fresh_store().await;
+        let loads = [
+            3.75,
+            2.0,
+            1.0,
+            0.875,
+            0.5,
+            1.0 / 3.0,
+            0.25,
+            0.125,
+            0.1,
+            0.0625,
+            0.01,
+            1e-3,
+            1.234_567_89e-4,
+            1e-6,
+            1.5e-7,
+            0.0,
+        ];
+        assert_eq!(loads.len(), MAX_PUBLISHED_LEASE_LOADS);
+        let lease_loads: Vec<LeaseLoad> = loads
+            .iter()
+            .enumerate()
+            .map(|(i, &load)| {
+                // Keys out of key order (7 * i mod 16 is a permutation), with spaces and slashes.
+                let key =
+                    format!("stream {}/shardId-0000000000{:02} part a/b", i % 3, (i * 7) % 16);
+                LeaseLoad::new(key, load)
+            })
+            .collect();
+        let id = WorkerId::from("worker-with-loads");
+        let mut first = WorkerRecord::new(id.clone(), (0x21 << 24) + 1);
+        first.lease_count = 20;
+        first.load = Some(loads.iter().sum::<f64>() + 0.5);
+        first.capacity = Some(40);
+        first.changes = 3;
+        first.lease_loads = lease_loads.clone();
+        let quiet = WorkerRecord::new(WorkerId::from("worker-without-loads"), 5);
+        ok(store.heartbeat(&quiet).await, "heartbeat of a worker without lease loads");
+        ok(store.heartbeat(&first).await, "heartbeat with 16 lease loads");
+
+        let listing = ok(scope.store(&ns).await.list_workers().await, "list the workers");
+        assert!(listing.corrupt.is_empty(), "nothing corrupt: {:?}", listing.corrupt);
+        let listed = |id: &WorkerId| {
+            listing
+                .items
+                .iter()
+                .find(|w| &w.id == id)
+                .unwrap_or_else(|| panic!("worker {id} is not listed: {listing:?}"))
+                .clone()
+        };
+        assert_eq!(listed(&quiet.id), quiet, "a worker without lease loads reads back exactly");
+        let back = listed(&id);
+        let keys = |l: &[LeaseLoad]| l.iter().map(|l| l.key.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            keys(&back.lease_loads),
+            keys(&lease_loads),
+            "the lease loads list back with the same keys, in the order written"
+        );
+        for (written, read) in lease_loads.iter().zip(&back.lease_loads) {
+            let tolerance = written.load.abs() * 1e-5;
+            assert!(
+                (written.load - read.load).abs() <= tolerance,
+                "lease {}: load {} written, {} read back (more than 1e-5 relative apart)",
+                written.key,
+                written.load,
+                read.load
+            );
+        }
+        let mut rest = back.clone();
+        rest.lease_loads = first.lease_loads.clone();
+        assert_eq!(rest, first, "every other field of the record reads back exactly");
+
+        let mut second = first.clone();
+        second.beat += 1;
+        second.updated_at_millis += 1_000;
+        second.lease_loads = Vec::new();
+        ok(store.heartbeat(&second).await, "heartbeat with no lease loads");
+        let listing = ok(store.list_workers().await, "list after a heartbeat without loads");
+        let back = listing.items.iter().find(|w| w.id == id);
+        assert_eq!(
+            back,
+            Some(&second),
+            "a heartbeat with no lease loads replaces the published ones with none"
+        );
     })
     .await;
 }
