@@ -14,6 +14,7 @@
 
 use std::time::Duration;
 
+use crate::balance_mode::Balance;
 use crate::error::{Error, Result};
 use crate::ids::{validate_name, Namespace, WorkerId};
 use crate::position::Position;
@@ -80,6 +81,7 @@ pub struct Config {
     jitter: f64,
     rng_seed: Option<u64>,
     dedicated_heartbeat_thread: bool,
+    balance_mode: Balance,
 }
 
 impl std::fmt::Debug for Config {
@@ -103,6 +105,7 @@ impl std::fmt::Debug for Config {
             .field("jitter", &self.jitter)
             .field("rng_seed", &self.rng_seed)
             .field("dedicated_heartbeat_thread", &self.dedicated_heartbeat_thread)
+            .field("balance", &self.balance_mode)
             .finish()
     }
 }
@@ -136,6 +139,7 @@ impl Config {
             jitter: 0.1,
             rng_seed: None,
             dedicated_heartbeat_thread: true,
+            balance_mode: Balance::ByCount,
         }
     }
 
@@ -189,6 +193,11 @@ impl Config {
     /// The most claims (handoff requests) per balance pass. Default: no limit.
     pub fn max_claims_per_pass(&self) -> Option<usize> {
         self.max_claims_per_pass
+    }
+
+    /// What the balancer evens out: lease counts (the default) or measured loads.
+    pub fn balance(&self) -> &Balance {
+        &self.balance_mode
     }
 
     /// How long a claimed lease's record must stand still before the claimant takes it by force.
@@ -320,6 +329,12 @@ impl Config {
         self
     }
 
+    /// Sets [`balance`](Self::balance). Every worker of a fleet must balance the same way.
+    pub fn with_balance(mut self, balance: Balance) -> Self {
+        self.balance_mode = balance;
+        self
+    }
+
     /// Sets [`max_claims_per_pass`](Self::max_claims_per_pass).
     pub fn with_max_claims_per_pass(mut self, n: usize) -> Self {
         self.max_claims_per_pass = Some(n);
@@ -440,6 +455,9 @@ impl Config {
             return Err(Error::Config(
                 "max_claims_per_pass must be at least 1 (use None for no limit)".into(),
             ));
+        }
+        if let Balance::ByLoad(load) = &self.balance_mode {
+            load.validate()?;
         }
         if self.take_concurrency == 0 {
             return Err(Error::Config("take_concurrency must be at least 1".into()));

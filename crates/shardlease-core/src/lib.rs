@@ -21,6 +21,7 @@
 //!
 //! See `docs/algorithm.md` in the repository for why each rule exists.
 
+mod balance_mode;
 pub mod balancer;
 mod checkpointer;
 mod clock;
@@ -46,6 +47,7 @@ mod worker_record;
 
 // The root holds what an application uses; a store author's items are in [`store`], a balancer
 // author's in [`balancer`], the metric names in [`telemetry`].
+pub use balance_mode::{Balance, LoadBalance};
 pub use checkpointer::Checkpointer;
 pub use config::Config;
 pub use error::{BoxError, Error, ErrorChain, Result};

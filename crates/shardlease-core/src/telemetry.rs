@@ -68,6 +68,10 @@ pub const BATCH_SECONDS: &str = "shardlease_batch_processing_seconds";
 pub const MILLIS_BEHIND_LATEST: &str = "shardlease_millis_behind_latest";
 /// Gauge: seconds since this worker last checkpointed the lease (or started it).
 pub const CHECKPOINT_AGE: &str = "shardlease_checkpoint_age_seconds";
+/// Gauge: a lease's measured load, busy seconds per second of its processor (balancing by load).
+pub const LEASE_LOAD: &str = "shardlease_lease_load";
+/// Gauge: the sum of a worker's lease loads (balancing by load).
+pub const WORKER_LOAD: &str = "shardlease_worker_load";
 /// Counter: errors returned by the record processor.
 pub const PROCESSOR_ERRORS: &str = "shardlease_processor_errors_total";
 /// Counter: record processor panics.
@@ -134,6 +138,8 @@ pub const METRICS: &[MetricInfo] = {
         info(BATCH_SECONDS, Histogram, BY_SHARD, "Seconds from handing a batch to the processor until it succeeded."),
         info(MILLIS_BEHIND_LATEST, Gauge, BY_SHARD, "How far behind the tip of the shard the last read was (0 once the lease task ends)."),
         info(CHECKPOINT_AGE, Gauge, BY_SHARD, "Seconds since this worker last checkpointed the lease or started it (0 once the lease task ends)."),
+        info(LEASE_LOAD, Gauge, BY_SHARD, "The lease's measured load: busy seconds per second of its processor, smoothed (only when balancing by load)."),
+        info(WORKER_LOAD, Gauge, BY_WORKER, "The sum of this worker's lease loads (only when balancing by load)."),
         info(PROCESSOR_ERRORS, Counter, BY_SHARD, "Errors returned by the record processor."),
         info(PROCESSOR_PANICS, Counter, BY_SHARD, "Record processor panics."),
         info(STORE_CALL_SECONDS, Histogram, &[NAMESPACE, OPERATION], "Seconds a store call took."),
@@ -267,7 +273,12 @@ impl WorkerMetrics {
 
     /// The metrics of one lease task of this worker.
     pub(crate) fn lease(&self, shard: &LeaseKey) -> LeaseMetrics {
-        LeaseMetrics { labels: self.for_shard(shard), last_checkpoint: Mutex::new(Instant::now()) }
+        LeaseMetrics {
+            labels: self.for_shard(shard),
+            last_checkpoint: Mutex::new(Instant::now()),
+            busy_nanos: std::sync::atomic::AtomicU64::new(0),
+            load: Mutex::new((0, Instant::now(), None)),
+        }
     }
 
     pub(crate) fn leases_held(&self, n: usize) {
@@ -276,6 +287,10 @@ impl WorkerMetrics {
 
     pub(crate) fn leases_stuck(&self, n: u64) {
         metrics::gauge!(LEASES_STUCK, self.labels.clone()).set(n as f64);
+    }
+
+    pub(crate) fn worker_load(&self, load: f64) {
+        metrics::gauge!(WORKER_LOAD, self.labels.clone()).set(load);
     }
 
     pub(crate) fn live_workers(&self, n: usize) {
@@ -332,6 +347,10 @@ pub(crate) struct LeaseMetrics {
     labels: Vec<Label>,
     /// When this worker last checkpointed the lease, or started its task.
     last_checkpoint: Mutex<Instant>,
+    /// Nanoseconds spent in the processor, in all.
+    busy_nanos: std::sync::atomic::AtomicU64,
+    /// The load meter: the busy total and time of the last sample, and the smoothed load.
+    load: Mutex<(u64, Instant, Option<f64>)>,
 }
 
 impl LeaseMetrics {
@@ -349,6 +368,33 @@ impl LeaseMetrics {
             .increment(batch.records.len() as u64);
         metrics::counter!(BYTES_PROCESSED, self.labels.clone()).increment(bytes as u64);
         metrics::histogram!(BATCH_SECONDS, self.labels.clone()).record(took.as_secs_f64());
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.busy_nanos.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The lease's load as of `now`: busy seconds per second since the last sample, smoothed
+    /// exponentially with time constant `tau` (the first sample, one heartbeat after the task
+    /// started, is taken as it is). The heartbeat loop calls this every beat when balancing by
+    /// load.
+    pub(crate) fn sample_load(&self, now: Instant, tau: Duration) -> f64 {
+        let busy = self.busy_nanos.load(std::sync::atomic::Ordering::Relaxed);
+        let mut meter = lock(&self.load);
+        let (busy_before, at, smoothed) = *meter;
+        let dt = now.saturating_duration_since(at).as_secs_f64();
+        if dt <= 0.0 {
+            return smoothed.unwrap_or(0.0);
+        }
+        let sample = busy.saturating_sub(busy_before) as f64 / 1e9 / dt;
+        let load = match smoothed {
+            None => sample,
+            Some(before) => {
+                let alpha = 1.0 - (-dt / tau.as_secs_f64().max(1e-3)).exp();
+                before + alpha * (sample - before)
+            }
+        };
+        *meter = (busy, now, Some(load));
+        metrics::gauge!(LEASE_LOAD, self.labels.clone()).set(load);
+        load
     }
 
     pub(crate) fn processor_error(&self) {
@@ -377,6 +423,7 @@ impl LeaseMetrics {
     pub(crate) fn ended(&self) {
         metrics::gauge!(MILLIS_BEHIND_LATEST, self.labels.clone()).set(0.0);
         metrics::gauge!(CHECKPOINT_AGE, self.labels.clone()).set(0.0);
+        metrics::gauge!(LEASE_LOAD, self.labels.clone()).set(0.0);
     }
 }
 

@@ -32,6 +32,8 @@ use rand::SeedableRng;
 use super::{is_active, Balancer, Plan, Snapshot};
 use crate::lease::{Lease, LeaseKey, WorkerId};
 
+#[path = "by_load.rs"]
+mod by_load;
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
@@ -137,8 +139,19 @@ impl<'a> Pass<'a> {
         }
         // Answer claims on my leases first (in key order, against raw shares), so that a claim I
         // am about to clear does not count for its claimant below.
+        // Balancing by load, each lease has a cost (see `by_load`) and shares are sums of costs.
+        let costs = snapshot.loads.as_ref().map(|view| (view, self.costs(view)));
+        let mut raw_cost = vec![0.0f64; n];
+        if let Some((_, c)) = &costs {
+            for (i, owner) in self.owner.iter().enumerate() {
+                if let Some(o) = owner {
+                    raw_cost[*o] += c.lease[i];
+                }
+            }
+        }
         let mut cleared = vec![false; self.active.len()];
         let mut after_handoffs = raw.clone();
+        let mut after_cost = raw_cost.clone();
         for (i, lease) in self.active.iter().enumerate() {
             if self.owner[i] != Some(me) {
                 continue;
@@ -148,13 +161,21 @@ impl<'a> Pass<'a> {
                 continue;
             }
             let live_claimant = self.claimant[i];
-            let worth_it = live_claimant
-                .is_some_and(|c| after_handoffs[me] >= after_handoffs[c].saturating_add(2));
+            // By count: when I hold at least two more. By load: when the move lowers the pair's
+            // peak (the same rule with every cost 1).
+            let worth_it = live_claimant.is_some_and(|c| match &costs {
+                Some((_, costs)) => after_cost[c] + costs.lease[i] < after_cost[me],
+                None => after_handoffs[me] >= after_handoffs[c].saturating_add(2),
+            });
             match live_claimant {
                 Some(c) if worth_it => {
                     plan.handoffs.push((lease.key.clone(), claim.by.clone()));
                     after_handoffs[me] -= 1;
                     after_handoffs[c] += 1;
+                    if let Some((_, costs)) = &costs {
+                        after_cost[me] -= costs.lease[i];
+                        after_cost[c] += costs.lease[i];
+                    }
                 }
                 _ => {
                     plan.clear_claims.push(lease.key.clone());
@@ -164,7 +185,10 @@ impl<'a> Pass<'a> {
         }
 
         let mut eff = raw;
-        for ((cleared, owner), claimant) in cleared.iter().zip(&self.owner).zip(&self.claimant) {
+        let mut eff_cost = raw_cost;
+        for (i, ((cleared, owner), claimant)) in
+            cleared.iter().zip(&self.owner).zip(&self.claimant).enumerate()
+        {
             if *cleared {
                 continue;
             }
@@ -172,6 +196,10 @@ impl<'a> Pass<'a> {
                 if owner != claimant {
                     eff[owner] -= 1;
                     eff[claimant] += 1;
+                    if let Some((_, costs)) = &costs {
+                        eff_cost[owner] -= costs.lease[i];
+                        eff_cost[claimant] += costs.lease[i];
+                    }
                 }
             }
         }
@@ -193,7 +221,13 @@ impl<'a> Pass<'a> {
         plan.take_candidates = available.into_iter().cloned().collect();
         eff[me] += plan.take_count;
 
-        self.claims(snapshot, &mut eff, &mut rng, &mut plan);
+        match &costs {
+            Some((view, costs)) => {
+                eff_cost[me] += plan.take_count as f64 * costs.base();
+                self.load_claims(snapshot, view, costs, &mut eff_cost, &mut eff, &mut plan);
+            }
+            None => self.claims(snapshot, &mut eff, &mut rng, &mut plan),
+        }
 
         // Take over claims whose live owner did not answer within the claim timeout. A dead
         // owner's leases are available and already among the take candidates.

@@ -5,10 +5,11 @@
 //! snapshot, asks the balancer for a [`Plan`], and carries the plan out with compare-and-set writes,
 //! skipping any action whose write conflicts.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 use crate::lease::{Lease, LeaseKey, WorkerId};
+use crate::load::LeaseLoad;
 
 mod greedy;
 #[cfg(any(test, feature = "test-util"))]
@@ -42,6 +43,65 @@ pub struct Snapshot {
     pub expired_claims: BTreeSet<LeaseKey>,
     /// Seed for the balancer's random choices (which of a victim's leases to claim).
     pub seed: u64,
+    /// The measured loads, when the fleet balances by load; `None` balances by count.
+    pub loads: Option<LoadView>,
+}
+
+/// What a pass balancing by load knows of the loads (docs/algorithm.md, "Balancing by load").
+///
+/// Loads are busy seconds per second of a lease's processor (see
+/// [`LeaseLoad`](crate::store::LeaseLoad)). Each live worker publishes its total and its heaviest
+/// leases; the pass estimates each other lease of a worker as the average of the rest of its
+/// total. The entry of `me` should list all of its leases (it knows them exactly).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct LoadView {
+    /// What each worker published: its total and its heaviest leases.
+    pub published: BTreeMap<WorkerId, PublishedLoad>,
+    /// Leases that changed owner within the cooldown: never claimed for load.
+    pub cooling: BTreeSet<LeaseKey>,
+    /// The relative margin: a worker is overloaded when its load exceeds the fleet's mean load
+    /// by more than `margin × mean` (and by more than `floor`).
+    pub margin: f64,
+    /// The absolute floor, in load units: no move is made for a difference below it, and each
+    /// lease counts `2 × floor` on top of its load (so a quiet fleet balances by count).
+    pub floor: f64,
+}
+
+impl LoadView {
+    /// A view with no loads published yet, balancing with `margin` and `floor`.
+    pub fn new(margin: f64, floor: f64) -> Self {
+        LoadView { margin, floor, ..LoadView::default() }
+    }
+
+    /// Adds what `worker` published.
+    pub fn with_worker(mut self, worker: WorkerId, load: PublishedLoad) -> Self {
+        self.published.insert(worker, load);
+        self
+    }
+
+    /// Sets the leases in their cooldown.
+    pub fn with_cooling(mut self, cooling: BTreeSet<LeaseKey>) -> Self {
+        self.cooling = cooling;
+        self
+    }
+}
+
+/// One worker's published loads: its total and its heaviest leases.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct PublishedLoad {
+    /// The sum of the loads of all its leases.
+    pub total: f64,
+    /// Its heaviest leases (all of them for the worker running the pass).
+    pub leases: Vec<LeaseLoad>,
+}
+
+impl PublishedLoad {
+    /// A worker's `total` and its heaviest `leases`.
+    pub fn new(total: f64, leases: Vec<LeaseLoad>) -> Self {
+        PublishedLoad { total, leases }
+    }
 }
 
 impl Snapshot {
@@ -57,7 +117,14 @@ impl Snapshot {
             max_claims_per_pass: None,
             expired_claims: BTreeSet::new(),
             seed: 0,
+            loads: None,
         }
+    }
+
+    /// Balances by load with `loads` (by count with `None`).
+    pub fn with_loads(mut self, loads: Option<LoadView>) -> Self {
+        self.loads = loads;
+        self
     }
 
     /// Sets the leases that exist but cannot be used this pass.

@@ -75,6 +75,7 @@ fn snapshot(me: &str, leases: Vec<Lease>, live: &[&str]) -> Snapshot {
         max_claims_per_pass: None,
         expired_claims: BTreeSet::new(),
         seed: 7,
+        loads: None,
     }
 }
 
@@ -157,6 +158,7 @@ impl Sim {
             max_claims_per_pass: self.max_claims_per_pass,
             expired_claims: BTreeSet::new(),
             seed,
+            loads: None,
         }
     }
 

@@ -55,6 +55,8 @@ pub(crate) enum Event {
     /// listing, and no sooner than [`NOTICE_GAP`](super::balance::NOTICE_GAP) after the last
     /// listing a notice asked for.
     Noticed,
+    /// This worker's lease loads as the heartbeat just measured them (balancing by load).
+    Loads(Vec<crate::load::LeaseLoad>),
     /// A lease task wrote `lease` (a pinned start, a handoff or release, a shard's end): the loop's
     /// memory of the namespace follows without waiting for a listing (see `recovery`).
     Remember(Lease, Instant),

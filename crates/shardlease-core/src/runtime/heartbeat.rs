@@ -38,6 +38,9 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         record.capacity =
             shared.cfg.max_leases_per_worker().map(|m| u32::try_from(m).unwrap_or(u32::MAX));
         record.changes = *changes.borrow_and_update();
+        if matches!(shared.cfg.balance(), crate::Balance::ByLoad(_)) {
+            publish_loads(&shared, &held, &mut record);
+        }
         match timeout(hb, shared.store.heartbeat(&record)).await {
             Ok(Ok(())) => {
                 shared.metrics.heartbeat();
@@ -95,6 +98,30 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
             _ = shared.cancel.cancelled() => return,
         }
     }
+}
+
+/// Measures the running leases' loads, puts the heaviest and the total in `record`, and hands
+/// them all to the balance loop (docs/algorithm.md, "Balancing by load"). The loads are smoothed
+/// over two balance intervals: a move is decided on a trend, not on one busy second.
+fn publish_loads(
+    shared: &Shared,
+    held: &[std::sync::Arc<super::shared::HeldLease>],
+    record: &mut WorkerRecord,
+) {
+    let now = Instant::now();
+    let tau = shared.cfg.balance_interval().saturating_mul(2);
+    let mut loads: Vec<crate::load::LeaseLoad> = held
+        .iter()
+        .filter(|t| t.is_running())
+        .map(|t| crate::load::LeaseLoad::new(t.key.clone(), t.metrics.sample_load(now, tau)))
+        .collect();
+    let total: f64 = loads.iter().map(|l| l.load).sum();
+    loads.sort_by(|a, b| b.load.total_cmp(&a.load).then_with(|| a.key.cmp(&b.key)));
+    record.load = Some(total);
+    record.lease_loads =
+        loads.iter().take(crate::load::MAX_PUBLISHED_LEASE_LOADS).cloned().collect();
+    shared.metrics.worker_load(total);
+    shared.tell(Event::Loads(loads));
 }
 
 /// Makes a fenced incarnation live again after a successful heartbeat; true when it was fenced.

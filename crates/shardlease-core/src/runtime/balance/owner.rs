@@ -104,6 +104,13 @@ pub(crate) struct Owner {
     /// heartbeat interval, while taking them costs at most a handoff to a worker that started
     /// together with this one and is not yet seen (docs/algorithm.md, "Starting together").
     pub fleet_changed_in_hold: bool,
+    /// This worker's lease loads, as its heartbeat last measured them (balancing by load).
+    pub my_loads: Vec<crate::load::LeaseLoad>,
+    /// What each peer last published of its loads (balancing by load).
+    pub peer_loads: BTreeMap<WorkerId, crate::balancer::PublishedLoad>,
+    /// Per lease, its owner at the last listing and when this worker saw the owner change (never,
+    /// for one seen once): a lease that moved waits out the load cooldown.
+    pub owner_seen: BTreeMap<LeaseKey, (Option<WorkerId>, Option<Instant>)>,
     /// Ownership changes this process made: published on [`Shared::changes`] for the heartbeat.
     pub changes: u64,
     /// Bumped for every reason to list the leases at the next pass (a peer's changes, a worker
@@ -158,6 +165,9 @@ impl Owner {
             hold_takes_until: None,
             full_view_at: None,
             fleet_changed_in_hold: false,
+            my_loads: Vec::new(),
+            peer_loads: BTreeMap::new(),
+            owner_seen: BTreeMap::new(),
             changes: 0,
             listing_wanted: 0,
             in_pass: false,
@@ -195,6 +205,7 @@ impl Owner {
             Event::Changed { n } => self.changed(shared, n),
             Event::WantListing { now } => self.want_listing(now),
             Event::Noticed => self.noticed(),
+            Event::Loads(loads) => self.my_loads = loads,
             Event::Remember(lease, at) => self.remember(&lease, at),
             Event::Checkpointed(token, position, at) => self.checkpointed(&token, &position, at),
             Event::Request(Request::Pass(reply)) => {
@@ -325,6 +336,20 @@ impl Owner {
         received: Instant,
     ) {
         let change = self.observe_workers(records, sent, received);
+        if matches!(shared.cfg.balance(), crate::Balance::ByLoad(_)) {
+            let me = shared.id();
+            self.peer_loads = records
+                .iter()
+                .filter(|r| r.id != me)
+                .map(|r| {
+                    let load = crate::balancer::PublishedLoad::new(
+                        r.load.unwrap_or(0.0),
+                        r.lease_loads.clone(),
+                    );
+                    (r.id.clone(), load)
+                })
+                .collect();
+        }
         if !change.went_back.is_empty() {
             // A running owner repairs what it runs within a (jittered) pass; give it that and a
             // heartbeat before taking anything that only looks available.

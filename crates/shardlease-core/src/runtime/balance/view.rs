@@ -164,6 +164,7 @@ pub(super) async fn list_and_act(
         max_claims_per_pass: shared.cfg.max_claims_per_pass(),
         expired_claims: expired,
         seed: owner.timing.random(),
+        loads: load_view(shared, owner, &me, &leases, now),
     };
     let mut plan = shared.balancer.plan(&snapshot);
     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -399,4 +400,44 @@ pub(super) fn reconcile(
         l.is_owned_by(me) && granted.get(&l.key) == Some(&l.epoch)
     });
     (resume, retake, stopped)
+}
+
+/// What the balancer knows of the loads when the fleet balances by load: each live peer's
+/// published loads, this worker's own (all of its leases), and the leases in their cooldown.
+/// Also follows each lease's owner from listing to listing to time the cooldowns.
+fn load_view(
+    shared: &Shared,
+    owner: &mut Owner,
+    me: &crate::ids::WorkerId,
+    leases: &[VersionedLease],
+    now: Instant,
+) -> Option<crate::balancer::LoadView> {
+    let crate::Balance::ByLoad(settings) = shared.cfg.balance() else { return None };
+    let cooldown = settings.cooldown_or_default(shared.cfg.balance_interval());
+    let mut cooling = BTreeSet::new();
+    let mut seen = std::collections::BTreeMap::new();
+    for v in leases {
+        let key = &v.lease.key;
+        let moved_at = match owner.owner_seen.remove(key) {
+            Some((before, at)) if before == v.lease.owner => at,
+            Some(_) => Some(now),
+            None => None,
+        };
+        if moved_at.is_some_and(|at| now.saturating_duration_since(at) < cooldown) {
+            cooling.insert(key.clone());
+        }
+        seen.insert(key.clone(), (v.lease.owner.clone(), moved_at));
+    }
+    owner.owner_seen = seen;
+    let total: f64 = owner.my_loads.iter().map(|l| l.load).sum();
+    let mut view = crate::balancer::LoadView::new(settings.margin, settings.floor)
+        .with_cooling(cooling)
+        .with_worker(
+            me.clone(),
+            crate::balancer::PublishedLoad::new(total, owner.my_loads.clone()),
+        );
+    for (w, load) in &owner.peer_loads {
+        view = view.with_worker(w.clone(), load.clone());
+    }
+    Some(view)
 }

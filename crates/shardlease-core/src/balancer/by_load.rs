@@ -1,0 +1,199 @@
+//! The greedy balancer's load rules (docs/algorithm.md, "Balancing by load").
+//!
+//! Balancing by count gives every worker the same number of leases; with a skewed stream that
+//! leaves one worker with the hot shards. Here each active lease has a *cost*: its estimated load
+//! plus `2 × floor`, the price of merely holding a lease. A worker's cost is the sum over the
+//! leases it owns (a pending claim counts for the claimant). The rules:
+//!
+//! - **Overloaded** is a worker whose cost exceeds the fleet's mean by more than
+//!   `max(floor, margin × mean load)`.
+//! - **A claim** by `me` on a lease of cost `l` from the most loaded worker `V` (cost `v`, me `m`)
+//!   is made only when `V` is overloaded, `m + l + floor < v` (the pair's peak drops by more than
+//!   the floor) and `m + l ≤ mean + threshold` (`me` does not become overloaded). Among the
+//!   leases that qualify it picks the one that best evens the pair. A lease in its cooldown is
+//!   never claimed.
+//! - **A handoff**: the owner hands a claimed lease over when `claimant + l < owner` by its own
+//!   view, a laxer test than the claimant's, so small differences between views do not bounce
+//!   claims back.
+//!
+//! Why nothing flaps: every move lowers the sum of squared costs by at least `2 × l × floor`
+//! with `l ≥ 2 × floor`, so with steady loads the moves end; the same lease cannot come straight
+//! back (the reverse move would need `v < m + l`); a load difference below the floor moves
+//! nothing; and a lease that moved waits out its cooldown before it can move again. On a quiet
+//! stream (loads near 0) every lease costs `2 × floor`, so the rules are exactly the count rules:
+//! a claim when the owner holds two more than the claimant.
+//!
+//! A lease heavier than the mean never moves: no receiver would stay under the mean plus the
+//! threshold with it. A hot shard is split in the stream (Kinesis `UpdateShardCount` or
+//! `SplitShard`), not here.
+
+use std::collections::HashMap;
+
+#[cfg(test)]
+#[path = "by_load_tests.rs"]
+mod tests;
+
+use super::Pass;
+use crate::balancer::{LoadView, Plan, Snapshot};
+use crate::lease::LeaseKey;
+
+/// A load or setting as the rules use it: finite and not negative, else 0.
+fn sane(x: f64) -> f64 {
+    if x.is_finite() && x > 0.0 {
+        x
+    } else {
+        0.0
+    }
+}
+
+/// The load figures of one pass.
+pub(super) struct Costs {
+    /// Per active lease (indexed like `Pass::active`): its estimated load plus `2 × floor`.
+    pub lease: Vec<f64>,
+    /// The margin of an overload and of a claim: `max(floor, margin × mean_load)`.
+    pub threshold: f64,
+    /// The absolute floor.
+    pub floor: f64,
+}
+
+impl Costs {
+    /// The cost of an unowned lease: its load is unknown, so just the base.
+    pub fn base(&self) -> f64 {
+        2.0 * self.floor
+    }
+}
+
+impl Pass<'_> {
+    /// Estimates each active lease's load from what the workers published: a published lease's
+    /// own figure, another lease of the same worker the average of the rest of that worker's
+    /// total, an unowned lease 0.
+    pub(super) fn costs(&self, view: &LoadView) -> Costs {
+        let n = self.workers.len();
+        let floor = sane(view.floor);
+        let margin = sane(view.margin);
+        let published: Vec<HashMap<&LeaseKey, f64>> = self
+            .workers
+            .iter()
+            .map(|w| {
+                view.published
+                    .get(*w)
+                    .map(|p| p.leases.iter().map(|l| (&l.key, sane(l.load))).collect())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let mut owned = vec![0usize; n];
+        let mut known = vec![0usize; n];
+        let mut known_sum = vec![0.0f64; n];
+        for (i, lease) in self.active.iter().enumerate() {
+            if let Some(o) = self.owner[i] {
+                owned[o] += 1;
+                if let Some(load) = published[o].get(&lease.key) {
+                    known[o] += 1;
+                    known_sum[o] += load;
+                }
+            }
+        }
+        let residual: Vec<f64> = (0..n)
+            .map(|w| {
+                let total = view.published.get(self.workers[w]).map_or(0.0, |p| sane(p.total));
+                let rest = owned[w].saturating_sub(known[w]);
+                if rest == 0 {
+                    0.0
+                } else {
+                    (total - known_sum[w]).max(0.0) / rest as f64
+                }
+            })
+            .collect();
+        let mut load_sum = 0.0;
+        let lease: Vec<f64> = self
+            .active
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let load = self.owner[i]
+                    .map_or(0.0, |o| published[o].get(&l.key).copied().unwrap_or(residual[o]));
+                load_sum += load;
+                load + 2.0 * floor
+            })
+            .collect();
+        let mean_load = if n == 0 { 0.0 } else { load_sum / n as f64 };
+        Costs { lease, threshold: floor.max(margin * mean_load), floor }
+    }
+
+    /// Claims for load from the most loaded workers, counting each claim in `eff` (costs) and
+    /// `count` (lease counts, for `max_leases_per_worker`) as it is made.
+    pub(super) fn load_claims(
+        &self,
+        snapshot: &Snapshot,
+        view: &LoadView,
+        costs: &Costs,
+        eff: &mut [f64],
+        count: &mut [usize],
+        plan: &mut Plan,
+    ) {
+        let me = self.me;
+        let n = self.workers.len();
+        if n < 2 {
+            return;
+        }
+        let claim_cap = snapshot.max_claims_per_pass.unwrap_or(usize::MAX);
+        let lease_cap = snapshot.max_leases_per_worker.unwrap_or(usize::MAX);
+        let mean = eff.iter().sum::<f64>() / n as f64;
+        let ceiling = mean + costs.threshold;
+        // Each worker's claimable leases: active, owned by it, no valid claim, not cooling.
+        let mut pools: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, lease) in self.active.iter().enumerate() {
+            if let (Some(o), None) = (self.owner[i], self.claimant[i]) {
+                if o != me && !view.cooling.contains(&lease.key) {
+                    pools[o].push(i);
+                }
+            }
+        }
+        let mut exhausted = vec![false; n];
+        loop {
+            if plan.claims.len() >= claim_cap || count[me] >= lease_cap {
+                break;
+            }
+            // The most loaded worker (ties: lowest id), if overloaded.
+            let mut victim: Option<usize> = None;
+            for w in 0..n {
+                if w == me || exhausted[w] {
+                    continue;
+                }
+                if victim.is_none_or(|v| eff[w] > eff[v]) {
+                    victim = Some(w);
+                }
+            }
+            let Some(victim) = victim else { break };
+            let (v, m) = (eff[victim], eff[me]);
+            if v - mean <= costs.threshold {
+                break;
+            }
+            // The lease that best evens the pair, among those that lower its peak by more than
+            // the floor and leave me under the ceiling (ties: lowest key).
+            let best = pools[victim]
+                .iter()
+                .enumerate()
+                .filter(|(_, &i)| {
+                    let l = costs.lease[i];
+                    m + l + costs.floor < v && m + l <= ceiling
+                })
+                .min_by(|(_, &a), (_, &b)| {
+                    let gap = |i: usize| (v - m - 2.0 * costs.lease[i]).abs();
+                    gap(a).total_cmp(&gap(b)).then(a.cmp(&b))
+                })
+                .map(|(pos, _)| pos);
+            let Some(pos) = best else {
+                exhausted[victim] = true;
+                continue;
+            };
+            let i = pools[victim].swap_remove(pos);
+            let l = costs.lease[i];
+            plan.claims.push((self.active[i].key.clone(), self.workers[victim].clone()));
+            eff[victim] -= l;
+            eff[me] += l;
+            count[victim] = count[victim].saturating_sub(1);
+            count[me] += 1;
+        }
+    }
+}
