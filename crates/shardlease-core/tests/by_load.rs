@@ -1,0 +1,105 @@
+//! Balancing by load on a running fleet: one hot shard carries ten times another's records, and
+//! the worker that runs it ends up with few other leases, while by count each holds half; then
+//! the leases stay put (no move in a minute of steady load).
+//!
+//! Time is paused: the processor "works" by sleeping 2.5 ms per record, which the runtime measures
+//! as busy time like any other, so the loads and the bounds are virtual time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardlease_core::store::{LeaseStore, MemoryBackend};
+use shardlease_core::{
+    processor_fn, Balance, Config, LeaseKey, MemorySource, Position, ShardSource, Worker,
+    WorkerHandle,
+};
+use shardlease_testkit::cluster::wait_until;
+
+const SHARDS: usize = 8;
+const HB: Duration = Duration::from_secs(1);
+
+fn start(
+    store: &Arc<dyn LeaseStore>,
+    source: &MemorySource,
+    id: &str,
+    balance: Balance,
+) -> WorkerHandle {
+    let cfg = Config::new("load")
+        .unwrap()
+        .with_heartbeat(HB)
+        .with_worker_id(id)
+        .with_initial_position(Position::TrimHorizon)
+        .with_balance(balance)
+        .with_rng_seed(11);
+    let src: Arc<dyn ShardSource> = Arc::new(source.clone());
+    let factory = processor_fn(|_ctx, batch| async move {
+        tokio::time::sleep(Duration::from_micros(2500) * batch.records.len() as u32).await;
+        Ok(())
+    });
+    Worker::builder(cfg, store.clone(), src, factory).build().unwrap().start()
+}
+
+/// Every 250 ms: 40 records on the hot shard, 4 on each other (160/s against 16/s), each count
+/// drawn within ±20% with `noise`.
+fn produce(source: &MemorySource, hot: &LeaseKey, noise: bool) -> tokio::task::JoinHandle<()> {
+    let (source, hot) = (source.clone(), hot.clone());
+    tokio::spawn(async move {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let keys: Vec<LeaseKey> = source.shards().into_iter().map(|s| s.id).collect();
+        loop {
+            for k in &keys {
+                let base: f64 = if *k == hot { 40.0 } else { 4.0 };
+                let factor: f64 = if noise { rng.random_range(0.8..1.2) } else { 1.0 };
+                let n = (base * factor).round() as usize;
+                for _ in 0..n {
+                    source.put_to_shard(k, "x").unwrap();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+}
+
+/// (leases of the worker running the hot shard, leases of the other) once both run all shards.
+async fn settle(balance: Balance, noise: bool) -> (usize, usize, u64) {
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("load".parse().unwrap()));
+    let source = MemorySource::new(SHARDS);
+    let hot = source.shards()[0].id.clone();
+    let producer = produce(&source, &hot, noise);
+    let a = start(&base, &source, "a", balance.clone());
+    let every = Duration::from_millis(100);
+    wait_until("a runs every shard", HB * 10, every, || async { a.held_leases().len() == SHARDS })
+        .await
+        .unwrap();
+    let b = start(&base, &source, "b", balance);
+    // Two minutes of virtual time: count balancing settles at once, load balancing within a few
+    // balance intervals of the loads being measured.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let moves_before = a.stats().handoffs + b.stats().handoffs;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let moves_after = a.stats().handoffs + b.stats().handoffs;
+    let (hot_holder, other) = if a.held_leases().contains(&hot) { (&a, &b) } else { (&b, &a) };
+    let held = (hot_holder.held_leases().len(), other.held_leases().len());
+    assert_eq!(held.0 + held.1, SHARDS, "every shard runs");
+    producer.abort();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+    (held.0, held.1, moves_after - moves_before)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_worker_with_the_hot_shard_gives_away_its_light_leases() {
+    let (hot, other, _) = settle(Balance::ByCount, false).await;
+    assert_eq!((hot, other), (4, 4), "by count each holds half");
+    for noise in [false, true] {
+        let (hot, other, moves) = settle(Balance::by_load(), noise).await;
+        println!(
+            "by load (noise {noise}): the hot shard's worker holds {hot}, the other {other}; \
+             {moves} moves in the last minute"
+        );
+        assert!(hot <= 2 && other >= 6, "by load: {hot} and {other}");
+        assert_eq!(moves, 0, "steady load (noise {noise}): no move in a minute");
+    }
+}
