@@ -113,7 +113,12 @@ fn publish_loads(
     let mut loads: Vec<crate::load::LeaseLoad> = held
         .iter()
         .filter(|t| t.is_running())
-        .map(|t| crate::load::LeaseLoad::new(t.key.clone(), t.metrics.sample_load(now, tau)))
+        .map(|t| {
+            // Finite and not negative whatever the clock did: etcd's JSON would write NaN as null.
+            let load = t.metrics.sample_load(now, tau);
+            let load = if load.is_finite() { load.max(0.0) } else { 0.0 };
+            crate::load::LeaseLoad::new(t.key.clone(), load)
+        })
         .collect();
     let total: f64 = loads.iter().map(|l| l.load).sum();
     loads.sort_by(|a, b| b.load.total_cmp(&a.load).then_with(|| a.key.cmp(&b.key)));
