@@ -7,7 +7,7 @@
 //!
 //! The public surface is curated the same way as the facade's:
 //! - the crate root holds what an application uses: [`Worker`] and its builder, handle, stats and
-//!   shutdown report, [`Config`], the processor side ([`RecordProcessor`], [`ProcessorFactory`],
+//!   shutdown report, [`Config`] (and [`Balance`]), the processor side ([`RecordProcessor`], [`ProcessorFactory`],
 //!   [`processor_fn`], [`LeaseContext`], [`CheckpointHandle`], [`Checkpointer`], [`LeaseToken`],
 //!   [`Epoch`]), the records ([`Record`], [`Batch`], [`Position`], [`SequenceNumber`]), the ids,
 //!   the sources ([`ShardSource`], [`ShardReader`], [`ShardInfo`], [`HashRange`],

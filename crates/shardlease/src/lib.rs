@@ -49,11 +49,11 @@
 //! ```
 
 pub use shardlease_core::{
-    processor_fn, Batch, BoxError, CheckpointHandle, Checkpointer, Config, Epoch, Error,
-    ErrorChain, HashRange, LeaseContext, LeaseKey, LeaseToken, MemorySource, Namespace, Position,
-    ProcessorFactory, Record, RecordProcessor, ReleasedLease, Result, SequenceNumber, ShardInfo,
-    ShardReader, ShardSource, ShutdownReport, Worker, WorkerBuilder, WorkerHandle, WorkerId,
-    WorkerStats,
+    processor_fn, Balance, Batch, BoxError, CheckpointHandle, Checkpointer, Config, Epoch, Error,
+    ErrorChain, HashRange, LeaseContext, LeaseKey, LeaseToken, LoadBalance, MemorySource,
+    Namespace, Position, ProcessorFactory, Record, RecordProcessor, ReleasedLease, Result,
+    SequenceNumber, ShardInfo, ShardReader, ShardSource, ShutdownReport, Worker, WorkerBuilder,
+    WorkerHandle, WorkerId, WorkerStats,
 };
 
 pub use shardlease_core::{balancer, store, telemetry};
