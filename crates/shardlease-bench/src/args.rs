@@ -70,6 +70,21 @@ pub struct Args {
     pub dedicated_heartbeat: bool,
     /// Overrides how often conditions are polled.
     pub poll: Option<Duration>,
+    /// The skewed stream of the `skew` scenario.
+    pub skew: Skew,
+}
+
+/// The flags of the `skew` scenario.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Skew {
+    /// Zipf exponent of the shards' weights.
+    pub exponent: f64,
+    /// Largest weight (the hottest shard's rate over the coldest's).
+    pub max: u32,
+    /// What each record costs its worker.
+    pub record_cost: Duration,
+    /// Relative noise on each shard's rate, redrawn every four balance intervals.
+    pub noise: f64,
 }
 
 /// `--policy`: one balancer or both.
@@ -96,7 +111,7 @@ enum HeartbeatThread {
 #[derive(Parser, Debug)]
 #[command(name = "shardlease-bench", after_help = AFTER_HELP, allow_negative_numbers = true)]
 struct Flags {
-    /// startup | join | leave | crash | steady | throughput | all
+    /// startup | join | leave | crash | steady | throughput | all (those six) | skew
     #[arg(long, value_name = "S", value_parser = scenarios)]
     scenario: ScenarioList,
     /// Coordination store, e.g. memory:// (passwords are redacted in the output).
@@ -129,7 +144,7 @@ struct Flags {
     /// throughput: records pre-filled in the stream.
     #[arg(long, value_name = "R", default_value_t = 200_000, value_parser = at_least_one_u64)]
     records: u64,
-    /// join/leave/crash: records per second written while measuring.
+    /// join/leave/crash/skew: records per second written while measuring.
     #[arg(long, value_name = "R", default_value_t = 2_000, value_parser = at_least_one_u64)]
     rate: u64,
     /// Records per read batch.
@@ -151,6 +166,19 @@ struct Flags {
     /// tasks, as before it had a thread.
     #[arg(long, value_name = "T", value_enum, default_value_t = HeartbeatThread::Dedicated)]
     heartbeat_thread: HeartbeatThread,
+    /// skew: the Zipf exponent each shard's weight is drawn with.
+    #[arg(long, value_name = "S", default_value_t = 1.1, value_parser = positive)]
+    zipf: f64,
+    /// skew: the largest weight, i.e. how many times a cold shard's rate the hottest one gets.
+    #[arg(long, value_name = "K", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    zipf_max: u32,
+    /// skew: what each record costs its worker's (single, modelled) core, in microseconds; 0
+    /// makes a quiet stream.
+    #[arg(long, value_name = "US", default_value_t = 1000)]
+    record_cost_us: u64,
+    /// skew: relative noise on each shard's rate, redrawn every four balance intervals.
+    #[arg(long, value_name = "N", default_value_t = 0.2, value_parser = fraction)]
+    noise: f64,
 }
 
 /// The scenarios `--scenario` names (clap needs one type per flag value).
@@ -162,7 +190,7 @@ fn scenarios(s: &str) -> Result<ScenarioList, String> {
         return Ok(ScenarioList(Scenario::ALL.to_vec()));
     }
     Scenario::from_name(s).map(|one| ScenarioList(vec![one])).ok_or_else(|| {
-        let names: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
+        let names: Vec<_> = Scenario::NAMED.iter().map(|s| s.name()).collect();
         format!("unknown scenario `{s}`; expected one of: {}, all", names.join(", "))
     })
 }
@@ -184,6 +212,20 @@ fn at_least_one_u64(s: &str) -> Result<u64, String> {
 
 fn at_least_one(s: &str) -> Result<usize, String> {
     usize::try_from(at_least_one_u64(s)?).map_err(|_| "is too large".to_owned())
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 100.0 => Ok(v),
+        _ => Err("must be a number above 0 (at most 100)".to_owned()),
+    }
+}
+
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..1.0).contains(&v) => Ok(v),
+        _ => Err("must be at least 0 and below 1".to_owned()),
+    }
 }
 
 fn seconds(s: &str) -> Result<Duration, String> {
@@ -264,6 +306,12 @@ fn validate(f: Flags) -> Result<Args, (ErrorKind, String)> {
         cpu_hogs: f.cpu_hogs,
         dedicated_heartbeat: matches!(f.heartbeat_thread, HeartbeatThread::Dedicated),
         poll: f.poll_ms.map(Duration::from_millis),
+        skew: Skew {
+            exponent: f.zipf,
+            max: f.zipf_max,
+            record_cost: Duration::from_micros(f.record_cost_us),
+            noise: f.noise,
+        },
     })
 }
 
@@ -308,6 +356,16 @@ mod tests {
         assert_eq!(a.poll, Some(Duration::from_millis(2)));
         assert!(!a.dedicated_heartbeat);
         assert!(args(&format!("{BASE} --poll-ms 0")).is_err());
+        let a = args("--scenario skew --store memory:// --shards 64 --workers 8").unwrap();
+        assert_eq!(a.scenarios, vec![Scenario::Skew]);
+        assert_eq!(
+            a.skew,
+            Skew { exponent: 1.1, max: 10, record_cost: Duration::from_millis(1), noise: 0.2 }
+        );
+        let a =
+            args(&format!("{BASE} --zipf 2 --zipf-max 3 --record-cost-us 0 --noise 0")).unwrap();
+        assert_eq!(a.skew, Skew { exponent: 2.0, max: 3, record_cost: Duration::ZERO, noise: 0.0 });
+        assert!(!Scenario::ALL.contains(&Scenario::Skew), "`all` stays quick");
     }
 
     #[test]
@@ -329,6 +387,9 @@ mod tests {
         assert!(m.contains("--policy") && m.contains("greedy, one-per-pass, both"), "{m}");
         assert!(message(&format!("{BASE} --duration-s -1")).contains("--duration-s"));
         assert!(message("--scenario startup --store= --shards 1 --workers 1").contains("--store"));
+        assert!(message(&format!("{BASE} --noise 1")).contains("below 1"));
+        assert!(message(&format!("{BASE} --zipf 0")).contains("above 0"));
+        assert!(message(&format!("{BASE} --zipf-max 0")).contains("--zipf-max"));
         assert_eq!(args("--help").unwrap_err().kind(), ErrorKind::DisplayHelp);
     }
 
@@ -360,6 +421,10 @@ mod tests {
             "--timeout-s",
             "--cpu-hogs",
             "--heartbeat-thread",
+            "--zipf",
+            "--zipf-max",
+            "--record-cost-us",
+            "--noise",
         ] {
             assert!(help.contains(flag), "{flag} missing from:\n{help}");
         }

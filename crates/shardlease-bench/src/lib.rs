@@ -17,6 +17,8 @@ pub mod processors;
 pub mod producer;
 pub mod report;
 pub mod scenarios;
+pub mod skew_load;
+pub mod skew_processor;
 pub mod wait;
 
 use args::Args;

@@ -72,6 +72,8 @@ pub const CHECKPOINT_AGE: &str = "shardlease_checkpoint_age_seconds";
 pub const LEASE_LOAD: &str = "shardlease_lease_load";
 /// Gauge: the sum of a worker's lease loads (balancing by load).
 pub const WORKER_LOAD: &str = "shardlease_worker_load";
+/// Counter: peers seen balancing by another mode than this worker (each counted once).
+pub const BALANCE_MODE_MISMATCH: &str = "shardlease_balance_mode_mismatch_total";
 /// Counter: errors returned by the record processor.
 pub const PROCESSOR_ERRORS: &str = "shardlease_processor_errors_total";
 /// Counter: record processor panics.
@@ -140,6 +142,7 @@ pub const METRICS: &[MetricInfo] = {
         info(CHECKPOINT_AGE, Gauge, BY_SHARD, "Seconds since this worker last checkpointed the lease or started it (0 once the lease task ends)."),
         info(LEASE_LOAD, Gauge, BY_SHARD, "The lease's measured load: busy seconds per second of its processor, smoothed (only when balancing by load)."),
         info(WORKER_LOAD, Gauge, BY_WORKER, "The sum of this worker's lease loads (only when balancing by load)."),
+        info(BALANCE_MODE_MISMATCH, Counter, BY_WORKER, "Peers seen balancing by another mode than this worker (each counted once): a fleet must share one `Balance`."),
         info(PROCESSOR_ERRORS, Counter, BY_SHARD, "Errors returned by the record processor."),
         info(PROCESSOR_PANICS, Counter, BY_SHARD, "Record processor panics."),
         info(STORE_CALL_SECONDS, Histogram, &[NAMESPACE, OPERATION], "Seconds a store call took."),
@@ -291,6 +294,10 @@ impl WorkerMetrics {
 
     pub(crate) fn worker_load(&self, load: f64) {
         metrics::gauge!(WORKER_LOAD, self.labels.clone()).set(load);
+    }
+
+    pub(crate) fn balance_mode_mismatch(&self) {
+        metrics::counter!(BALANCE_MODE_MISMATCH, self.labels.clone()).increment(1);
     }
 
     pub(crate) fn live_workers(&self, n: usize) {

@@ -103,3 +103,35 @@ async fn the_worker_with_the_hot_shard_gives_away_its_light_leases() {
         assert_eq!(moves, 0, "steady load (noise {noise}): no move in a minute");
     }
 }
+
+/// A fleet whose workers balance by different modes is a misconfiguration the two rules would
+/// fight over: each worker says so once per peer, in a WARN naming the peer.
+#[tokio::test(start_paused = true)]
+async fn a_worker_warns_of_a_peer_balancing_by_another_mode() {
+    let (logs, _guard) = shardlease_testkit::logs::capture();
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("load".parse().unwrap()));
+    let source = MemorySource::new(SHARDS);
+    let a = start(&base, &source, "a", Balance::ByCount);
+    let b = start(&base, &source, "b", Balance::by_load());
+    let c = start(&base, &source, "c", Balance::by_load());
+    let warned = |peer: &str, mine: &str| {
+        logs.text().lines().any(|l| {
+            l.contains("a peer balances by another mode")
+                && l.contains(&format!("peer={peer}"))
+                && l.contains(&format!("mine=\"{mine}\""))
+        })
+    };
+    wait_until("both sides warned", HB * 10, Duration::from_millis(100), || async {
+        warned("b", "by count") && warned("c", "by count") && warned("a", "by load")
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", logs.text()));
+    // Once per peer and process, however many heartbeats follow; never between b and c.
+    tokio::time::sleep(HB * 5).await;
+    let text = logs.text();
+    let count = text.lines().filter(|l| l.contains("a peer balances by another mode")).count();
+    assert_eq!(count, 4, "a warns of b and c, b and c of a:\n{text}");
+    for w in [a, b, c] {
+        w.shutdown().await.unwrap();
+    }
+}

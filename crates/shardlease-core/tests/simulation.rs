@@ -13,6 +13,13 @@
 //! before its parents' last record, no two processors of one shard at once, even at the same
 //! epoch, every active lease owned with shares within one).
 //!
+//! A third of the seeds balance by load (`Balance::ByLoad`): their processors pay a cost per record
+//! and most records go to a few hot partition keys, a set that drifts (is drawn again) every few
+//! tens of seconds, so the loads are skewed and moving. Once the events are over those seeds keep
+//! the stream skewed but steady and check that the leases settle: at most one lease changes owner
+//! over 30 heartbeats (unless the seed also draws stuck processors, whose hangs and catch-ups are real
+//! load swings).
+//!
 //! Two checks are relaxed after a store accident (a wipe or a rollback): two owners for a pass
 //! and a parent read again after its children started are limits docs/algorithm.md documents
 //! ("When the store loses writes"), so such a seed passes with its anomalies printed (the soak
@@ -32,7 +39,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shardlease_core::store::{LeaseStore, MemoryBackend};
-use shardlease_core::{Config, LeaseKey, MemorySource, Position, ShardSource, WorkerId};
+use shardlease_core::{Balance, Config, LeaseKey, MemorySource, Position, ShardSource, WorkerId};
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
 use shardlease_testkit::recorder::Recorder;
@@ -158,6 +165,9 @@ struct Draw {
     /// often, for a handoff's or a shutdown's deadline to pass while it hangs). Drawn from an RNG
     /// of its own, like the late writes.
     stuck_batches: Option<(u64, Duration)>,
+    /// Balancing by load with a skewed, drifting stream, for a third of the seeds. Drawn from an
+    /// RNG of its own, like the late writes.
+    load: Option<LoadDraw>,
     /// Change notification (a store that pushes, like PostgreSQL or Redis), for half the seeds:
     /// the share of notices lost (pub/sub is at most once). Subscriptions also drop at a wipe,
     /// a rollback and a partition, as a server restart or a lost connection ends them. Drawn
@@ -190,8 +200,39 @@ fn draw(rng: &mut StdRng) -> Draw {
         error_rate: rng.random_range(0.0..0.2),
         late_writes: (0.0, Duration::ZERO),
         stuck_batches: None,
+        load: None,
         notifications: None,
     }
+}
+
+/// A skewed, drifting stream for a seed that balances by load.
+#[derive(Debug)]
+struct LoadDraw {
+    /// What each record costs its processor (slept, so measured as busy time).
+    record_cost: Duration,
+    /// Records written every 100 ms, on average (instead of 2.5): enough that a load is
+    /// measured, not guessed from a handful of records.
+    records_per_tick: u32,
+    /// How many hot partition keys there are at a time.
+    hot_keys: u32,
+    /// The share of the records that go to a hot key.
+    hot_share: f64,
+    /// How often the hot keys are drawn again (never: the skew does not drift).
+    drift: Option<Duration>,
+}
+
+/// Balancing by load for a third of the seeds: 100 to 300 records a second at 2 to 6 ms each
+/// (a fifth of a core to nearly two), 1 to 4 hot keys taking half to 90% of the records, drifting
+/// every 10 to 60 s in two seeds of three.
+fn draw_load(seed: u64) -> Option<LoadDraw> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x10ad_ba1a);
+    rng.random_bool(1.0 / 3.0).then(|| LoadDraw {
+        record_cost: Duration::from_micros(rng.random_range(2_000..=6_000)),
+        records_per_tick: rng.random_range(10..=30),
+        hot_keys: rng.random_range(1..=4),
+        hot_share: rng.random_range(0.5..0.9),
+        drift: rng.random_bool(2.0 / 3.0).then(|| Duration::from_secs(rng.random_range(10..=60))),
+    })
 }
 
 /// Change notification for half the seeds, losing up to 30% of the notices.
@@ -224,6 +265,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     d.late_writes = draw_late_writes(seed);
     d.stuck_batches = draw_stuck_batches(seed);
     d.notifications = draw_notifications(seed);
+    d.load = draw_load(seed);
     let mem = MemoryBackend::new().store("sim".parse().unwrap());
     let notifier = Notifier::new(seed);
     let base: Arc<dyn LeaseStore> = match d.notifications {
@@ -247,12 +289,16 @@ async fn simulate(seed: u64) -> Result<String, String> {
     if let Some((every, hang)) = d.stuck_batches {
         rec = rec.with_stuck_batches(every, hang);
     }
+    if let Some(load) = &d.load {
+        rec = rec.with_record_cost(load.record_cost);
+    }
     let cfg = Config::new("sim")
         .unwrap()
         .with_heartbeat(HEARTBEAT)
         .with_initial_position(d.start.clone())
         .with_rng_seed(seed)
         .with_idle_poll_interval(Duration::from_millis(200));
+    let cfg = if d.load.is_some() { cfg.with_balance(Balance::by_load()) } else { cfg };
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster =
         Cluster::with_store_per_worker(base.clone(), store_for, src, rec.factory(), cfg);
@@ -277,16 +323,36 @@ async fn simulate(seed: u64) -> Result<String, String> {
     }
 
     let producing = tokio_util::sync::CancellationToken::new();
+    // Set when the skew of a load seed stops drifting (the settling check).
+    let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer = {
         let source = source.clone();
         let stop = producing.clone();
+        let frozen = frozen.clone();
         let mut prng = StdRng::seed_from_u64(seed ^ 0x5eed);
+        let skew = d.load.as_ref().map(|l| (l.hot_keys, l.hot_share, l.drift));
+        let per_tick = d.load.as_ref().map_or(1..5, |l| l.records_per_tick..l.records_per_tick * 2);
         tokio::spawn(async move {
             let mut i = 0u64;
+            // Which draw of hot keys is current, and when the next one is due.
+            let (mut generation, mut next_drift) = (0u64, tokio::time::Instant::now());
             while !stop.is_cancelled() {
-                for _ in 0..prng.random_range(1..5) {
+                if let Some((_, _, Some(every))) = skew {
+                    let now = tokio::time::Instant::now();
+                    if now >= next_drift && !frozen.load(std::sync::atomic::Ordering::Relaxed) {
+                        generation += 1;
+                        next_drift = now + every;
+                    }
+                }
+                for _ in 0..prng.random_range(per_tick.clone()) {
                     i += 1;
-                    source.put(&format!("pk-{}", prng.random_range(0..10_000)), format!("r{i}"));
+                    let key = match skew {
+                        Some((hot, share, _)) if prng.random_bool(share) => {
+                            format!("hot-{generation}-{}", prng.random_range(0..hot))
+                        }
+                        _ => format!("pk-{}", prng.random_range(0..10_000)),
+                    };
+                    source.put(&key, format!("r{i}"));
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -440,6 +506,29 @@ async fn simulate(seed: u64) -> Result<String, String> {
         }
     }
 
+    // A load seed: faults stop and the skew stops drifting while records keep coming; once the
+    // loads are measured (a few time constants) and the cooldowns are over, no lease moves.
+    // Stuck processors make real load swings (a hang, then the catch-up of what waited), so
+    // seeds drawing them keep the safety checks but not this one.
+    if d.load.is_some() && d.stuck_batches.is_none() {
+        faults.clear();
+        frozen.store(true, std::sync::atomic::Ordering::Relaxed);
+        if cluster.running().is_empty() {
+            cluster.start_worker().map_err(|e| e.to_string())?;
+        }
+        tokio::time::sleep(HEARTBEAT * 90).await;
+        // One move is a figure crossing a boundary once (a late heartbeat, a burst); two are
+        // the start of a flap.
+        let moves = moves_over(&base, HEARTBEAT, 30).await?;
+        if moves.len() > 1 {
+            return Err(format!(
+                "leases did not settle under a steady skewed load: {} moves over 30 heartbeats \
+                 ({moves:?}); {d:?}; events {events:?}",
+                moves.len()
+            ));
+        }
+    }
+
     // Faults stop; the fleet must converge and process everything.
     producing.cancel();
     producer.await.map_err(|e| e.to_string())?;
@@ -459,6 +548,11 @@ async fn simulate(seed: u64) -> Result<String, String> {
             rec.missing(&source).first()
         )
     })?;
+    if d.load.is_some() {
+        // The loads fade out (smoothed over two balance intervals) and the leases go back to a
+        // balance by count; the quiet window below starts after that.
+        tokio::time::sleep(HEARTBEAT * 60).await;
+    }
     // A dead peer's record is removed once it has been dead long enough: a change every worker
     // notices (and lists for), so the quiet window below starts after it.
     let observer = base.clone();
@@ -567,6 +661,36 @@ async fn simulate(seed: u64) -> Result<String, String> {
             anomalies.join("; ")
         ))
     }
+}
+
+/// The changes of owner seen by listing the leases every `every`, `times` times: a lease owned by
+/// one worker at one look and by another at the next (a new lease's first owner is not a move).
+async fn moves_over(
+    store: &Arc<dyn LeaseStore>,
+    every: Duration,
+    times: u32,
+) -> Result<Vec<String>, String> {
+    let owners = || async {
+        store.list_leases().await.map_err(|e| e.to_string()).map(|l| {
+            l.items
+                .into_iter()
+                .filter_map(|v| v.lease.owner.map(|o| (v.lease.key, o)))
+                .collect::<BTreeMap<LeaseKey, WorkerId>>()
+        })
+    };
+    let mut last = owners().await?;
+    let mut moves = Vec::new();
+    for _ in 0..times {
+        tokio::time::sleep(every).await;
+        let now = owners().await?;
+        for (key, owner) in &now {
+            if let Some(before) = last.get(key).filter(|b| *b != owner) {
+                moves.push(format!("{key}: {before} → {owner}"));
+            }
+        }
+        last = now;
+    }
+    Ok(moves)
 }
 
 /// Whether every unfinished lease listed before an accident is back, at least as far along, or

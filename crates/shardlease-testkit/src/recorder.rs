@@ -53,6 +53,9 @@ pub struct Recorder {
     shutdown_delay: Duration,
     /// Every n-th processor instance hangs this long at the start of its first batch.
     stuck: Option<(u64, Duration)>,
+    /// What each record costs: slept at the start of every batch, so the runtime measures it as
+    /// busy time (a load, when balancing by load).
+    record_cost: Duration,
 }
 
 impl Default for Recorder {
@@ -62,6 +65,7 @@ impl Default for Recorder {
             checkpoint_every: 1,
             shutdown_delay: Duration::ZERO,
             stuck: None,
+            record_cost: Duration::ZERO,
         }
     }
 }
@@ -91,6 +95,13 @@ impl Recorder {
     /// whose deadline passes meanwhile cuts it short (it must then hear `lease_lost`).
     pub fn with_stuck_batches(mut self, every: u64, d: Duration) -> Self {
         self.stuck = Some((every.max(1), d));
+        self
+    }
+
+    /// Processors of this recorder spend `cost` per record (asleep) at the start of every batch:
+    /// work the runtime measures as the lease's load.
+    pub fn with_record_cost(mut self, cost: Duration) -> Self {
+        self.record_cost = cost;
         self
     }
 
@@ -312,6 +323,10 @@ impl RecordProcessor for RecordingProcessor {
                 self.hung = true;
                 tokio::time::sleep(d).await;
             }
+        }
+        if !self.rec.record_cost.is_zero() && !batch.records.is_empty() {
+            let n = u32::try_from(batch.records.len()).unwrap_or(u32::MAX);
+            tokio::time::sleep(self.rec.record_cost.saturating_mul(n)).await;
         }
         {
             let mut st = self.rec.lock();

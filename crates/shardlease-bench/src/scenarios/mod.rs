@@ -4,9 +4,12 @@
 //! - [`startup`]: N shards, W workers started together;
 //! - [`membership`]: `join`, `leave` (graceful) and `crash` of one worker in a balanced fleet;
 //! - [`steady`]: store operations per second per worker of a balanced, idle fleet;
-//! - [`throughput`]: records per second through the runtime from a pre-filled stream.
+//! - [`throughput`]: records per second through the runtime from a pre-filled stream;
+//! - [`skew`]: a skewed stream balanced by count, then by load (not part of `all`: it runs for
+//!   minutes).
 
 pub mod membership;
+pub mod skew;
 pub mod startup;
 pub mod steady;
 pub mod throughput;
@@ -43,6 +46,8 @@ pub enum Scenario {
     Steady,
     /// Records per second through the runtime.
     Throughput,
+    /// A skewed stream balanced by count, then by load.
+    Skew,
 }
 
 impl Scenario {
@@ -56,6 +61,17 @@ impl Scenario {
         Scenario::Throughput,
     ];
 
+    /// Every scenario `--scenario` can name: [`ALL`](Self::ALL) and the long `skew`.
+    pub const NAMED: [Scenario; 7] = [
+        Scenario::Startup,
+        Scenario::Join,
+        Scenario::Leave,
+        Scenario::Crash,
+        Scenario::Steady,
+        Scenario::Throughput,
+        Scenario::Skew,
+    ];
+
     /// The name used on the command line and in the output.
     pub fn name(self) -> &'static str {
         match self {
@@ -65,12 +81,13 @@ impl Scenario {
             Scenario::Crash => "crash",
             Scenario::Steady => "steady",
             Scenario::Throughput => "throughput",
+            Scenario::Skew => "skew",
         }
     }
 
     /// The scenario with this name.
     pub fn from_name(name: &str) -> Option<Scenario> {
-        Scenario::ALL.into_iter().find(|s| s.name() == name)
+        Scenario::NAMED.into_iter().find(|s| s.name() == name)
     }
 }
 
@@ -257,6 +274,7 @@ pub async fn run(
         Scenario::Crash => membership::run(&run, membership::Event::Crash).await,
         Scenario::Steady => steady::run(&run).await,
         Scenario::Throughput => throughput::run(&run).await,
+        Scenario::Skew => skew::run(&run).await,
     };
     result.map_err(|e| (run.report(), e))
 }

@@ -7,17 +7,22 @@
 //!
 //! - **Overloaded** is a worker whose cost exceeds the fleet's mean by more than
 //!   `max(floor, margin × mean load)`.
-//! - **A claim** by `me` on a lease of cost `l` from the most loaded worker `V` (cost `v`, me `m`)
-//!   is made only when `V` is overloaded, `m + l + floor < v` (the pair's peak drops by more than
-//!   the floor) and `m + l ≤ mean + threshold` (`me` does not become overloaded). Among the
-//!   leases that qualify it picks the one that best evens the pair. A lease in its cooldown is
-//!   never claimed.
+//! - **A move** of a lease of cost `l` from the most loaded worker `V` (cost `v`) to a receiver
+//!   `R` (cost `m`) is made only when `m + l + threshold < v` (the pair's peak drops by more than
+//!   the threshold: the floor, and the margin of the mean) and `m + l ≤ mean + threshold` (`R`
+//!   does not become overloaded). Among the leases that qualify it picks the one that best evens
+//!   the pair. A lease in its cooldown never moves, and counts at its load from before its move
+//!   (its new owner's first figures include the catch-up of what waited during the handoff).
+//! - **One plan for the fleet.** Every worker plans the moves of the whole fleet, one at a time
+//!   (most loaded to least loaded that can take a lease), each counted before the next, and claims
+//!   the ones it receives. The workers plan on the same snapshot, so their claims add up: two
+//!   light workers never both fill up from one heavy worker and leave it the lightest.
 //! - **A handoff**: the owner hands a claimed lease over when `claimant + l < owner` by its own
 //!   view, a laxer test than the claimant's, so small differences between views do not bounce
 //!   claims back.
 //!
-//! Why nothing flaps: every move lowers the sum of squared costs by at least `2 × l × floor`
-//! with `l ≥ 2 × floor`, so with steady loads the moves end; the same lease cannot come straight
+//! Why nothing flaps: every move lowers the sum of squared costs by more than
+//! `2 × l × threshold` with `l ≥ 2 × floor`, so with steady loads the moves end; the same lease cannot come straight
 //! back (the reverse move would need `v < m + l`); a load difference below the floor moves
 //! nothing; and a lease that moved waits out its cooldown before it can move again. On a quiet
 //! stream (loads near 0) every lease costs `2 × floor`, so the rules are exactly the count rules:
@@ -66,7 +71,7 @@ impl Costs {
 impl Pass<'_> {
     /// Estimates each active lease's load from what the workers published: a published lease's
     /// own figure, another lease of the same worker the average of the rest of that worker's
-    /// total, an unowned lease 0.
+    /// total, an unowned lease 0; a lease in its cooldown, its pinned figure when there is one.
     pub(super) fn costs(&self, view: &LoadView) -> Costs {
         let n = self.workers.len();
         let floor = sane(view.floor);
@@ -110,8 +115,12 @@ impl Pass<'_> {
             .iter()
             .enumerate()
             .map(|(i, l)| {
-                let load = self.owner[i]
+                let measured = self.owner[i]
                     .map_or(0.0, |o| published[o].get(&l.key).copied().unwrap_or(residual[o]));
+                let load = match (self.owner[i], view.pinned.get(&l.key)) {
+                    (Some(_), Some(pinned)) => sane(*pinned),
+                    _ => measured,
+                };
                 load_sum += load;
                 load + 2.0 * floor
             })
@@ -120,8 +129,14 @@ impl Pass<'_> {
         Costs { lease, threshold: floor.max(margin * mean_load), floor }
     }
 
-    /// Claims for load from the most loaded workers, counting each claim in `eff` (costs) and
-    /// `count` (lease counts, for `max_leases_per_worker`) as it is made.
+    /// Claims for load. Every worker plans the moves of the whole fleet on the same snapshot,
+    /// one at a time: the most loaded worker gives the lease that best evens the pair to the
+    /// least loaded worker that can take one (`receiver + l + threshold < victim`,
+    /// `receiver + l ≤ mean + threshold`), each move counted in `eff` (costs) and `count` (lease
+    /// counts, for `max_leases_per_worker`) before the next is chosen. This worker then claims
+    /// only the moves it receives. So the fleet's claims add up: two light workers do not both
+    /// take their fill from the same heavy one and leave it the light one (each planning only its
+    /// own claims did, and the leases then went back and forth).
     pub(super) fn load_claims(
         &self,
         snapshot: &Snapshot,
@@ -140,60 +155,63 @@ impl Pass<'_> {
         let lease_cap = snapshot.max_leases_per_worker.unwrap_or(usize::MAX);
         let mean = eff.iter().sum::<f64>() / n as f64;
         let ceiling = mean + costs.threshold;
-        // Each worker's claimable leases: active, owned by it, no valid claim, not cooling.
+        // Each worker's movable leases: active, owned by it, no valid claim, not cooling.
         let mut pools: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, lease) in self.active.iter().enumerate() {
             if let (Some(o), None) = (self.owner[i], self.claimant[i]) {
-                if o != me && !view.cooling.contains(&lease.key) {
+                if !view.cooling.contains(&lease.key) {
                     pools[o].push(i);
                 }
             }
         }
         let mut exhausted = vec![false; n];
-        loop {
-            if plan.claims.len() >= claim_cap || count[me] >= lease_cap {
+        // Every move lowers the sum of squared costs, so the moves end; the bound is a backstop.
+        for _ in 0..=self.active.len() {
+            if plan.claims.len() >= claim_cap {
                 break;
             }
-            // The most loaded worker (ties: lowest id), if overloaded.
+            // The most loaded worker that may still give (ties: lowest id).
             let mut victim: Option<usize> = None;
             for w in 0..n {
-                if w == me || exhausted[w] {
-                    continue;
-                }
-                if victim.is_none_or(|v| eff[w] > eff[v]) {
+                if !exhausted[w] && victim.is_none_or(|v| eff[w] > eff[v]) {
                     victim = Some(w);
                 }
             }
             let Some(victim) = victim else { break };
-            let (v, m) = (eff[victim], eff[me]);
-            if v - mean <= costs.threshold {
-                break;
-            }
-            // The lease that best evens the pair, among those that lower its peak by more than
-            // the floor and leave me under the ceiling (ties: lowest key).
-            let best = pools[victim]
-                .iter()
-                .enumerate()
-                .filter(|(_, &i)| {
-                    let l = costs.lease[i];
-                    m + l + costs.floor < v && m + l <= ceiling
-                })
-                .min_by(|(_, &a), (_, &b)| {
-                    let gap = |i: usize| (v - m - 2.0 * costs.lease[i]).abs();
-                    gap(a).total_cmp(&gap(b)).then(a.cmp(&b))
-                })
-                .map(|(pos, _)| pos);
-            let Some(pos) = best else {
+            let v = eff[victim];
+            // Receivers from the least loaded up (ties: lowest id); the first that can take one
+            // of the victim's leases gets the one that best evens the pair (ties: lowest key).
+            let mut receivers: Vec<usize> =
+                (0..n).filter(|&w| w != victim && count[w] < lease_cap).collect();
+            receivers.sort_by(|&a, &b| eff[a].total_cmp(&eff[b]).then(a.cmp(&b)));
+            let chosen = receivers.into_iter().find_map(|r| {
+                let m = eff[r];
+                pools[victim]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &i)| {
+                        let l = costs.lease[i];
+                        m + l + costs.threshold < v && m + l <= ceiling
+                    })
+                    .min_by(|(_, &a), (_, &b)| {
+                        let gap = |i: usize| (v - m - 2.0 * costs.lease[i]).abs();
+                        gap(a).total_cmp(&gap(b)).then(a.cmp(&b))
+                    })
+                    .map(|(pos, _)| (r, pos))
+            });
+            let Some((receiver, pos)) = chosen else {
                 exhausted[victim] = true;
                 continue;
             };
             let i = pools[victim].swap_remove(pos);
             let l = costs.lease[i];
-            plan.claims.push((self.active[i].key.clone(), self.workers[victim].clone()));
             eff[victim] -= l;
-            eff[me] += l;
+            eff[receiver] += l;
             count[victim] = count[victim].saturating_sub(1);
-            count[me] += 1;
+            count[receiver] += 1;
+            if receiver == me {
+                plan.claims.push((self.active[i].key.clone(), self.workers[victim].clone()));
+            }
         }
     }
 }

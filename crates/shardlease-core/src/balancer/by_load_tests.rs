@@ -142,3 +142,38 @@ fn an_unpublished_lease_counts_as_the_average_of_its_owners_rest() {
     assert!(!p.claims.is_empty(), "{p:?}");
     assert!(p.claims.iter().all(|(k, _)| k.as_str() != "big"), "{p:?}");
 }
+
+#[test]
+fn light_workers_planning_on_one_snapshot_do_not_both_fill_up_from_the_same_heavy_one() {
+    // a carries everything; b and c each plan on the same snapshot. Each planning only its own
+    // claims, both took half of a's load (3 leases each) and left a with nothing, the lightest,
+    // and the leases went back. One plan for the fleet: a keeps 2, b and c take 2 each, apart.
+    let a: Vec<(String, f64)> = (0..6).map(|i| (format!("a{i}"), 0.1)).collect();
+    let a: Vec<(&str, f64)> = a.iter().map(|(k, l)| (k.as_str(), *l)).collect();
+    let fleet = [Holds("a", &a), Holds("b", &[]), Holds("c", &[])];
+    let b = claimed(&plan(&snapshot("b", &fleet, &[])));
+    let c = claimed(&plan(&snapshot("c", &fleet, &[])));
+    assert_eq!((b.len(), c.len()), (2, 2), "b {b:?}, c {c:?}");
+    assert!(b.iter().all(|k| !c.contains(k)), "b {b:?} and c {c:?} claim apart");
+    assert!(plan(&snapshot("a", &fleet, &[])).claims.is_empty(), "a gives, it does not claim");
+}
+
+#[test]
+fn a_lease_in_its_cooldown_counts_at_its_load_from_before_the_move() {
+    // b just received "m" and measures it at 0.9 while it catches up on what waited during the
+    // handoff; its steady load is 0.3. Counted at 0.9, b looks overloaded and a claims b's other
+    // lease; counted at the pinned 0.3, the fleet is within the margin and nothing moves.
+    let fleet = [
+        Holds("a", &[("a1", 0.2), ("a2", 0.2)]),
+        Holds("b", &[("m", 0.9), ("b1", 0.3)]),
+        Holds("c", &[("c1", 0.3), ("c2", 0.3)]),
+    ];
+    let transient = snapshot("a", &fleet, &["m"]);
+    assert_eq!(claimed(&plan(&transient)), ["b1"], "the catch-up alone makes b look overloaded");
+    let mut pinned = transient.clone();
+    if let Some(view) = pinned.loads.take() {
+        let pins = [(LeaseKey::from("m"), 0.3)].into_iter().collect();
+        pinned.loads = Some(view.with_pinned(pins));
+    }
+    assert!(plan(&pinned).is_empty(), "{:?}", plan(&pinned));
+}

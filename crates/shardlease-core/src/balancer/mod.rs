@@ -60,6 +60,12 @@ pub struct LoadView {
     pub published: BTreeMap<WorkerId, PublishedLoad>,
     /// Leases that changed owner within the cooldown: never claimed for load.
     pub cooling: BTreeSet<LeaseKey>,
+    /// Loads to count for leases in their cooldown instead of what their new owner publishes:
+    /// the last figure measured before the move. A new owner measures a lease afresh, and its
+    /// first figures include the catch-up of the records that waited during the handoff (several
+    /// times the lease's steady load), which would make the receiver look overloaded and send
+    /// other leases back.
+    pub pinned: BTreeMap<LeaseKey, f64>,
     /// The relative margin: a worker is overloaded when its load exceeds the fleet's mean load
     /// by more than `margin × mean` (and by more than `floor`).
     pub margin: f64,
@@ -83,6 +89,12 @@ impl LoadView {
     /// Sets the leases in their cooldown.
     pub fn with_cooling(mut self, cooling: BTreeSet<LeaseKey>) -> Self {
         self.cooling = cooling;
+        self
+    }
+
+    /// Sets the loads counted for leases in their cooldown (see [`LoadView::pinned`]).
+    pub fn with_pinned(mut self, pinned: BTreeMap<LeaseKey, f64>) -> Self {
+        self.pinned = pinned;
         self
     }
 }

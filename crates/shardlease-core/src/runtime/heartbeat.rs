@@ -121,10 +121,19 @@ fn publish_loads(
         })
         .collect();
     let total: f64 = loads.iter().map(|l| l.load).sum();
-    loads.sort_by(|a, b| b.load.total_cmp(&a.load).then_with(|| a.key.cmp(&b.key)));
+    // Heaviest first (ties: by key), and only the first few sorted: a worker of thousands of
+    // leases selects its top K in linear time.
+    let heavier = |a: &crate::load::LeaseLoad, b: &crate::load::LeaseLoad| {
+        b.load.total_cmp(&a.load).then_with(|| a.key.cmp(&b.key))
+    };
+    let k = crate::load::MAX_PUBLISHED_LEASE_LOADS;
+    if loads.len() > k {
+        loads.select_nth_unstable_by(k - 1, heavier);
+    }
+    let mut top: Vec<_> = loads.iter().take(k).cloned().collect();
+    top.sort_by(heavier);
     record.load = Some(total);
-    record.lease_loads =
-        loads.iter().take(crate::load::MAX_PUBLISHED_LEASE_LOADS).cloned().collect();
+    record.lease_loads = top;
     shared.metrics.worker_load(total);
     shared.tell(Event::Loads(loads));
 }

@@ -138,7 +138,8 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
             // next one.
             let wanted = owner.listing_wanted;
             let quiet = settled
-                && listed_at.is_some_and(|(seen, at)| seen == wanted && at.elapsed() < safety_net);
+                && listed_at.is_some_and(|(seen, at)| seen == wanted && at.elapsed() < safety_net)
+                && !view::load_moves_due(shared, owner);
             if quiet {
                 shared.metrics.balance_pass_quiet();
             } else {

@@ -64,6 +64,18 @@ impl LeaseTask {
 /// beat, so it never loses a live record.
 const DEAD_RECORD_AGE_IN_FAILOVERS: u32 = 10;
 
+/// What the balance loop remembers of a lease's owner, balancing by load (see
+/// [`Owner::owner_seen`]).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct SeenOwner {
+    /// The owner at the last listing.
+    pub owner: Option<WorkerId>,
+    /// When this worker saw the owner change (never, for a lease seen with one owner only).
+    pub moved_at: Option<Instant>,
+    /// The lease's last load figure from before any move in progress.
+    pub load: Option<f64>,
+}
+
 /// Everything the balance loop owns.
 pub(crate) struct Owner {
     /// The lease tasks this worker started.
@@ -108,9 +120,15 @@ pub(crate) struct Owner {
     pub my_loads: Vec<crate::load::LeaseLoad>,
     /// What each peer last published of its loads (balancing by load).
     pub peer_loads: BTreeMap<WorkerId, crate::balancer::PublishedLoad>,
-    /// Per lease, its owner at the last listing and when this worker saw the owner change (never,
-    /// for one seen once): a lease that moved waits out the load cooldown.
-    pub owner_seen: BTreeMap<LeaseKey, (Option<WorkerId>, Option<Instant>)>,
+    /// Per lease, its owner at the last listing, when this worker saw the owner change (never,
+    /// for one seen once) and its last load figure from before any move in progress: a lease that
+    /// moved waits out the load cooldown, counted at that figure.
+    pub owner_seen: BTreeMap<LeaseKey, SeenOwner>,
+    /// Balancing by load: the snapshot of the last listing, which a quiet pass plans on again
+    /// with newer loads to see whether a listing is due.
+    pub load_snapshot: Option<crate::balancer::Snapshot>,
+    /// Peers already warned about for balancing by another mode (once per peer and process).
+    pub other_mode_warned: std::collections::BTreeSet<WorkerId>,
     /// Ownership changes this process made: published on [`Shared::changes`] for the heartbeat.
     pub changes: u64,
     /// Bumped for every reason to list the leases at the next pass (a peer's changes, a worker
@@ -168,6 +186,8 @@ impl Owner {
             my_loads: Vec::new(),
             peer_loads: BTreeMap::new(),
             owner_seen: BTreeMap::new(),
+            other_mode_warned: std::collections::BTreeSet::new(),
+            load_snapshot: None,
             changes: 0,
             listing_wanted: 0,
             in_pass: false,
@@ -326,6 +346,28 @@ impl Owner {
         }
     }
 
+    /// Warns once per peer that balances by the other mode (its record publishes a load when it
+    /// balances by load, and none when it balances by count): the two rules disagree on where
+    /// leases belong, so such a fleet may move leases back and forth.
+    fn check_balance_modes(&mut self, shared: &Shared, records: &[WorkerRecord]) {
+        let by_load = matches!(shared.cfg.balance(), crate::Balance::ByLoad(_));
+        let me = shared.id();
+        for r in records.iter().filter(|r| r.id != me) {
+            if r.load.is_some() != by_load && self.other_mode_warned.insert(r.id.clone()) {
+                let (mine, theirs) =
+                    if by_load { ("by load", "by count") } else { ("by count", "by load") };
+                shared.metrics.balance_mode_mismatch();
+                warn!(
+                    peer = %r.id,
+                    mine,
+                    theirs,
+                    "a peer balances by another mode: every worker of a fleet must use the same \
+                     `Balance`, or leases may move back and forth between the two rules"
+                );
+            }
+        }
+    }
+
     /// A listing of the worker records: the liveness view, the peers' published change counts,
     /// and the listings and holds they call for.
     fn on_workers(
@@ -336,6 +378,7 @@ impl Owner {
         received: Instant,
     ) {
         let change = self.observe_workers(records, sent, received);
+        self.check_balance_modes(shared, records);
         if matches!(shared.cfg.balance(), crate::Balance::ByLoad(_)) {
             let me = shared.id();
             self.peer_loads = records

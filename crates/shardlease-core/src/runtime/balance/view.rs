@@ -19,6 +19,7 @@ use crate::lease::{Lease, LeaseKey, VersionedLease, WorkerId};
 use super::claims::{expired_claims, stop_unanswered_past_deadline, yield_unanswered_claims};
 use super::execute::{execute, take_all};
 use super::recover::{lost_leases, restore_lost};
+use super::owner::SeenOwner;
 use super::Owner;
 
 /// What a pass that listed the leases found.
@@ -155,7 +156,7 @@ pub(super) async fn list_and_act(
         }
     }
     let expired = expired_claims(shared, owner, &me, &leases, now);
-    let snapshot = Snapshot {
+    let mut snapshot = Snapshot {
         me: me.clone(),
         leases: leases.iter().map(|v| v.lease.clone()).collect(),
         withheld,
@@ -164,9 +165,13 @@ pub(super) async fn list_and_act(
         max_claims_per_pass: shared.cfg.max_claims_per_pass(),
         expired_claims: expired,
         seed: owner.timing.random(),
-        loads: load_view(shared, owner, &me, &leases, now),
+        loads: None,
     };
+    snapshot.loads = load_view(shared, owner, &me, &snapshot.leases, now);
     let mut plan = shared.balancer.plan(&snapshot);
+    // Balancing by load, the loads move while the leases stay put: a quiet pass plans again on
+    // this snapshot with the loads of its time (`load_moves_due`).
+    owner.load_snapshot = snapshot.loads.is_some().then(|| snapshot.clone());
     if tracing::enabled!(tracing::Level::DEBUG) {
         let available: Vec<&LeaseKey> = leases
             .iter()
@@ -409,29 +414,44 @@ fn load_view(
     shared: &Shared,
     owner: &mut Owner,
     me: &crate::ids::WorkerId,
-    leases: &[VersionedLease],
+    leases: &[Lease],
     now: Instant,
 ) -> Option<crate::balancer::LoadView> {
     let crate::Balance::ByLoad(settings) = shared.cfg.balance() else { return None };
     let cooldown = settings.cooldown_or_default(shared.cfg.balance_interval());
+    // The latest figure published for each lease, by whoever owned it.
+    let mut latest: BTreeMap<&LeaseKey, f64> = BTreeMap::new();
+    for p in owner.peer_loads.values() {
+        latest.extend(p.leases.iter().map(|l| (&l.key, l.load)));
+    }
+    latest.extend(owner.my_loads.iter().map(|l| (&l.key, l.load)));
     let mut cooling = BTreeSet::new();
-    let mut seen = std::collections::BTreeMap::new();
-    for v in leases {
-        let key = &v.lease.key;
-        let moved_at = match owner.owner_seen.remove(key) {
-            Some((before, at)) if before == v.lease.owner => at,
-            Some(_) => Some(now),
-            None => None,
+    let mut pinned = BTreeMap::new();
+    let mut seen = BTreeMap::new();
+    for lease in leases {
+        let key = &lease.key;
+        let (moved_at, before_move) = match owner.owner_seen.remove(key) {
+            Some(seen) if seen.owner == lease.owner => (seen.moved_at, seen.load),
+            Some(seen) => (Some(now), seen.load),
+            None => (None, None),
         };
-        if moved_at.is_some_and(|at| now.saturating_duration_since(at) < cooldown) {
+        let in_cooldown = moved_at.is_some_and(|at| now.saturating_duration_since(at) < cooldown);
+        // While it cools, a lease keeps the figure it had before it moved; afterwards its new
+        // owner's figure counts (and is remembered for its next move).
+        let load = if in_cooldown { before_move } else { latest.get(key).copied().or(before_move) };
+        if in_cooldown {
             cooling.insert(key.clone());
+            if let Some(l) = load {
+                pinned.insert(key.clone(), l);
+            }
         }
-        seen.insert(key.clone(), (v.lease.owner.clone(), moved_at));
+        seen.insert(key.clone(), SeenOwner { owner: lease.owner.clone(), moved_at, load });
     }
     owner.owner_seen = seen;
     let total: f64 = owner.my_loads.iter().map(|l| l.load).sum();
     let mut view = crate::balancer::LoadView::new(settings.margin, settings.floor)
         .with_cooling(cooling)
+        .with_pinned(pinned)
         .with_worker(
             me.clone(),
             crate::balancer::PublishedLoad::new(total, owner.my_loads.clone()),
@@ -440,4 +460,20 @@ fn load_view(
         view = view.with_worker(w.clone(), load.clone());
     }
     Some(view)
+}
+
+/// Balancing by load, whether a quiet pass must list after all: planned again on the last
+/// listing's snapshot with the loads measured since (and the cooldowns as of now), the balancer
+/// would claim. In a settled fleet nothing but the loads changed since that listing (any other
+/// change asks for a listing anyway), so this is the plan a listing would give, found without
+/// reading a lease: a load shift is acted on within a balance interval, and a fleet whose loads
+/// hold still reads no leases (docs/algorithm.md, "Balancing by load").
+pub(super) fn load_moves_due(shared: &Shared, owner: &mut Owner) -> bool {
+    let Some(mut snapshot) = owner.load_snapshot.take() else { return false };
+    let me = snapshot.me.clone();
+    snapshot.loads = load_view(shared, owner, &me, &snapshot.leases, Instant::now());
+    snapshot.seed = owner.timing.random();
+    let due = !shared.balancer.plan(&snapshot).claims.is_empty();
+    owner.load_snapshot = Some(snapshot);
+    due
 }
