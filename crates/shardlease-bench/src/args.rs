@@ -85,6 +85,8 @@ pub struct Skew {
     pub record_cost: Duration,
     /// Relative noise on each shard's rate, redrawn every four balance intervals.
     pub noise: f64,
+    /// Cores each worker pays record costs with (0: no limit, no waiting).
+    pub worker_cores: usize,
 }
 
 /// `--policy`: one balancer or both.
@@ -179,6 +181,9 @@ struct Flags {
     /// skew: relative noise on each shard's rate, redrawn every four balance intervals.
     #[arg(long, value_name = "N", default_value_t = 0.2, value_parser = fraction)]
     noise: f64,
+    /// skew: cores each worker pays record costs with (its processors wait for one); 0: no limit.
+    #[arg(long, value_name = "C", default_value_t = 1)]
+    worker_cores: usize,
 }
 
 /// The scenarios `--scenario` names (clap needs one type per flag value).
@@ -311,6 +316,7 @@ fn validate(f: Flags) -> Result<Args, (ErrorKind, String)> {
             max: f.zipf_max,
             record_cost: Duration::from_micros(f.record_cost_us),
             noise: f.noise,
+            worker_cores: f.worker_cores,
         },
     })
 }
@@ -360,11 +366,26 @@ mod tests {
         assert_eq!(a.scenarios, vec![Scenario::Skew]);
         assert_eq!(
             a.skew,
-            Skew { exponent: 1.1, max: 10, record_cost: Duration::from_millis(1), noise: 0.2 }
+            Skew {
+                exponent: 1.1,
+                max: 10,
+                record_cost: Duration::from_millis(1),
+                noise: 0.2,
+                worker_cores: 1
+            }
         );
-        let a =
-            args(&format!("{BASE} --zipf 2 --zipf-max 3 --record-cost-us 0 --noise 0")).unwrap();
-        assert_eq!(a.skew, Skew { exponent: 2.0, max: 3, record_cost: Duration::ZERO, noise: 0.0 });
+        let a = args(&format!(
+            "{BASE} --zipf 2 --zipf-max 3 --record-cost-us 0 --noise 0 --worker-cores 0"
+        ))
+        .unwrap();
+        let quiet = Skew {
+            exponent: 2.0,
+            max: 3,
+            record_cost: Duration::ZERO,
+            noise: 0.0,
+            worker_cores: 0,
+        };
+        assert_eq!(a.skew, quiet);
         assert!(!Scenario::ALL.contains(&Scenario::Skew), "`all` stays quick");
     }
 
@@ -425,6 +446,7 @@ mod tests {
             "--zipf-max",
             "--record-cost-us",
             "--noise",
+            "--worker-cores",
         ] {
             assert!(help.contains(flag), "{flag} missing from:\n{help}");
         }

@@ -1,9 +1,10 @@
 //! The processor of the `skew` scenario: every record costs a fixed time, and each worker has
 //! one core to pay it with.
 //!
-//! A worker is modelled as one core: its processors take turns at a per-worker lock and pay the
-//! record cost asleep while they hold it. So a worker's load is the share of its core in use, and
-//! a worker past 1.0 falls behind, as a real one would. The cost is paid asleep, not spinning, so
+//! A worker is modelled as `--worker-cores` cores (default 1): its processors take turns at a
+//! per-worker semaphore and pay the record cost asleep while they hold a permit. So a worker's load
+//! is the share of its cores in use, and a worker past its cores falls behind, as a real one
+//! would; waiting for a core counts as time in the processor, as waiting for a CPU does. The cost is paid asleep, not spinning, so
 //! that eight workers on a two-core machine measure the balancer and not the machine's scheduler;
 //! the runtime's load measure (the share of wall time spent inside the processor) cannot tell
 //! the two apart. Sleeps are whole milliseconds at best, so each lease carries what it owes and
@@ -57,7 +58,9 @@ impl WorkerWindow {
 pub struct SkewTally {
     base: Instant,
     cost: Duration,
-    cores: Mutex<HashMap<WorkerId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Cores per worker; 0: as many as it has leases (no waiting).
+    per_worker: usize,
+    cores: Mutex<HashMap<WorkerId, Arc<tokio::sync::Semaphore>>>,
     last_seq: Mutex<HashMap<LeaseKey, SequenceNumber>>,
     window: Mutex<HashMap<WorkerId, WorkerWindow>>,
     records: AtomicU64,
@@ -65,11 +68,13 @@ pub struct SkewTally {
 }
 
 impl SkewTally {
-    /// A tally for records stamped from `base` that cost `cost` each.
-    pub fn new(base: Instant, cost: Duration) -> Arc<Self> {
+    /// A tally for records stamped from `base` that cost `cost` each, paid on `cores` cores per
+    /// worker (0: no limit).
+    pub fn new(base: Instant, cost: Duration, cores: usize) -> Arc<Self> {
         Arc::new(SkewTally {
             base,
             cost,
+            per_worker: cores,
             cores: Mutex::default(),
             last_seq: Mutex::default(),
             window: Mutex::default(),
@@ -107,9 +112,17 @@ impl SkewTally {
         std::mem::take(&mut *self.window.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    fn core(&self, worker: &WorkerId) -> Arc<tokio::sync::Mutex<()>> {
+    fn core(&self, worker: &WorkerId) -> Arc<tokio::sync::Semaphore> {
         let mut cores = self.cores.lock().unwrap_or_else(PoisonError::into_inner);
-        cores.entry(worker.clone()).or_default().clone()
+        let n = if self.per_worker == 0 {
+            tokio::sync::Semaphore::MAX_PERMITS
+        } else {
+            self.per_worker
+        };
+        cores
+            .entry(worker.clone())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(n)))
+            .clone()
     }
 
     /// Counts the batch's records already processed before, and notes its last one.
@@ -146,7 +159,7 @@ impl SkewTally {
 /// Pays each record's cost on its worker's core, then checkpoints the batch.
 struct CostlyProcessor {
     tally: Arc<SkewTally>,
-    core: Arc<tokio::sync::Mutex<()>>,
+    core: Arc<tokio::sync::Semaphore>,
     worker: WorkerId,
     /// Seconds of cost owed and not yet paid (negative when a sleep overran).
     owed: f64,
@@ -167,7 +180,7 @@ impl RecordProcessor for CostlyProcessor {
         self.owed += t.cost.as_secs_f64() * n as f64;
         let mut busy = Duration::ZERO;
         if self.owed >= 0.001 {
-            let _core = self.core.lock().await;
+            let _core = self.core.acquire().await?;
             let start = Instant::now();
             tokio::time::sleep(Duration::from_secs_f64(self.owed)).await;
             busy = start.elapsed();

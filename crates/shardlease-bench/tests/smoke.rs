@@ -141,6 +141,26 @@ fn throughput_processes_every_record_once() {
 }
 
 #[test]
+fn skew_runs_both_modes_in_one_line() {
+    let lines = lines(
+        "--scenario skew --store memory:// --shards 8 --workers 2 --seed 3 --duration-s 0.5 \
+         --rate 400",
+    );
+    let r = &lines[0];
+    assert_eq!(r["scenario"], "skew");
+    assert!(r["best_possible_ratio"].as_f64().is_some_and(|x| x >= 1.0), "{r}");
+    for mode in ["by_count", "by_load"] {
+        let m = &r[mode];
+        assert_eq!(m["records_processed_twice"], 0, "{mode}: {m}");
+        assert!(m["max_mean_load_ratio"].as_f64().is_some_and(|x| x >= 1.0), "{mode}: {m}");
+        assert!(m["records_per_sec"].as_f64().is_some_and(|x| x > 0.0), "{mode}: {m}");
+        assert_eq!(m["worker_loads"].as_array().map(Vec::len), Some(2), "{mode}: {m}");
+        assert!(m["moves_in_steady_state"].is_u64(), "{mode}: {m}");
+    }
+    assert_eq!(r["records_processed_twice"], 0);
+}
+
+#[test]
 fn a_wait_that_times_out_prints_an_error_line_and_exits_1() {
     let out = bench(
         "--scenario startup --store memory:// --shards 4 --workers 1 --heartbeat-ms 1000 \

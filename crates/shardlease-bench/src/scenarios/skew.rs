@@ -2,7 +2,7 @@
 //!
 //! Each shard's share of `--rate` is drawn from Zipf(`--zipf`) on `1..=--zipf-max` (seeded), and
 //! a producer writes each shard at its rate times a factor redrawn from `1 ± --noise` every four
-//! balance intervals. Every record costs `--record-cost-us` on its worker's single modelled core
+//! balance intervals. Every record costs `--record-cost-us` on its worker's modelled cores (`--worker-cores`, default 1)
 //! (see `skew_processor`). For each mode, in a fresh namespace: the fleet starts, covers the
 //! stream, and is watched for 30 balance intervals (the settling phase), then for `--duration-s`
 //! (the steady phase).
@@ -73,17 +73,23 @@ pub async fn run(run: &Run<'_>) -> Result<Report, BenchError> {
     r.set("zipf_exponent", a.skew.exponent);
     r.set("zipf_max", a.skew.max);
     r.set("noise", a.skew.noise);
+    r.set("worker_cores", a.skew.worker_cores);
     r.set("hot_shards", weights.iter().filter(|&&w| w == a.skew.max).count());
     r.set("heaviest_lease_load", rounded(heaviest));
     r.set("mean_worker_load", rounded(mean));
     r.set("best_possible_ratio", rounded(best));
-    let mut twice = 0;
+    let (mut twice, mut fences, mut lost) = (0, 0, 0);
     for (name, balance) in [("by_count", Balance::ByCount), ("by_load", Balance::by_load())] {
         let mode = one_mode(run, &stream, balance, seed).await?;
-        twice += mode.get("records_processed_twice").and_then(Value::as_u64).unwrap_or(0);
+        let count = |key: &str| mode.get(key).and_then(Value::as_u64).unwrap_or(0);
+        twice += count("records_processed_twice");
+        fences += count("self_fences");
+        lost += count("leases_lost");
         r.set(name, Value::Object(mode));
     }
     r.records_processed_twice = Some(twice);
+    r.set("self_fences", fences);
+    r.set("leases_lost", lost);
     Ok(r)
 }
 
@@ -104,7 +110,7 @@ async fn one_mode(
     let source = MemorySource::new(a.shards).with_batch_limit(a.batch_limit);
     let keys: Vec<LeaseKey> = source.shards().into_iter().map(|s| s.id).collect();
     let base = Instant::now();
-    let tally = SkewTally::new(base, a.skew.record_cost);
+    let tally = SkewTally::new(base, a.skew.record_cost, a.skew.worker_cores);
     let config = config_template(&namespace, &a.timings, a.seed)?
         .with_dedicated_heartbeat_thread(a.dedicated_heartbeat)
         .with_balance(balance.clone());
@@ -174,6 +180,7 @@ async fn measure(
     let fleet = &*fleet;
     let moves = RefCell::new(MoveCounter::default());
     let (_, covered_at) = run.wait_for(fleet, Goal::Covered, &moves).await?;
+    let moves_at_coverage = moves.borrow().moves();
     let margin = match balance {
         Balance::ByLoad(LoadBalance { margin, .. }) => *margin,
         _ => LoadBalance::default().margin,
@@ -249,7 +256,7 @@ async fn measure(
             _ => Value::Null,
         },
     );
-    r.set("moves_while_settling", settle_moves);
+    r.set("moves_while_settling", settle_moves - moves_at_coverage);
     r.set("moves_in_steady_state", steady_moves);
     r.set("steady_state_s", round3(window_s));
     r.set(

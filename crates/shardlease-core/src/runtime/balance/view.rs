@@ -18,8 +18,8 @@ use crate::lease::{Lease, LeaseKey, VersionedLease, WorkerId};
 
 use super::claims::{expired_claims, stop_unanswered_past_deadline, yield_unanswered_claims};
 use super::execute::{execute, take_all};
-use super::recover::{lost_leases, restore_lost};
 use super::owner::SeenOwner;
+use super::recover::{lost_leases, restore_lost};
 use super::Owner;
 
 /// What a pass that listed the leases found.
