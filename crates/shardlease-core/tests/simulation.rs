@@ -90,7 +90,7 @@ fn simulated_fleets_keep_every_invariant() {
 fn seeds_that_once_failed_pass() {
     run_seeds(&[
         649, 2433, 3215, 3460, 452, 17414, 14453, 2800, 11369, 14432, 15795, 3669, 14424, 28549,
-        29025, 36781, 27842, 36934, 38158,
+        29025, 36781, 27842, 36934, 38158, 1499,
     ]);
 }
 
@@ -578,7 +578,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     let cov = cluster
         .wait_balanced(Duration::from_secs(120), HEARTBEAT)
         .await
-        .map_err(|e| format!("{e}; events {events:?}"))?;
+        .map_err(|e| format!("{e}; {d:?}; events {events:?}"))?;
     // Balanced and drained, the fleet goes quiet whatever its history (docs/algorithm.md,
     // "Listing only when something changed"): over QUIET_BEATS heartbeats a worker lists the
     // leases at most once per five heartbeats (the last changes settling, a long-dead peer's

@@ -9,8 +9,11 @@
 //!   `max(floor, margin × mean load)`.
 //! - **A move** of a lease of cost `l` from the most loaded worker `V` (cost `v`) to a receiver
 //!   `R` (cost `m`) is made only when `m + l + threshold < v` (the pair's peak drops by more than
-//!   the threshold: the floor, and the margin of the mean) and `m + l ≤ mean + threshold` (`R`
-//!   does not become overloaded). Among the leases that qualify it picks the one that best evens
+//!   the threshold: the floor, and the margin of the mean) and `R`'s load (its cost without the
+//!   base costs) stays within the mean load plus the threshold (`R` does not become overloaded;
+//!   the bound leaves the base costs out because they come in whole leases: a quiet fleet whose
+//!   mean count falls between two shares, 12 leases over 5 workers, must still reach the count
+//!   rules' shares). Among the leases that qualify it picks the one that best evens
 //!   the pair. A lease in its cooldown never moves, and counts at its load from before its move
 //!   (its new owner's first figures include the catch-up of what waited during the handoff).
 //! - **One plan for the fleet.** Every worker plans the moves of the whole fleet, one at a time
@@ -131,9 +134,9 @@ impl Pass<'_> {
 
     /// Claims for load. Every worker plans the moves of the whole fleet on the same snapshot,
     /// one at a time: the most loaded worker gives the lease that best evens the pair to the
-    /// least loaded worker that can take one (`receiver + l + threshold < victim`,
-    /// `receiver + l ≤ mean + threshold`), each move counted in `eff` (costs) and `count` (lease
-    /// counts, for `max_leases_per_worker`) before the next is chosen. This worker then claims
+    /// least loaded worker that can take one (`receiver + l + threshold < victim`, the
+    /// receiver's load within the mean load plus the threshold), each move counted in `eff`
+    /// (costs) and `count` (lease counts, for `max_leases_per_worker`) before the next is chosen. This worker then claims
     /// only the moves it receives. So the fleet's claims add up: two light workers do not both
     /// take their fill from the same heavy one and leave it the light one (each planning only its
     /// own claims did, and the leases then went back and forth).
@@ -154,7 +157,13 @@ impl Pass<'_> {
         let claim_cap = snapshot.max_claims_per_pass.unwrap_or(usize::MAX);
         let lease_cap = snapshot.max_leases_per_worker.unwrap_or(usize::MAX);
         let mean = eff.iter().sum::<f64>() / n as f64;
-        let ceiling = mean + costs.threshold;
+        // The receiver's bound is on its load, without the base costs: leases come in whole base
+        // costs, so a bound on costs stops a quiet fleet whose mean count falls between two
+        // shares (6 leases over 4 workers, 12 over 5) short of the count rules' shares, and loads
+        // left from a faded stream (far below the floor) tip a move landing on the bound.
+        let base = costs.base();
+        let mean_count = count.iter().sum::<usize>() as f64 / n as f64;
+        let load_ceiling = mean - base * mean_count + costs.threshold;
         // Each worker's movable leases: active, owned by it, no valid claim, not cooling.
         let mut pools: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, lease) in self.active.iter().enumerate() {
@@ -191,7 +200,8 @@ impl Pass<'_> {
                     .enumerate()
                     .filter(|(_, &i)| {
                         let l = costs.lease[i];
-                        m + l + costs.threshold < v && m + l <= ceiling
+                        let receiver_load = m - base * count[r] as f64;
+                        m + l + costs.threshold < v && receiver_load + l - base <= load_ceiling
                     })
                     .min_by(|(_, &a), (_, &b)| {
                         let gap = |i: usize| (v - m - 2.0 * costs.lease[i]).abs();
