@@ -174,6 +174,9 @@ impl Pass<'_> {
             }
         }
         let mut exhausted = vec![false; n];
+        // Workers whose figures still settle after a move neither give nor take (see
+        // `LoadView::settling`); they still count in the mean.
+        let settling: Vec<bool> = self.workers.iter().map(|w| view.settling.contains(*w)).collect();
         // Every move lowers the sum of squared costs, so the moves end; the bound is a backstop.
         for _ in 0..=self.active.len() {
             if plan.claims.len() >= claim_cap {
@@ -182,7 +185,7 @@ impl Pass<'_> {
             // The most loaded worker that may still give (ties: lowest id).
             let mut victim: Option<usize> = None;
             for w in 0..n {
-                if !exhausted[w] && victim.is_none_or(|v| eff[w] > eff[v]) {
+                if !exhausted[w] && !settling[w] && victim.is_none_or(|v| eff[w] > eff[v]) {
                     victim = Some(w);
                 }
             }
@@ -191,7 +194,7 @@ impl Pass<'_> {
             // Receivers from the least loaded up (ties: lowest id); the first that can take one
             // of the victim's leases gets the one that best evens the pair (ties: lowest key).
             let mut receivers: Vec<usize> =
-                (0..n).filter(|&w| w != victim && count[w] < lease_cap).collect();
+                (0..n).filter(|&w| w != victim && !settling[w] && count[w] < lease_cap).collect();
             receivers.sort_by(|&a, &b| eff[a].total_cmp(&eff[b]).then(a.cmp(&b)));
             let chosen = receivers.into_iter().find_map(|r| {
                 let m = eff[r];

@@ -205,3 +205,26 @@ fn a_quiet_fleet_evens_counts_even_when_the_mean_falls_between_two_shares() {
         ["b", "c", "d", "e"].iter().map(|me| plan(&snapshot(me, &fleet, &[])).claims.len()).sum();
     assert_eq!(claims, 1);
 }
+
+#[test]
+fn a_worker_whose_figures_settle_after_a_move_neither_gives_nor_takes() {
+    let fleet = [
+        Holds("a", &[("a1", 0.3), ("a2", 0.3), ("a3", 0.3), ("a4", 0.3)]),
+        Holds("b", &[("b1", 0.1)]),
+        Holds("c", &[("c1", 0.2)]),
+    ];
+    let settling = |me: &str, workers: &[&str]| {
+        let mut s = snapshot(me, &fleet, &[]);
+        if let Some(view) = s.loads.as_mut() {
+            view.settling = workers.iter().map(|w| WorkerId::from(*w)).collect();
+        }
+        claimed(&plan(&s)).len()
+    };
+    // Nobody settling: b, the lightest, takes from a.
+    assert_eq!(settling("b", &[]), 1);
+    // b just moved a lease: its figures are not yet to be trusted, so c takes instead.
+    assert_eq!(settling("b", &["b"]), 0);
+    assert_eq!(settling("c", &["b"]), 1);
+    // a just moved one: nothing moves until its figures show it.
+    assert_eq!(settling("b", &["a"]) + settling("c", &["a"]), 0);
+}

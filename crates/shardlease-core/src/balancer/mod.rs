@@ -66,6 +66,12 @@ pub struct LoadView {
     /// times the lease's steady load), which would make the receiver look overloaded and send
     /// other leases back.
     pub pinned: BTreeMap<LeaseKey, f64>,
+    /// Workers that gave or received a lease within the load's smoothing time: they neither give
+    /// nor receive a lease for load until their figures show the move. A move shifts more than
+    /// the moved lease's load: the giver's other leases stop waiting for a shared core, and the
+    /// receiver's wait while it catches up on the moved lease's backlog. Planning on those
+    /// figures sent leases back and forth.
+    pub settling: BTreeSet<WorkerId>,
     /// The relative margin: a worker is overloaded when its load exceeds the fleet's mean load
     /// by more than `margin × mean` (and by more than `floor`).
     pub margin: f64,
@@ -89,6 +95,12 @@ impl LoadView {
     /// Sets the leases in their cooldown.
     pub fn with_cooling(mut self, cooling: BTreeSet<LeaseKey>) -> Self {
         self.cooling = cooling;
+        self
+    }
+
+    /// Sets the workers whose figures are settling after a move (see [`LoadView::settling`]).
+    pub fn with_settling(mut self, settling: BTreeSet<WorkerId>) -> Self {
+        self.settling = settling;
         self
     }
 

@@ -124,6 +124,10 @@ pub(crate) struct Owner {
     /// for one seen once) and its last load figure from before any move in progress: a lease that
     /// moved waits out the load cooldown, counted at that figure.
     pub owner_seen: BTreeMap<LeaseKey, SeenOwner>,
+    /// Balancing by load: when this worker last saw each worker give or receive a lease (an owner
+    /// changing from one worker to another), to leave it out of load moves while its figures
+    /// settle (see [`crate::balancer::LoadView::settling`]).
+    pub worker_moved: BTreeMap<WorkerId, Instant>,
     /// Balancing by load: the snapshot of the last listing, which a quiet pass plans on again
     /// with newer loads to see whether a listing is due.
     pub load_snapshot: Option<crate::balancer::Snapshot>,
@@ -186,6 +190,7 @@ impl Owner {
             my_loads: Vec::new(),
             peer_loads: BTreeMap::new(),
             owner_seen: BTreeMap::new(),
+            worker_moved: BTreeMap::new(),
             other_mode_warned: std::collections::BTreeSet::new(),
             load_snapshot: None,
             changes: 0,

@@ -432,7 +432,15 @@ fn load_view(
         let key = &lease.key;
         let (moved_at, before_move) = match owner.owner_seen.remove(key) {
             Some(seen) if seen.owner == lease.owner => (seen.moved_at, seen.load),
-            Some(seen) => (Some(now), seen.load),
+            Some(seen) => {
+                // From one worker to another (a claim, a failover): both sides' figures shift.
+                // A lease taken while free (a start, a release) changes no figure that counted.
+                if let (Some(from), Some(to)) = (&seen.owner, &lease.owner) {
+                    owner.worker_moved.insert(from.clone(), now);
+                    owner.worker_moved.insert(to.clone(), now);
+                }
+                (Some(now), seen.load)
+            }
             None => (None, None),
         };
         let in_cooldown = moved_at.is_some_and(|at| now.saturating_duration_since(at) < cooldown);
@@ -448,10 +456,15 @@ fn load_view(
         seen.insert(key.clone(), SeenOwner { owner: lease.owner.clone(), moved_at, load });
     }
     owner.owner_seen = seen;
+    // A worker's figures show a move after the load's smoothing time (two balance intervals).
+    let settle = shared.cfg.balance_interval().saturating_mul(2);
+    owner.worker_moved.retain(|_, at| now.saturating_duration_since(*at) < settle);
+    let settling: BTreeSet<crate::ids::WorkerId> = owner.worker_moved.keys().cloned().collect();
     let total: f64 = owner.my_loads.iter().map(|l| l.load).sum();
     let mut view = crate::balancer::LoadView::new(settings.margin, settings.floor)
         .with_cooling(cooling)
         .with_pinned(pinned)
+        .with_settling(settling)
         .with_worker(
             me.clone(),
             crate::balancer::PublishedLoad::new(total, owner.my_loads.clone()),
