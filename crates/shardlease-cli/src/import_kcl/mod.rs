@@ -23,8 +23,8 @@ use crate::error::CliError;
 use crate::output::{emit, print_json};
 use crate::store_url::Target;
 use plan::{Action, Entry, Plan};
-pub use schema::Schema;
 use schema::Row;
+pub use schema::Schema;
 use source::TableRef;
 
 /// How long the import watches the KCL table by default: longer than the KCL's default
@@ -302,8 +302,8 @@ async fn apply(store: &dyn LeaseStore, plan: &mut Plan) -> Result<(), CliError> 
                     }
                     _ => {
                         e.action = Action::Conflict;
-                        e.note = "written meanwhile by someone else, differently; left as it is"
-                            .into();
+                        e.note =
+                            "written meanwhile by someone else, differently; left as it is".into();
                     }
                 }
             }

@@ -8,7 +8,7 @@
 //! processed, exactly what shardlease's `Position::Sequence { seq, sub }` means (the Kinesis
 //! source resumes at `seq` and skips its user records up to `sub`). vmware-go-kcl records no
 //! sub-sequence and resumes *after* the whole Kinesis record, so its checkpoint maps to every
-//! user record of `seq` covered (`sub` = `u64::MAX`, shown as `all`). `SHARD_END` makes a
+//! user record of `seq` covered (`sub` = `i64::MAX`, shown as `all`). `SHARD_END` makes a
 //! finished lease, so the children wait for nothing and start where their own leases say.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -19,8 +19,9 @@ use shardlease::{LeaseKey, Position, SequenceNumber};
 
 use super::schema::{KclCheckpoint, KclLease, Row};
 
-/// The sub-sequence number meaning "every user record of this Kinesis record".
-pub const WHOLE_RECORD: u64 = u64::MAX;
+/// The sub-sequence number meaning "every user record of this Kinesis record": larger than any
+/// aggregate's index, and the largest every store holds (SQL stores keep it in a BIGINT).
+pub const WHOLE_RECORD: u64 = i64::MAX.unsigned_abs();
 
 /// What the import does with a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -369,7 +370,11 @@ pub fn table(plan: &Plan) -> String {
             e.key.clone(),
             e.checkpoint.clone().unwrap_or_else(|| "-".into()),
             e.sub_sequence.clone().unwrap_or_else(|| "-".into()),
-            if e.parents.is_empty() { "-".into() } else { join(e.parents.iter().map(String::as_str)) },
+            if e.parents.is_empty() {
+                "-".into()
+            } else {
+                join(e.parents.iter().map(String::as_str))
+            },
             e.state.unwrap_or("-").to_owned(),
             e.action.label().to_owned(),
             e.note.clone(),

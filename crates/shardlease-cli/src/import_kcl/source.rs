@@ -63,9 +63,9 @@ pub async fn scan(client: &Client, t: &TableRef) -> Result<Vec<Item>, CliError> 
             .await
             .map_err(|e| {
                 let text = DisplayErrorContext(&e).to_string();
-                let missing = e
-                    .as_service_error()
-                    .is_some_and(aws_sdk_dynamodb::operation::scan::ScanError::is_resource_not_found_exception);
+                let missing = e.as_service_error().is_some_and(
+                    aws_sdk_dynamodb::operation::scan::ScanError::is_resource_not_found_exception,
+                );
                 let place = match &t.endpoint_url {
                     Some(u) => format!(" at {}", shardlease::redact_url(u)),
                     None => String::new(),
@@ -73,7 +73,10 @@ pub async fn scan(client: &Client, t: &TableRef) -> Result<Vec<Item>, CliError> 
                 if missing {
                     CliError::NotFound(format!("no KCL lease table {}{place}", t.table))
                 } else {
-                    CliError::Source(format!("cannot scan the KCL table {}{place}: {text}", t.table))
+                    CliError::Source(format!(
+                        "cannot scan the KCL table {}{place}: {text}",
+                        t.table
+                    ))
                 }
             })?;
         items.extend(reply.items().iter().map(convert));
@@ -110,7 +113,9 @@ fn convert(raw: &std::collections::HashMap<String, AttributeValue>) -> Item {
 /// and the owner.
 fn fingerprints(schema: Schema, items: &[Item]) -> BTreeMap<String, Vec<Option<Attr>>> {
     let watched: &[&str] = match schema {
-        Schema::Java => &["leaseCounter", "checkpoint", "checkpointSubSequenceNumber", "leaseOwner"],
+        Schema::Java => {
+            &["leaseCounter", "checkpoint", "checkpointSubSequenceNumber", "leaseOwner"]
+        }
         Schema::Go => &["LeaseTimeout", "Checkpoint", "AssignedTo"],
     };
     items
