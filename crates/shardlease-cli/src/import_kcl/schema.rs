@@ -390,7 +390,7 @@ mod tests {
         let fresh = item(&[("ShardID", s("shardId-000000000004"))]);
         let Row::Lease(l) = read_row(Schema::Go, &fresh) else { panic!("not a lease") };
         assert_eq!(l.checkpoint, KclCheckpoint::None);
-        assert_eq!(detect(&[row.clone()]), Ok(Some(Schema::Go)));
+        assert_eq!(detect(std::slice::from_ref(&row)), Ok(Some(Schema::Go)));
         assert_eq!(detect(&[item(&[("leaseKey", s("a"))])]), Ok(Some(Schema::Java)));
         assert!(detect(&[row, item(&[("leaseKey", s("a"))])]).is_err());
         assert_eq!(detect(&[]), Ok(None));
