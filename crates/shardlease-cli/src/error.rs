@@ -39,6 +39,10 @@ pub enum CliError {
     /// Nothing by that name.
     #[error("{0}")]
     NotFound(String),
+    /// A source other than the store (a KCL lease table) failed or could not be reached.
+    #[allow(dead_code)] // only `import-kcl` (feature `dynamodb`) reads another source
+    #[error("{0}")]
+    Source(String),
 }
 
 impl CliError {
@@ -46,7 +50,7 @@ impl CliError {
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(match self {
             CliError::Usage(_) | CliError::Store(shardlease::Error::Config(_)) => code::USAGE,
-            CliError::Store(_) => code::STORE,
+            CliError::Store(_) | CliError::Source(_) => code::STORE,
             CliError::Refused(_) => code::REFUSED,
             CliError::Conflict(_) => code::CONFLICT,
             CliError::NotFound(_) => code::NOT_FOUND,

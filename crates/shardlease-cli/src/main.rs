@@ -7,6 +7,8 @@ mod demo;
 #[cfg(feature = "kinesis")]
 mod efo;
 mod error;
+#[cfg(feature = "dynamodb")]
+mod import_kcl;
 mod inspect;
 mod observe;
 mod output;
@@ -26,11 +28,15 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success (for `status`: healthy)
   1  `status` found a problem: a stuck lease or a corrupt record
-  2  bad command line or input (also an unknown store scheme)
-  3  the store failed or could not be reached
-  4  refused for safety (the owner or worker is alive); --force overrides
-  5  a compare-and-set lost (the record changed meanwhile); nothing was written
-  6  no such lease or worker
+  2  bad command line or input (also an unknown store scheme; for `import-kcl`, a row that
+     cannot be imported)
+  3  the store (or the KCL table) failed or could not be reached
+  4  refused for safety (the owner or worker is alive; for `import-kcl`, the KCL fleet is
+     alive, or the target namespace holds other leases without --merge); --force overrides
+     liveness
+  5  a compare-and-set lost (the record changed meanwhile); nothing was written (for
+     `import-kcl --merge`: a lease differs from the import and was left as it is)
+  6  no such lease, worker or KCL table
 
 Liveness: a worker is \"alive\" when its heartbeat beat moved between two listings of the
 worker records taken --observe-ms apart on this machine's clock (a worker that appeared in
@@ -61,10 +67,10 @@ struct Global {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
-    /// How long to watch heartbeats to tell live workers from dead ones, in milliseconds.
-    #[arg(long, global = true, default_value_t = 3000,
-          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
-    observe_ms: u64,
+    /// How long to watch heartbeats to tell live workers from dead ones, in milliseconds
+    /// [default: 3000; for `import-kcl`, how long it watches the KCL table: 12000].
+    #[arg(long, global = true, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    observe_ms: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -173,6 +179,15 @@ enum Command {
         #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
         heartbeat_ms: u64,
     },
+    /// Import a KCL lease table (Java KCL 2.x/3.x or vmware-go-kcl, on DynamoDB) into the
+    /// store: unowned leases at the exact checkpoints, finished ones for SHARD_END.
+    ///
+    /// Refuses while the KCL fleet is alive (a lease's leaseCounter / LeaseTimeout, checkpoint
+    /// or owner moved between two scans --observe-ms apart, 12000 by default: longer than the
+    /// KCL's failover time) unless --force, and a namespace holding other leases unless
+    /// --merge. Running it again writes nothing. See docs/migrating-from-kcl.md.
+    #[cfg(feature = "dynamodb")]
+    ImportKcl(import_kcl::ImportKclArgs),
     /// Kinesis enhanced fan-out: stream consumers (needs no --store).
     #[cfg(feature = "kinesis")]
     #[command(subcommand)]
@@ -203,7 +218,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         ));
     };
     let target = store_url::open(url, g.namespace.as_deref()).await?;
-    let observe = Duration::from_millis(g.observe_ms);
+    let observe = Duration::from_millis(g.observe_ms.unwrap_or(3000));
     match cli.command {
         Command::Leases { watch } => inspect::leases(&target, observe, g.json, watch).await,
         Command::Workers => inspect::workers(&target, observe, g.json).await,
@@ -232,6 +247,11 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Demo { workers, shards, seconds, heartbeat_ms } => {
             demo::run(&target, workers, shards, seconds, heartbeat_ms).await
+        }
+        #[cfg(feature = "dynamodb")]
+        Command::ImportKcl(args) => {
+            let window = g.observe_ms.unwrap_or(import_kcl::DEFAULT_OBSERVE_MS);
+            import_kcl::run(&target, &args, Duration::from_millis(window), g.json).await
         }
         #[cfg(feature = "kinesis")]
         Command::Efo(cmd) => efo::run(&cmd, g.json).await, // (answered above, before the store)
