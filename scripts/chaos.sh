@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
         --seed) seed=$2; shift 2 ;;
         --replay) replay=$2; shift 2 ;;
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
         *) echo "chaos.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
