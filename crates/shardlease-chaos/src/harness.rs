@@ -1,0 +1,525 @@
+//! The harness of one fault run: starts the store (a private server where the nemesis may
+//! restart it), one proxy per worker slot, the consumer processes and the producer; plays the
+//! schedule; heals everything and lets the fleet catch up; stops it gracefully; runs the checker
+//! and returns the one-line report. A failed run leaves a history file that replays it.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use shardlease::BoxError;
+use tokio::process::{Child, Command};
+
+use crate::checker::{check, FinalLease, Verdict};
+use crate::events::{position_label, read_lines, ConsumerEvent, Produced};
+use crate::proxy::{Mode, Proxy};
+use crate::schedule::{Fault, Schedule};
+use crate::stores::{Store, StoreKind};
+
+/// How a run is set up.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunOptions {
+    /// The seed the schedule is drawn from.
+    pub seed: u64,
+    /// The store.
+    pub store: StoreKind,
+    /// Consumer processes at the start.
+    pub workers: usize,
+    /// Shards of the stream at the start.
+    pub shards: i32,
+    /// Draw every fault class the store allows once.
+    pub every_class: bool,
+    /// Faults drawn on top.
+    pub extra_faults: usize,
+    /// The schedule to play instead of drawing one (a replay).
+    pub schedule: Option<Schedule>,
+    /// Records per second.
+    pub rate: u32,
+    /// The workers' heartbeat, milliseconds.
+    pub heartbeat_ms: u64,
+    /// The workers' failover timeout, milliseconds.
+    pub failover_ms: u64,
+    /// How long the fleet may take to catch up after the schedule, seconds.
+    pub settle_secs: u64,
+}
+
+impl RunOptions {
+    /// Defaults for `store` and `seed`: 3 workers, 4 shards, every class once plus 2 more.
+    pub fn new(store: StoreKind, seed: u64) -> Self {
+        RunOptions {
+            seed,
+            store,
+            workers: 3,
+            shards: 4,
+            every_class: true,
+            extra_faults: 2,
+            schedule: None,
+            rate: 40,
+            heartbeat_ms: 250,
+            failover_ms: 2000,
+            settle_secs: 120,
+        }
+    }
+
+    /// The schedule this run plays.
+    pub fn schedule(&self) -> Schedule {
+        self.schedule.clone().unwrap_or_else(|| {
+            crate::schedule::draw(
+                self.seed,
+                self.store,
+                self.workers,
+                self.failover_ms,
+                self.every_class,
+                self.extra_faults,
+            )
+        })
+    }
+}
+
+/// Where the run finds its programs and services.
+#[derive(Clone, Debug)]
+pub struct Env {
+    /// The `shardlease-chaos` binary (its `consumer` and `producer` subcommands).
+    pub exe: PathBuf,
+    /// The Kinesis emulator.
+    pub endpoint: String,
+    /// Where history files of failed runs go.
+    pub history_dir: PathBuf,
+    /// Keep the run's directory (outputs, logs) even when it passed.
+    pub keep: bool,
+}
+
+/// The one-line report of a run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// The store.
+    pub store: String,
+    /// The faults played, in order.
+    pub schedule: Vec<String>,
+    /// How many faults.
+    pub faults: usize,
+    /// Records acknowledged by the stream.
+    pub records: usize,
+    /// Of those, never processed.
+    pub lost: usize,
+    /// Extra processings.
+    pub duplicates: usize,
+    /// Checkpoints that moved backwards.
+    pub regressions: usize,
+    /// Checkpoints accepted from a non-owner.
+    pub foreign_checkpoints: usize,
+    /// Accepted checkpoints.
+    pub checkpoints: usize,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// Whether every promise held.
+    pub ok: bool,
+    /// The harness's own failure (setup, a fault it could not inflict), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The history file of a failed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
+}
+
+/// What a history file holds: enough to replay the run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct History {
+    /// The options, the schedule included.
+    pub options: RunOptions,
+    /// The report.
+    pub report: Report,
+    /// The checker's examples.
+    pub examples: Vec<String>,
+    /// The run's directory (outputs and logs), kept.
+    pub dir: String,
+}
+
+/// Reads a history file into the options that replay it.
+pub fn replay_options(path: &Path) -> Result<RunOptions, BoxError> {
+    let h: History = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let mut o = h.options;
+    if o.schedule.is_none() {
+        o.schedule = Some(o.schedule());
+    }
+    Ok(o)
+}
+
+struct Slot {
+    proxy: Option<Proxy>,
+    worker_id: String,
+    incarnation: u32,
+    child: Option<Child>,
+}
+
+struct Fleet {
+    exe: PathBuf,
+    dir: PathBuf,
+    namespace: String,
+    stream: String,
+    endpoint: String,
+    heartbeat_ms: u64,
+    failover_ms: u64,
+    slots: Vec<Slot>,
+    fresh: u32,
+}
+
+fn signal(pid: Option<u32>, sig: &str) -> Result<(), BoxError> {
+    let pid = pid.ok_or("the process has exited")?;
+    let st = std::process::Command::new("kill").args(["-s", sig, &pid.to_string()]).status()?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("kill -s {sig} {pid} failed").into())
+    }
+}
+
+async fn stop_gracefully(child: &mut Child, within: Duration) {
+    if signal(child.id(), "TERM").is_ok()
+        && tokio::time::timeout(within, child.wait()).await.is_ok()
+    {
+        return;
+    }
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+}
+
+impl Fleet {
+    async fn add_slot(&mut self, store: &Store) -> Result<usize, BoxError> {
+        let proxy = match store.upstream() {
+            Some(up) if store.kind().networked() => Some(Proxy::start(up).await?),
+            _ => None,
+        };
+        let i = self.slots.len();
+        self.slots.push(Slot { proxy, worker_id: format!("w{i}"), incarnation: 0, child: None });
+        self.spawn(i, store)?;
+        Ok(i)
+    }
+
+    fn spawn(&mut self, i: usize, store: &Store) -> Result<(), BoxError> {
+        let slot = &mut self.slots[i];
+        slot.incarnation += 1;
+        let url = store.url(slot.proxy.as_ref().map(Proxy::port))?;
+        let name = format!("{}-{}", slot.worker_id, slot.incarnation);
+        let log = std::fs::File::create(self.dir.join("logs").join(format!("{name}.log")))?;
+        let child = Command::new(&self.exe)
+            .arg("consumer")
+            .args(["--store", &url, "--namespace", &self.namespace])
+            .args(["--stream", &self.stream, "--endpoint", &self.endpoint])
+            .args(["--worker-id", &slot.worker_id])
+            .arg("--out")
+            .arg(self.dir.join("out").join(format!("{name}.jsonl")))
+            .args(["--heartbeat-ms", &self.heartbeat_ms.to_string()])
+            .args(["--failover-ms", &self.failover_ms.to_string()])
+            .env("RUST_LOG", std::env::var("CHAOS_CONSUMER_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        slot.child = Some(child);
+        Ok(())
+    }
+
+    fn child(&mut self, i: usize) -> Result<&mut Child, BoxError> {
+        self.slots
+            .get_mut(i)
+            .and_then(|s| s.child.as_mut())
+            .ok_or_else(|| format!("worker slot {i} has no process").into())
+    }
+
+    async fn inflict(
+        &mut self,
+        f: &Fault,
+        store: &mut Store,
+        kin: &KinCtx,
+    ) -> Result<(), BoxError> {
+        let sleep = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
+        match f {
+            Fault::Kill { slot, fresh_id, down_ms } => {
+                let c = self.child(*slot)?;
+                let _ = c.start_kill();
+                let _ = c.wait().await;
+                sleep(*down_ms).await;
+                if *fresh_id {
+                    self.fresh += 1;
+                    self.slots[*slot].worker_id = format!("w{slot}f{}", self.fresh);
+                }
+                self.spawn(*slot, store)?;
+            }
+            Fault::Pause { slot, ms } => {
+                let pid = self.child(*slot)?.id();
+                signal(pid, "STOP")?;
+                sleep(*ms).await;
+                signal(pid, "CONT")?;
+            }
+            Fault::Term { slot, down_ms } => {
+                stop_gracefully(self.child(*slot)?, Duration::from_secs(30)).await;
+                sleep(*down_ms).await;
+                self.spawn(*slot, store)?;
+            }
+            Fault::Join => {
+                self.add_slot(store).await?;
+            }
+            Fault::Split => {
+                crate::kinesis::split(&kin.client, &kin.stream).await?;
+            }
+            Fault::Merge => {
+                crate::kinesis::merge(&kin.client, &kin.stream).await?;
+            }
+            Fault::Partition { slot, kind, dir, ms } => {
+                let proxy = self.slots[*slot].proxy.as_ref().ok_or("this store has no proxy")?;
+                proxy.set(Mode { cut: Some((*kind, *dir)) });
+                sleep(*ms).await;
+                proxy.set(Mode::default());
+            }
+            Fault::StoreRestart { down_ms } => {
+                store.crash().await?;
+                sleep(*down_ms).await;
+                store.restart().await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn outputs(&self) -> Vec<ConsumerEvent> {
+        let mut all = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("out")) {
+            for e in rd.flatten() {
+                if let Ok(mut v) = read_lines::<ConsumerEvent>(&e.path()) {
+                    all.append(&mut v);
+                }
+            }
+        }
+        all
+    }
+
+    async fn stop_all(&mut self) {
+        let mut children: Vec<Child> =
+            self.slots.iter_mut().filter_map(|s| s.child.take()).collect();
+        for c in &children {
+            // A paused process must run to leave.
+            let _ = signal(c.id(), "CONT");
+            let _ = signal(c.id(), "TERM");
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        for c in &mut children {
+            if tokio::time::timeout_at(deadline, c.wait()).await.is_err() {
+                let _ = c.start_kill();
+                let _ = c.wait().await;
+            }
+        }
+    }
+}
+
+struct KinCtx {
+    client: shardlease::kinesis::aws_sdk_kinesis::Client,
+    stream: String,
+}
+
+/// Runs one fault run and returns its report (a harness error is reported, not returned).
+pub async fn run(opts: &RunOptions, env: &Env) -> Report {
+    let start = Instant::now();
+    let schedule = opts.schedule();
+    let mut report = Report {
+        seed: opts.seed,
+        store: opts.store.name().into(),
+        schedule: schedule.steps.iter().map(|s| s.fault.label()).collect(),
+        faults: schedule.steps.len(),
+        records: 0,
+        lost: 0,
+        duplicates: 0,
+        regressions: 0,
+        foreign_checkpoints: 0,
+        checkpoints: 0,
+        seconds: 0.0,
+        ok: false,
+        error: None,
+        history: None,
+    };
+    let dir = match tempfile::Builder::new().prefix("shardlease-chaos-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            report.error = Some(format!("temp dir: {e}"));
+            return report;
+        }
+    };
+    let result = run_in(opts, env, &schedule, dir.path()).await;
+    report.seconds = (start.elapsed().as_secs_f64() * 10.0).round() / 10.0;
+    let examples = match result {
+        Ok(v) => {
+            report.records = v.records;
+            report.lost = v.lost;
+            report.duplicates = v.duplicates;
+            report.regressions = v.regressions;
+            report.foreign_checkpoints = v.foreign_checkpoints;
+            report.checkpoints = v.checkpoints;
+            report.ok = v.ok();
+            v.examples
+        }
+        Err(e) => {
+            report.error = Some(e.to_string());
+            Vec::new()
+        }
+    };
+    if !report.ok || env.keep {
+        let kept = dir.keep();
+        if !report.ok {
+            let mut opts = opts.clone();
+            opts.schedule = Some(schedule);
+            let _ = std::fs::create_dir_all(&env.history_dir);
+            let path = env.history_dir.join(format!(
+                "chaos-{}-{}-{}.json",
+                opts.store.name(),
+                opts.seed,
+                std::process::id()
+            ));
+            let h = History {
+                options: opts,
+                report: report.clone(),
+                examples,
+                dir: kept.to_string_lossy().into_owned(),
+            };
+            if let Ok(text) = serde_json::to_string_pretty(&h) {
+                if std::fs::write(&path, text).is_ok() {
+                    report.history = Some(path.to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    report
+}
+
+async fn run_in(
+    opts: &RunOptions,
+    env: &Env,
+    schedule: &Schedule,
+    dir: &Path,
+) -> Result<Verdict, BoxError> {
+    std::fs::create_dir_all(dir.join("out"))?;
+    std::fs::create_dir_all(dir.join("logs"))?;
+    let tag = format!("{}-{:08x}", opts.seed, rand::random::<u32>());
+    let stream = format!("chaos-{tag}");
+    let kin = KinCtx { client: crate::kinesis::client(&env.endpoint), stream: stream.clone() };
+    crate::kinesis::create_stream(&kin.client, &stream, opts.shards).await?;
+    let mut store = Store::start(opts.store, &dir.join("store")).await?;
+    let result = fleet_run(opts, env, schedule, dir, &kin, &mut store, &tag).await;
+    store.stop().await;
+    crate::kinesis::delete_stream(&kin.client, &stream).await;
+    result
+}
+
+async fn fleet_run(
+    opts: &RunOptions,
+    env: &Env,
+    schedule: &Schedule,
+    dir: &Path,
+    kin: &KinCtx,
+    store: &mut Store,
+    tag: &str,
+) -> Result<Verdict, BoxError> {
+    let namespace = format!("chaos-{tag}");
+    // Create the schema (and DynamoDB table) once before the fleet races to.
+    let direct = store.url(None)?;
+    shardlease::connect_namespace(&direct, &namespace).await?;
+    let mut fleet = Fleet {
+        exe: env.exe.clone(),
+        dir: dir.to_path_buf(),
+        namespace: namespace.clone(),
+        stream: kin.stream.clone(),
+        endpoint: env.endpoint.clone(),
+        heartbeat_ms: opts.heartbeat_ms,
+        failover_ms: opts.failover_ms,
+        slots: Vec::new(),
+        fresh: 0,
+    };
+    for _ in 0..opts.workers {
+        fleet.add_slot(store).await?;
+    }
+    let produced_path = dir.join("produced.jsonl");
+    let mut producer = Command::new(&env.exe)
+        .arg("producer")
+        .args(["--stream", &kin.stream, "--endpoint", &env.endpoint])
+        .args(["--prefix", &format!("r{tag}"), "--rate", &opts.rate.to_string()])
+        .arg("--out")
+        .arg(&produced_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("logs").join("producer.log"))?)
+        .kill_on_drop(true)
+        .spawn()?;
+    // Warm up: the fleet has processed something before the first fault.
+    let warm = Instant::now();
+    while !fleet.outputs().iter().any(|e| matches!(e, ConsumerEvent::Rec { .. })) {
+        if warm.elapsed() > Duration::from_secs(90) {
+            return Err("the fleet processed nothing within 90 s of starting".into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (n, step) in schedule.steps.iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(step.gap_ms)).await;
+        tracing::info!(step = n, fault = %step.fault.label(), "inflicting");
+        fleet
+            .inflict(&step.fault, store, kin)
+            .await
+            .map_err(|e| format!("fault {n} ({}): {e}", step.fault.label()))?;
+    }
+    // Heal: every proxy passes, every slot runs (a process that died on its own is restarted).
+    for s in &fleet.slots {
+        if let Some(p) = &s.proxy {
+            p.set(Mode::default());
+        }
+    }
+    for i in 0..fleet.slots.len() {
+        let dead = match fleet.slots[i].child.as_mut() {
+            Some(c) => c.try_wait().ok().flatten().is_some(),
+            None => true,
+        };
+        if dead {
+            tracing::warn!(slot = i, "a consumer had exited on its own; restarting it");
+            fleet.spawn(i, store)?;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_gracefully(&mut producer, Duration::from_secs(10)).await;
+    let produced: Vec<Produced> = read_lines(&produced_path)?;
+    let want: HashSet<&str> = produced.iter().map(|p| p.id.as_str()).collect();
+    let settle = Instant::now();
+    loop {
+        let events = fleet.outputs();
+        let seen: HashSet<&str> = events
+            .iter()
+            .filter_map(|e| match e {
+                ConsumerEvent::Rec { id, .. } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        if want.iter().all(|id| seen.contains(id)) {
+            break;
+        }
+        if settle.elapsed() > Duration::from_secs(opts.settle_secs) {
+            tracing::warn!("the fleet did not catch up within the settle time");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    fleet.stop_all().await;
+    let events = fleet.outputs();
+    let finals: Vec<FinalLease> = shardlease::connect_namespace(&direct, &namespace)
+        .await?
+        .list_leases()
+        .await?
+        .items
+        .into_iter()
+        .map(|v| FinalLease {
+            shard: v.lease.key.to_string(),
+            epoch: v.lease.epoch.get(),
+            checkpoint: position_label(&v.lease.checkpoint),
+        })
+        .collect();
+    Ok(check(&produced, &events, &finals))
+}
