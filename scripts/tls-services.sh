@@ -180,30 +180,31 @@ etcdctl_tls() {
   ETCDCTL_API=3 etcdctl --endpoints "https://localhost:$etcd_port" --cacert "$certs/ca.crt" \
     --cert "$certs/client.crt" --key "$certs/client.key" --command-timeout=2s "$@"
 }
-etcd_up() { etcdctl_tls --user "root:$password" endpoint health; }
+etcd_up() { etcdctl_tls --user "root:$password" get probe; }
 
 start_etcd() {
   command -v etcd >/dev/null || { log "etcd is not installed"; return 1; }
   etcd_up >/dev/null 2>&1 && return 0
   local data="$dir/etcd"
   mkdir -p "$data"
-  nohup etcd --name shardlease-tls --data-dir "$data/data" --logger zap --log-level warn \
-    --listen-client-urls "https://127.0.0.1:$etcd_port" \
-    --advertise-client-urls "https://localhost:$etcd_port" \
-    --listen-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
-    --initial-cluster "shardlease-tls=http://127.0.0.1:$((etcd_port + 1))" \
-    --cert-file "$certs/server.crt" --key-file "$certs/server.key" \
-    --client-cert-auth --trusted-ca-file "$certs/ca.crt" \
-    >"$data/log" 2>&1 &
-  echo "etcd $!" >>"$pids"
-  wait_for etcd 30 etcdctl_tls endpoint health
-  # Password authentication on top of the client certificate (a password must never show).
-  if ! etcd_up >/dev/null 2>&1; then
-    etcdctl_tls user add "root:$password" >/dev/null 2>&1 || true
-    etcdctl_tls user grant-role root root >/dev/null 2>&1 || true
-    etcdctl_tls auth enable >/dev/null
+  if ! port_open $etcd_port; then
+    nohup etcd --name shardlease-tls --data-dir "$data/data" --logger zap --log-level warn \
+      --listen-client-urls "https://127.0.0.1:$etcd_port" \
+      --advertise-client-urls "https://localhost:$etcd_port" \
+      --listen-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
+      --initial-advertise-peer-urls "http://127.0.0.1:$((etcd_port + 1))" \
+      --initial-cluster "shardlease-tls=http://127.0.0.1:$((etcd_port + 1))" \
+      --cert-file "$certs/server.crt" --key-file "$certs/server.key" \
+      --client-cert-auth --trusted-ca-file "$certs/ca.crt" \
+      >"$data/log" 2>&1 &
+    echo "etcd $!" >>"$pids"
   fi
+  wait_for etcd 30 etcdctl_tls endpoint health
+  # Password authentication on top of the client certificate (a password must never show). While
+  # authentication is off, etcd refuses every call that names a user.
+  etcdctl_tls user add "root:$password" >/dev/null 2>&1 || true
+  etcdctl_tls user grant-role root root >/dev/null 2>&1 || true
+  etcdctl_tls auth enable >/dev/null 2>&1 || true
   wait_for "etcd auth" 10 etcd_up
 }
 
