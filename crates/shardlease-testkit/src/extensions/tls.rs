@@ -167,10 +167,7 @@ async fn refused(hooks: &dyn TlsUrls, url: &str, why: &str) -> Error {
 
 /// Whether an error's text says the server's certificate was the problem.
 fn names_the_certificate(shown: &str) -> bool {
-    let lower = shown.to_lowercase();
-    ["certificate", "unknownissuer", "notvalidforname", "tls", "ssl", "handshake"]
-        .iter()
-        .any(|w| lower.contains(w))
+    shown.to_lowercase().contains("certificate")
 }
 
 /// A URL that trusts another CA is refused, with an error that names the certificate problem;
@@ -180,6 +177,7 @@ pub async fn an_unknown_ca_is_refused(hooks: &dyn TlsUrls, logs: Logs) {
     let url = hooks.url(CERT_HOST, &env.other_ca, &fresh_namespace("tls"));
     let e = refused(hooks, &url, "a certificate from an unknown CA").await;
     let shown = renderings(&e);
+    println!("refused as it must be: {e}");
     assert!(names_the_certificate(&shown), "the error says why: {shown}");
     let secrets = secrets(hooks);
     check_hidden("the error", &shown, &secrets);
@@ -193,6 +191,7 @@ pub async fn a_wrong_host_name_is_refused(hooks: &dyn TlsUrls, logs: Logs) {
     let url = hooks.url(WRONG_HOST, &env.ca, &fresh_namespace("tls"));
     let e = refused(hooks, &url, "a certificate for another host name").await;
     let shown = renderings(&e);
+    println!("refused as it must be: {e}");
     assert!(names_the_certificate(&shown), "the error says why: {shown}");
     let secrets = secrets(hooks);
     check_hidden("the error", &shown, &secrets);
