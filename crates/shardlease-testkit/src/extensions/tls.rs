@@ -137,7 +137,7 @@ pub async fn a_trusted_certificate_connects(hooks: &dyn TlsUrls, logs: Logs) {
     let seq = SequenceNumber::parse("49590338271490256608559692538361571095921575989136588898")
         .expect("a sequence number");
     lease.checkpoint = Position::sequence(seq);
-    let v2 = store.update_lease(&lease, v1.clone()).await.expect("update over TLS");
+    let v2 = store.update_lease(&lease, v1).await.expect("update over TLS");
     let listed = store.list_leases().await.expect("list over TLS");
     assert_eq!(listed.items.len(), 1, "{listed:?}");
     assert_eq!((&listed.items[0].lease, &listed.items[0].version), (&lease, &v2));
