@@ -4,7 +4,9 @@
 //! an earlier position, and the store's final checkpoint is no earlier than any accepted one); no
 //! checkpoint was accepted from a worker that no longer owned the lease (a write that began after
 //! the lease had been granted at a higher epoch, or two owners under one epoch). Duplicates are
-//! counted, not failed: at-least-once allows them.
+//! counted, not failed: at-least-once allows them. A run with the effectively-once sink
+//! ([`check_exactly_once`]) is held to more: every acknowledged record in the sink's table, and
+//! none twice.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -41,13 +43,46 @@ pub struct Verdict {
     pub checkpoints: usize,
     /// Examples of each problem (a few of each), for the history file.
     pub examples: Vec<String>,
+    /// Judged against the effectively-once promise: a duplicate fails the run.
+    pub exactly_once: bool,
 }
 
 impl Verdict {
     /// Whether the run kept every promise.
     pub fn ok(&self) -> bool {
-        self.lost == 0 && self.regressions == 0 && self.foreign_checkpoints == 0
+        self.lost == 0
+            && self.regressions == 0
+            && self.foreign_checkpoints == 0
+            && (!self.exactly_once || self.duplicates == 0)
     }
+}
+
+/// Judges a run with the effectively-once sink from the ids of the rows in its table (one per
+/// row): every acknowledged record there, none twice. Rows of records the producer never saw
+/// acknowledged (a put that timed out but landed) are neither lost nor duplicates unless twice.
+pub fn check_exactly_once(produced: &[Produced], rows: &[String]) -> Verdict {
+    let mut v = Verdict { records: produced.len(), exactly_once: true, ..Verdict::default() };
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for id in rows {
+        *seen.entry(id.as_str()).or_default() += 1;
+    }
+    for p in produced {
+        if !seen.contains_key(p.id.as_str()) {
+            v.lost += 1;
+            if v.lost <= 5 {
+                v.examples.push(format!("not in the sink: {} ({} seq {})", p.id, p.shard, p.seq));
+            }
+        }
+    }
+    for (id, n) in &seen {
+        if *n > 1 {
+            v.duplicates += n - 1;
+            if v.examples.len() < 10 {
+                v.examples.push(format!("{id} written {n} times"));
+            }
+        }
+    }
+    v
 }
 
 /// Orders positions: sequence numbers numerically (decimal strings without leading zeros), `END`
@@ -245,6 +280,21 @@ mod tests {
         ids.iter()
             .map(|i| Produced { id: (*i).into(), shard: "s".into(), seq: "1".into() })
             .collect()
+    }
+
+    #[test]
+    fn exactly_once_fails_on_a_duplicate_row_and_on_a_missing_one() {
+        let p = produced(&["a", "b"]);
+        let rows = |ids: &[&str]| ids.iter().map(|i| (*i).to_owned()).collect::<Vec<_>>();
+        assert!(check_exactly_once(&p, &rows(&["a", "b", "x"])).ok());
+        let twice = check_exactly_once(&p, &rows(&["a", "b", "b"]));
+        assert_eq!((twice.lost, twice.duplicates), (0, 1));
+        assert!(!twice.ok());
+        let missing = check_exactly_once(&p, &rows(&["a"]));
+        assert_eq!((missing.lost, missing.duplicates), (1, 0));
+        assert!(!missing.ok());
+        // The at-least-once checker allows what exactly-once refuses.
+        assert!(check(&p, &[rec("a"), rec("b"), rec("b")], &[]).ok());
     }
 
     #[test]

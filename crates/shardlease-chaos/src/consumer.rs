@@ -2,7 +2,8 @@
 //! public API, reading the shared Kinesis emulator with leases in the store its URL names. Each
 //! record becomes one line of its output file, fsynced before the checkpoint that covers it, and
 //! every checkpoint is logged with the token it was written under and the time around the write,
-//! so the checker can tell what was processed and who wrote which checkpoint when.
+//! so the checker can tell what was processed and who wrote which checkpoint when. With
+//! `--sink-url` the records go into a PostgreSQL table effectively once instead (`sink`).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -43,6 +44,10 @@ pub struct ConsumerArgs {
     /// Failover timeout in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub failover_ms: u64,
+    /// Write every record into this PostgreSQL database effectively once (the `--exactly-once`
+    /// runs; see `sink`), instead of checkpointing through the lease store.
+    #[arg(long)]
+    pub sink_url: Option<String>,
 }
 
 type Out = Arc<Mutex<LineFile>>;
@@ -172,8 +177,21 @@ pub async fn run(args: ConsumerArgs) -> Result<(), BoxError> {
         .with_heartbeat(Duration::from_millis(args.heartbeat_ms))
         .with_failover_timeout(Duration::from_millis(args.failover_ms))
         .with_initial_position(Position::TrimHorizon);
-    let factory: Arc<dyn ProcessorFactory> = Arc::new(Factory { out });
-    let handle = Worker::builder(config, store, Arc::new(source), factory).build()?.start();
+    let handle = match &args.sink_url {
+        None => {
+            let factory: Arc<dyn ProcessorFactory> = Arc::new(Factory { out });
+            Worker::builder(config, store, Arc::new(source), factory).build()?.start()
+        }
+        Some(url) => {
+            let pool = crate::sink::connect(url).await?;
+            let (checkpointer, factory) =
+                crate::sink::processors(pool, &args.namespace, out).await?;
+            Worker::builder(config, store, Arc::new(source), factory)
+                .checkpointer(checkpointer)
+                .build()?
+                .start()
+        }
+    };
     tracing::info!(worker = %args.worker_id, "consumer started");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use shardlease::BoxError;
 use tokio::process::{Child, Command};
 
-use crate::checker::{check, FinalLease, Verdict};
+use crate::checker::{check, check_exactly_once, FinalLease, Verdict};
 use crate::events::{position_label, read_lines, ConsumerEvent, Produced};
 use crate::proxy::{Mode, Proxy};
 use crate::schedule::{Fault, Schedule};
@@ -43,6 +43,10 @@ pub struct RunOptions {
     pub failover_ms: u64,
     /// How long the fleet may take to catch up after the schedule, seconds.
     pub settle_secs: u64,
+    /// Write the records through the effectively-once SQL sink ([`Env::sink_url`]) and hold the
+    /// run to exactly once.
+    #[serde(default)]
+    pub exactly_once: bool,
 }
 
 impl RunOptions {
@@ -60,6 +64,7 @@ impl RunOptions {
             heartbeat_ms: 250,
             failover_ms: 2000,
             settle_secs: 120,
+            exactly_once: false,
         }
     }
 
@@ -89,6 +94,9 @@ pub struct Env {
     pub history_dir: PathBuf,
     /// Keep the run's directory (outputs, logs) even when it passed.
     pub keep: bool,
+    /// The PostgreSQL database of the effectively-once sink (runs with
+    /// [`RunOptions::exactly_once`]).
+    pub sink_url: Option<String>,
 }
 
 /// The one-line report of a run.
@@ -118,6 +126,9 @@ pub struct Report {
     pub seconds: f64,
     /// Whether every promise held.
     pub ok: bool,
+    /// Held to exactly once (the effectively-once sink): a duplicate fails the run.
+    #[serde(default)]
+    pub exactly_once: bool,
     /// The harness's own failure (setup, a fault it could not inflict), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -164,6 +175,7 @@ struct Fleet {
     endpoint: String,
     heartbeat_ms: u64,
     failover_ms: u64,
+    sink_url: Option<String>,
     slots: Vec<Slot>,
     fresh: u32,
 }
@@ -206,8 +218,12 @@ impl Fleet {
         let url = store.url(slot.proxy.as_ref().map(Proxy::port))?;
         let name = format!("{}-{}", slot.worker_id, slot.incarnation);
         let log = std::fs::File::create(self.dir.join("logs").join(format!("{name}.log")))?;
-        let child = Command::new(&self.exe)
-            .arg("consumer")
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("consumer");
+        if let Some(sink) = &self.sink_url {
+            cmd.args(["--sink-url", sink]);
+        }
+        let child = cmd
             .args(["--store", &url, "--namespace", &self.namespace])
             .args(["--stream", &self.stream, "--endpoint", &self.endpoint])
             .args(["--worker-id", &slot.worker_id])
@@ -338,6 +354,7 @@ pub async fn run(opts: &RunOptions, env: &Env) -> Report {
         checkpoints: 0,
         seconds: 0.0,
         ok: false,
+        exactly_once: opts.exactly_once,
         error: None,
         history: None,
     };
@@ -426,6 +443,19 @@ async fn fleet_run(
     // Create the schema (and DynamoDB table) once before the fleet races to.
     let direct = store.url(None)?;
     shardlease::connect_namespace(&direct, &namespace).await?;
+    let sink = match (opts.exactly_once, &env.sink_url) {
+        (false, _) => None,
+        (true, None) => {
+            return Err("an exactly-once run needs the sink's PostgreSQL database: set \
+                        SHARDLEASE_TEST_POSTGRES_URL or pass --sink-url"
+                .into())
+        }
+        (true, Some(url)) => {
+            let pool = crate::sink::connect(url).await?;
+            crate::sink::create_table(&pool).await?;
+            Some(pool)
+        }
+    };
     let mut fleet = Fleet {
         exe: env.exe.clone(),
         dir: dir.to_path_buf(),
@@ -434,6 +464,7 @@ async fn fleet_run(
         endpoint: env.endpoint.clone(),
         heartbeat_ms: opts.heartbeat_ms,
         failover_ms: opts.failover_ms,
+        sink_url: if opts.exactly_once { env.sink_url.clone() } else { None },
         slots: Vec::new(),
         fresh: 0,
     };
@@ -490,15 +521,19 @@ async fn fleet_run(
     let want: HashSet<&str> = produced.iter().map(|p| p.id.as_str()).collect();
     let settle = Instant::now();
     loop {
-        let events = fleet.outputs();
-        let seen: HashSet<&str> = events
-            .iter()
-            .filter_map(|e| match e {
-                ConsumerEvent::Rec { id, .. } => Some(id.as_str()),
-                _ => None,
-            })
-            .collect();
-        if want.iter().all(|id| seen.contains(id)) {
+        let seen: HashSet<String> = match &sink {
+            // Only committed rows count: an attempt may have rolled back.
+            Some(pool) => crate::sink::ids(pool, &namespace).await?.into_iter().collect(),
+            None => fleet
+                .outputs()
+                .into_iter()
+                .filter_map(|e| match e {
+                    ConsumerEvent::Rec { id, .. } => Some(id),
+                    _ => None,
+                })
+                .collect(),
+        };
+        if want.iter().all(|id| seen.contains(*id)) {
             break;
         }
         if settle.elapsed() > Duration::from_secs(opts.settle_secs) {
@@ -508,6 +543,9 @@ async fn fleet_run(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     fleet.stop_all().await;
+    if let Some(pool) = &sink {
+        return Ok(check_exactly_once(&produced, &crate::sink::ids(pool, &namespace).await?));
+    }
     let events = fleet.outputs();
     let finals: Vec<FinalLease> = shardlease::connect_namespace(&direct, &namespace)
         .await?

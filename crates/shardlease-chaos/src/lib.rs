@@ -12,4 +12,5 @@ pub mod kinesis;
 pub mod producer;
 pub mod proxy;
 pub mod schedule;
+pub mod sink;
 pub mod stores;

@@ -65,6 +65,13 @@ struct RunArgs {
     /// Keep each run's directory.
     #[arg(long)]
     keep: bool,
+    /// Write the records through the effectively-once SQL sink and hold each run to exactly
+    /// once (every record once, none twice).
+    #[arg(long)]
+    exactly_once: bool,
+    /// The sink's PostgreSQL database (for `--exactly-once`).
+    #[arg(long, env = "SHARDLEASE_TEST_POSTGRES_URL", hide_env_values = true)]
+    sink_url: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -106,6 +113,7 @@ async fn run(a: RunArgs) -> Result<bool, shardlease::BoxError> {
         endpoint: a.endpoint.clone(),
         history_dir: a.history_dir.clone(),
         keep: a.keep,
+        sink_url: a.sink_url.clone(),
     };
     let mut all_ok = true;
     if let Some(path) = &a.replay {
@@ -121,6 +129,7 @@ async fn run(a: RunArgs) -> Result<bool, shardlease::BoxError> {
         opts.extra_faults = a.extra_faults;
         opts.every_class = !a.no_every_class;
         opts.rate = a.rate;
+        opts.exactly_once = a.exactly_once;
         let r = harness::run(&opts, &env).await;
         println!("{}", serde_json::to_string(&r)?);
         all_ok &= r.ok;

@@ -15,8 +15,9 @@ use crate::table::{Billing, TableSetup};
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
-use aws_sdk_dynamodb::config::Credentials;
+use aws_sdk_dynamodb::config::{Credentials, SharedHttpClient};
 use aws_sdk_dynamodb::Client;
+use aws_smithy_http_client::tls;
 use shardlease_core::store::url::redact_url;
 use shardlease_core::store::{Redactor, MASK};
 use shardlease_core::{Error, Namespace, Result};
@@ -65,6 +66,7 @@ pub struct DynamoDbStoreBuilder {
     namespace: Option<String>,
     region: Option<String>,
     endpoint: Option<String>,
+    ca_file: Option<String>,
     profile: Option<String>,
     keys: Option<StaticKeys>,
     create_table: Option<bool>,
@@ -86,6 +88,7 @@ impl fmt::Debug for DynamoDbStoreBuilder {
             .field("namespace", &self.namespace)
             .field("region", &self.region)
             .field("endpoint", &self.endpoint)
+            .field("ca_file", &self.ca_file)
             .field("profile", &self.profile)
             .field("credentials", &self.keys.as_ref().map(|_| MASK))
             .field("create_table", &self.create_table)
@@ -139,6 +142,14 @@ impl DynamoDbStoreBuilder {
     /// The endpoint to call instead of the region's (an emulator, a VPC endpoint).
     pub fn endpoint_url(mut self, endpoint: impl Into<String>) -> Self {
         self.endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// A PEM file of the certificate authority to trust for an HTTPS endpoint, instead of the
+    /// platform's roots (an endpoint behind a private CA: a VPC proxy, a TLS-terminating
+    /// emulator). The certificate chain and the host name are verified against it.
+    pub fn ca_file(mut self, path: impl Into<String>) -> Self {
+        self.ca_file = Some(path.into());
         self
     }
 
@@ -323,6 +334,7 @@ impl DynamoDbStoreBuilder {
             let client_settings = [
                 ("region", b.region.is_some()),
                 ("endpoint_url", b.endpoint.is_some()),
+                ("ca_file", b.ca_file.is_some()),
                 ("profile", b.profile.is_some()),
                 ("credentials", b.keys.is_some()),
                 ("max_attempts", b.max_attempts.is_some()),
@@ -343,6 +355,7 @@ impl DynamoDbStoreBuilder {
             page_size: b.page_size,
             table_setup: check.then_some(TableSetup { create, billing, ready_timeout }),
             endpoint: b.endpoint,
+            ca_file: b.ca_file,
             region: b.region,
             profile: b.profile,
             keys: b.keys,
@@ -362,6 +375,7 @@ impl DynamoDbStoreBuilder {
             namespace: self.namespace.or(under.namespace),
             region: self.region.or(under.region),
             endpoint: self.endpoint.or(under.endpoint),
+            ca_file: self.ca_file.or(under.ca_file),
             profile: self.profile.or(under.profile),
             keys: self.keys.or(under.keys),
             create_table: self.create_table.or(under.create_table),
@@ -388,6 +402,22 @@ impl DynamoDbStoreBuilder {
     }
 }
 
+/// The SDK's own HTTPS client (rustls with aws-lc, like its default), trusting only the CA of
+/// the PEM file at `path`.
+fn https_client_trusting(path: &str) -> Result<SharedHttpClient> {
+    let pem = std::fs::read(path)
+        .map_err(|e| Error::Config(format!("DynamoDB: cannot read ca_file {path}: {e}")))?;
+    let trust = tls::TrustStore::empty().with_native_roots(false).with_pem_certificate(pem);
+    let context = tls::TlsContext::builder()
+        .with_trust_store(trust)
+        .build()
+        .map_err(|e| Error::Config(format!("DynamoDB: ca_file {path} is not usable: {e}")))?;
+    Ok(aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::AwsLc))
+        .tls_context(context)
+        .build_https())
+}
+
 /// `given` (or `default`), refused when zero.
 fn positive(name: &str, given: Option<Duration>, default: Duration) -> Result<Duration> {
     match given.unwrap_or(default) {
@@ -409,6 +439,7 @@ struct Plan {
     redactor: Redactor,
     region: Option<String>,
     endpoint: Option<String>,
+    ca_file: Option<String>,
     profile: Option<String>,
     keys: Option<StaticKeys>,
     max_attempts: u32,
@@ -435,6 +466,9 @@ impl Plan {
         }
         if let Some(endpoint) = &self.endpoint {
             loader = loader.endpoint_url(endpoint.clone());
+        }
+        if let Some(path) = &self.ca_file {
+            loader = loader.http_client(https_client_trusting(path)?);
         }
         if let Some(profile) = &self.profile {
             loader = loader.profile_name(profile.clone());

@@ -43,6 +43,8 @@ pub struct EtcdStoreBuilder {
     credentials: Option<(String, String)>,
     tls: Option<bool>,
     ca_file: Option<String>,
+    /// Client certificate and key PEM files.
+    client_cert: Option<(String, String)>,
     namespace: Option<String>,
     key_prefix: Option<String>,
     page_size: Option<usize>,
@@ -61,6 +63,7 @@ impl fmt::Debug for EtcdStoreBuilder {
             .field("password", &self.credentials.as_ref().map(|_| MASK))
             .field("tls", &self.tls)
             .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
             .field("namespace", &self.namespace)
             .field("key_prefix", &self.key_prefix)
             .field("page_size", &self.page_size)
@@ -78,6 +81,8 @@ pub(crate) struct ConnectSettings {
     pub(crate) credentials: Option<(String, String)>,
     pub(crate) tls: bool,
     pub(crate) ca_file: Option<String>,
+    /// Client certificate and key PEM files.
+    pub(crate) client_cert: Option<(String, String)>,
     pub(crate) request_timeout: Duration,
     pub(crate) connect_timeout: Duration,
 }
@@ -125,6 +130,17 @@ impl EtcdStoreBuilder {
     /// A PEM file of the certificate authority to trust for TLS, instead of the system's roots.
     pub fn ca_file(mut self, path: impl Into<String>) -> Self {
         self.ca_file = Some(path.into());
+        self
+    }
+
+    /// A client certificate for TLS (servers started with `--client-cert-auth`): PEM files of
+    /// the certificate and of its key (PKCS#8 or the key's own PEM form).
+    pub fn client_certificate(
+        mut self,
+        cert_file: impl Into<String>,
+        key_file: impl Into<String>,
+    ) -> Self {
+        self.client_cert = Some((cert_file.into(), key_file.into()));
         self
     }
 
@@ -235,6 +251,7 @@ impl EtcdStoreBuilder {
                     ("credentials", self.credentials.is_some()),
                     ("tls", self.tls.is_some()),
                     ("ca_file", self.ca_file.is_some()),
+                    ("client_certificate", self.client_cert.is_some()),
                     ("request_timeout", self.request_timeout.is_some()),
                     ("connect_timeout", self.connect_timeout.is_some()),
                 ];
@@ -251,6 +268,7 @@ impl EtcdStoreBuilder {
                 credentials: self.credentials.or(from_url.credentials),
                 tls: self.tls.or(from_url.tls).unwrap_or(false),
                 ca_file: self.ca_file.or(from_url.ca_file),
+                client_cert: self.client_cert.or(from_url.client_cert),
                 request_timeout: timeout(
                     "request_timeout",
                     self.request_timeout.or(from_url.request_timeout),

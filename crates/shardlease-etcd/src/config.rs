@@ -39,6 +39,8 @@ const OPTIONS: &[&str] = &[
     "connect_timeout_ms",
     "tls",
     "ca_file",
+    "cert_file",
+    "key_file",
     "watch",
 ];
 
@@ -53,6 +55,8 @@ pub(crate) struct UrlSettings {
     /// `true` for `etcds://`; `tls=` otherwise.
     pub(crate) tls: Option<bool>,
     pub(crate) ca_file: Option<String>,
+    /// `cert_file` and `key_file`: a client certificate.
+    pub(crate) client_cert: Option<(String, String)>,
     pub(crate) namespace: Option<String>,
     pub(crate) key_prefix: Option<String>,
     pub(crate) page_size: Option<usize>,
@@ -109,6 +113,15 @@ impl UrlSettings {
             o.tls = Some(tls);
         }
         o.ca_file = q.string("ca_file")?;
+        o.client_cert = match (q.non_empty("cert_file")?, q.non_empty("key_file")?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Config(
+                    "etcd URL: a client certificate needs both cert_file and key_file".into(),
+                ))
+            }
+        };
         o.watch = q.bool("watch")?;
         q.finish(OPTIONS)?;
         Ok(o)

@@ -28,23 +28,40 @@ pub(crate) async fn connect(options: &ConnectSettings, redactor: &Redactor) -> R
     let scheme = if options.tls { "https" } else { "http" };
     if options.tls {
         connect = tls(connect, options)?;
-    } else if options.ca_file.is_some() {
-        return Err(Error::Config("etcd: ca_file needs TLS (etcds:// or tls=true)".into()));
+    } else if options.ca_file.is_some() || options.client_cert.is_some() {
+        return Err(Error::Config(
+            "etcd: ca_file, cert_file and key_file need TLS (etcds:// or tls=true)".into(),
+        ));
     }
     let endpoints: Vec<String> =
         options.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect();
     Client::connect(endpoints, Some(connect)).await.map_err(|e| backend(redactor, "connect", e))
 }
 
+/// The server is verified (certificate chain and host name) against the CA of `ca_file`, or
+/// against the platform's roots when none is named; a client certificate is presented when one
+/// is named.
 #[cfg(feature = "tls")]
 fn tls(connect: ConnectOptions, options: &ConnectSettings) -> Result<ConnectOptions> {
-    let mut tls = etcd_client::TlsOptions::new().with_enabled_roots();
-    if let Some(path) = &options.ca_file {
-        let pem = std::fs::read(path)
-            .map_err(|e| Error::Config(format!("etcd: cannot read ca_file {path}: {e}")))?;
-        tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+    let mut tls = match &options.ca_file {
+        Some(path) => etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read_pem("ca_file", path)?)),
+        None => etcd_client::TlsOptions::new().with_enabled_roots(),
+    };
+    if let Some((cert, key)) = &options.client_cert {
+        tls = tls.identity(etcd_client::Identity::from_pem(
+            read_pem("cert_file", cert)?,
+            read_pem("key_file", key)?,
+        ));
     }
     Ok(connect.with_tls(tls))
+}
+
+/// Reads a PEM file an option names; the error names the option and the path.
+#[cfg(feature = "tls")]
+fn read_pem(option: &str, path: &str) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| Error::Config(format!("etcd: cannot read {option} {path}: {e}")))
 }
 
 #[cfg(not(feature = "tls"))]

@@ -32,7 +32,9 @@
 //! timeout_ms=N           per-request timeout, default 5000 (1 to 3600000)
 //! connect_timeout_ms=N   default 5000 (1 to 3600000)
 //! tls=true               TLS with an etcd:// URL
-//! ca_file=PATH           PEM of the CA to trust for TLS (the system roots otherwise)
+//! ca_file=PATH           PEM of the CA to trust for TLS (the platform's roots otherwise)
+//! cert_file=PATH         PEM client certificate for TLS (with key_file; for servers run
+//! key_file=PATH          with --client-cert-auth)
 //! watch=false            no change notification: the worker runs as on any other store
 //!                        (an option given twice, or one not listed here, is refused)
 //! ```

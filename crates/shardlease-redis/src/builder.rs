@@ -85,7 +85,10 @@ impl fmt::Debug for RedisStoreBuilder {
 impl RedisStoreBuilder {
     /// The server: `redis://[[user]:password@]host[:port][/db]`, or `rediss://` with the `tls`
     /// feature. Besides the driver's own parameters the URL may carry `namespace` and
-    /// `key_prefix`; options set on the builder win over them.
+    /// `key_prefix`; options set on the builder win over them. A `rediss://` URL may name PEM
+    /// files: `ca_file` (the CA to trust instead of the system's roots; the builder's
+    /// [`tls_root_certificates_pem`](Self::tls_root_certificates_pem) wins over it), and
+    /// `cert_file` with `key_file` (a client certificate).
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = Some(url.into());
         self
@@ -231,6 +234,7 @@ impl RedisStoreBuilder {
                     self.connection_timeout.unwrap_or(DEFAULT_CONNECTION_TIMEOUT),
                 )?,
                 tls_root_pem,
+                tls_files: parsed.tls_files,
             }),
             Source::Manager(manager) => {
                 let connection_options = [
@@ -288,15 +292,37 @@ enum Connection {
 }
 
 /// A connection to open, from a URL.
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
 struct Open {
     /// The URL without this crate's parameters: what the driver gets.
     url: Url,
     response_timeout: Duration,
     connection_timeout: Duration,
     tls_root_pem: Option<Vec<u8>>,
+    tls_files: Box<TlsFiles>,
 }
 
 impl Open {
+    /// The CA and client certificate to use for `rediss://`: the builder's CA wins over the
+    /// URL's `ca_file`. `None` when neither names any (the system's roots).
+    #[cfg(feature = "tls")]
+    fn certificates(&self) -> Result<Option<redis::TlsCertificates>> {
+        let root_cert = match (&self.tls_root_pem, &self.tls_files.ca_file) {
+            (Some(pem), _) => Some(pem.clone()),
+            (None, Some(path)) => Some(read_pem("ca_file", path)?),
+            (None, None) => None,
+        };
+        let client_tls = match (&self.tls_files.cert_file, &self.tls_files.key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read_pem("cert_file", cert)?,
+                client_key: read_pem("key_file", key)?,
+            }),
+            _ => None,
+        };
+        Ok((root_cert.is_some() || client_tls.is_some())
+            .then_some(redis::TlsCertificates { client_tls, root_cert }))
+    }
+
     /// Opens the connection manager; the client is kept for subscriptions.
     async fn connect(
         self,
@@ -306,14 +332,13 @@ impl Open {
         if self.url.scheme() == "rediss" {
             prepare_tls()?;
         }
-        let client = match self.tls_root_pem {
-            #[cfg(feature = "tls")]
-            Some(root) => redis::Client::build_with_tls(
-                self.url.as_str(),
-                redis::TlsCertificates { client_tls: None, root_cert: Some(root) },
-            ),
-            _ => redis::Client::open(self.url.as_str()),
+        #[cfg(feature = "tls")]
+        let client = match self.certificates()? {
+            Some(certificates) => redis::Client::build_with_tls(self.url.as_str(), certificates),
+            None => redis::Client::open(self.url.as_str()),
         };
+        #[cfg(not(feature = "tls"))]
+        let client = redis::Client::open(self.url.as_str());
         let client = client.map_err(|e| {
             Error::Config(format!(
                 "Redis URL {target} is not usable: {}",
@@ -346,6 +371,30 @@ struct ParsedUrl {
     namespace: Option<String>,
     key_prefix: Option<String>,
     notify: Option<bool>,
+    /// Boxed: rarely set, and it would make every URL source three words per file bigger.
+    tls_files: Box<TlsFiles>,
+}
+
+/// The TLS files a `rediss://` URL names (`ca_file`, `cert_file`, `key_file`), read at connect.
+#[derive(Default)]
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+struct TlsFiles {
+    ca_file: Option<String>,
+    cert_file: Option<String>,
+    key_file: Option<String>,
+}
+
+impl TlsFiles {
+    fn any(&self) -> bool {
+        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
+    }
+}
+
+/// Reads one PEM file a URL names; the error names the option and the path (never the URL).
+#[cfg(feature = "tls")]
+fn read_pem(option: &str, path: &str) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| Error::Config(format!("Redis URL: cannot read {option} {path}: {e}")))
 }
 
 fn parse_url(raw: &str) -> Result<ParsedUrl> {
@@ -364,13 +413,28 @@ fn parse_url(raw: &str) -> Result<ParsedUrl> {
     let namespace = options.string(NAMESPACE_OPTION)?;
     let key_prefix = options.string(KEY_PREFIX_PARAM)?;
     let notify = options.bool("notify")?;
+    let tls_files = Box::new(TlsFiles {
+        ca_file: options.non_empty("ca_file")?,
+        cert_file: options.non_empty("cert_file")?,
+        key_file: options.non_empty("key_file")?,
+    });
+    if tls_files.any() && url.scheme() != "rediss" {
+        return Err(Error::Config(
+            "Redis URL: ca_file, cert_file and key_file need TLS (rediss://)".into(),
+        ));
+    }
+    if tls_files.cert_file.is_some() != tls_files.key_file.is_some() {
+        return Err(Error::Config(
+            "Redis URL: a client certificate needs both cert_file and key_file".into(),
+        ));
+    }
     let rest = options.into_rest();
     if rest.is_empty() {
         url.set_query(None);
     } else {
         url.query_pairs_mut().clear().extend_pairs(rest);
     }
-    Ok(ParsedUrl { url, namespace, key_prefix, notify })
+    Ok(ParsedUrl { url, namespace, key_prefix, notify, tls_files })
 }
 
 /// Checks a key prefix (the namespace is checked by [`Namespace::new`]; Redis keys take any

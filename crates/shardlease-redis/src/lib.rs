@@ -8,8 +8,10 @@
 //! `rediss://` (TLS) needs this crate's `tls` feature (`redis-tls` on the facade): rustls with the
 //! aws-lc-rs provider, the crypto stack the AWS SDK crates of this workspace already use, so a
 //! full build carries one TLS stack. It is off by default because aws-lc-sys is a C build of a
-//! minute or two. Servers are verified against the system's roots, or against a private CA given
-//! to `RedisStoreBuilder::tls_root_certificates_pem`.
+//! minute or two. Servers are verified (certificate and host name) against the system's roots, or
+//! against a private CA given to `RedisStoreBuilder::tls_root_certificates_pem` or named by the
+//! URL: `rediss://:PASSWORD@host:6380/?ca_file=/etc/ca.pem[&cert_file=client.pem&key_file=client.key]`
+//! (see docs/tls.md).
 //!
 //! ```no_run
 //! # async fn demo() -> shardlease_core::Result<()> {

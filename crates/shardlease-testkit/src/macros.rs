@@ -157,3 +157,36 @@ macro_rules! redaction_tests {
         $crate::__extension_test!($hooks, redaction::an_unreachable_server_hides_the_password);
     };
 }
+
+/// Expands to the `#[test]` of one TLS case (see [`store_tls_tests!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tls_test {
+    ($hooks:expr, $case:ident) => {
+        #[test]
+        fn $case() {
+            $crate::extensions::tls::__run_tls_test(|logs| async move {
+                let ::core::option::Option::Some(hooks) = $hooks.await else { return };
+                $crate::extensions::tls::$case(&hooks, logs).await;
+            });
+        }
+    };
+}
+
+/// Generates the TLS cases of [`extensions::tls`](crate::extensions::tls) as tests, each on a
+/// current-thread runtime with every log line captured. `$hooks` is an async expression giving
+/// an `Option` of a [`TlsUrls`](crate::extensions::TlsUrls) implementation (`None`: the TLS
+/// server is not configured; [`TlsEnv::from_env`](crate::extensions::TlsEnv::from_env) said so,
+/// as a skip).
+///
+/// ```text
+/// shardlease_testkit::store_tls_tests!(async { TlsEnv::from_env("SHARDLEASE_TEST_TLS_REDIS_ADDR").map(RedisTls) });
+/// ```
+#[macro_export]
+macro_rules! store_tls_tests {
+    ($hooks:expr) => {
+        $crate::__tls_test!($hooks, a_trusted_certificate_connects);
+        $crate::__tls_test!($hooks, an_unknown_ca_is_refused);
+        $crate::__tls_test!($hooks, a_wrong_host_name_is_refused);
+    };
+}

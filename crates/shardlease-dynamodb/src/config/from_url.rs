@@ -20,6 +20,7 @@ const PARAMS: &[&str] = &[
     "namespace",
     "region",
     "endpoint",
+    "ca_file",
     "profile",
     "create_table",
     "billing",
@@ -32,7 +33,7 @@ const PARAMS: &[&str] = &[
 ];
 
 /// What a URL `dynamodb://[access_key_id:secret_access_key@]table?region=...&endpoint=...&
-/// namespace=...&profile=...&create_table=true&billing=on-demand|provisioned&read_capacity=N&
+/// ca_file=...&namespace=...&profile=...&create_table=true&billing=on-demand|provisioned&read_capacity=N&
 /// write_capacity=N&page_size=N&max_attempts=N&attempt_timeout_ms=N&session_token=...` sets, as
 /// a builder with only those values. Errors never echo the keys.
 pub(super) fn parse_url(raw: &str) -> Result<DynamoDbStoreBuilder> {
@@ -67,6 +68,7 @@ pub(super) fn parse_url(raw: &str) -> Result<DynamoDbStoreBuilder> {
     b.namespace = q.string(NAMESPACE_OPTION)?;
     b.region = q.non_empty("region")?;
     b.endpoint = q.non_empty("endpoint")?;
+    b.ca_file = q.non_empty("ca_file")?;
     b.profile = q.non_empty("profile")?;
     b.create_table = q.bool("create_table")?;
     let provisioned = match q.string("billing")?.as_deref() {

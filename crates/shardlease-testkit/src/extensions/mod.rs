@@ -5,12 +5,16 @@
 //!
 //! - [`corrupt`]: records that do not decode are reported per record ([`CorruptRecords`]);
 //! - [`redaction`]: a password in a store URL never shows ([`SecretUrl`]);
-//! - [`restart`]: a server restart loses and regresses no checkpoint ([`RestartServer`]).
+//! - [`restart`]: a server restart loses and regresses no checkpoint ([`RestartServer`]);
+//! - [`tls`]: a trusted certificate connects, an unknown CA and a wrong host name are refused,
+//!   and the password shows nowhere ([`TlsUrls`]).
 
 pub mod corrupt;
 pub mod redaction;
 pub mod restart;
+pub mod tls;
 
 pub use corrupt::{CorruptRecords, Corruption};
 pub use redaction::SecretUrl;
 pub use restart::RestartServer;
+pub use tls::{TlsEnv, TlsUrls};
