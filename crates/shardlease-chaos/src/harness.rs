@@ -47,6 +47,9 @@ pub struct RunOptions {
     /// run to exactly once.
     #[serde(default)]
     pub exactly_once: bool,
+    /// Draw the faults that lose the store's data too (`store_wipe`).
+    #[serde(default)]
+    pub wipes: bool,
 }
 
 impl RunOptions {
@@ -65,6 +68,7 @@ impl RunOptions {
             failover_ms: 2000,
             settle_secs: 120,
             exactly_once: false,
+            wipes: false,
         }
     }
 
@@ -78,6 +82,7 @@ impl RunOptions {
                 self.failover_ms,
                 self.every_class,
                 self.extra_faults,
+                self.wipes,
             )
         })
     }
@@ -129,6 +134,10 @@ pub struct Report {
     /// Held to exactly once (the effectively-once sink): a duplicate fails the run.
     #[serde(default)]
     pub exactly_once: bool,
+    /// Wipes of the store played: with one, regressions and foreign checkpoints are reported,
+    /// not failed.
+    #[serde(default)]
+    pub wipes: usize,
     /// The harness's own failure (setup, a fault it could not inflict), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -298,6 +307,17 @@ impl Fleet {
                 sleep(*down_ms).await;
                 store.restart().await?;
             }
+            Fault::StoreWipe { down_ms } => {
+                store.crash().await?;
+                store.forget()?;
+                sleep(*down_ms).await;
+                store.restart().await?;
+                // A DynamoDB wipe takes the table too; bring back the table (not its items), as
+                // an operator would, so that what is judged is the loss of the leases.
+                if store.kind() == crate::stores::StoreKind::Dynamodb {
+                    shardlease::connect_namespace(&store.url(None)?, &self.namespace).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -355,6 +375,7 @@ pub async fn run(opts: &RunOptions, env: &Env) -> Report {
         seconds: 0.0,
         ok: false,
         exactly_once: opts.exactly_once,
+        wipes: schedule.steps.iter().filter(|s| matches!(s.fault, Fault::StoreWipe { .. })).count(),
         error: None,
         history: None,
     };
@@ -368,7 +389,8 @@ pub async fn run(opts: &RunOptions, env: &Env) -> Report {
     let result = run_in(opts, env, &schedule, dir.path()).await;
     report.seconds = (start.elapsed().as_secs_f64() * 10.0).round() / 10.0;
     let examples = match result {
-        Ok(v) => {
+        Ok(mut v) => {
+            v.wiped = report.wipes > 0;
             report.records = v.records;
             report.lost = v.lost;
             report.duplicates = v.duplicates;

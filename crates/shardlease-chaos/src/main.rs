@@ -69,6 +69,10 @@ struct RunArgs {
     /// once (every record once, none twice).
     #[arg(long)]
     exactly_once: bool,
+    /// Draw wipes of the store too (Redis, DynamoDB): a run with one is judged on lost records
+    /// alone.
+    #[arg(long)]
+    wipes: bool,
     /// The sink's PostgreSQL database (for `--exactly-once`).
     #[arg(long, env = "SHARDLEASE_TEST_POSTGRES_URL", hide_env_values = true)]
     sink_url: Option<String>,
@@ -130,6 +134,7 @@ async fn run(a: RunArgs) -> Result<bool, shardlease::BoxError> {
         opts.every_class = !a.no_every_class;
         opts.rate = a.rate;
         opts.exactly_once = a.exactly_once;
+        opts.wipes = a.wipes;
         let r = harness::run(&opts, &env).await;
         println!("{}", serde_json::to_string(&r)?);
         all_ok &= r.ok;

@@ -60,6 +60,12 @@ pub enum Fault {
         /// How long it stays down.
         down_ms: u64,
     },
+    /// The store server crashes and comes back after `down_ms` with every record lost (a Redis
+    /// without persistence, a moto restart): the workers must restore the leases from memory.
+    StoreWipe {
+        /// How long it stays down.
+        down_ms: u64,
+    },
 }
 
 impl Fault {
@@ -75,6 +81,7 @@ impl Fault {
             Fault::Merge => "merge",
             Fault::Partition { .. } => "partition",
             Fault::StoreRestart { .. } => "store_restart",
+            Fault::StoreWipe { .. } => "store_wipe",
         }
     }
 
@@ -103,6 +110,7 @@ impl Fault {
                 format!("partition(w{slot},{k},{d},{ms}ms)")
             }
             Fault::StoreRestart { down_ms } => format!("store_restart({down_ms}ms)"),
+            Fault::StoreWipe { down_ms } => format!("store_wipe({down_ms}ms)"),
         }
     }
 }
@@ -155,6 +163,7 @@ fn draw_one(rng: &mut StdRng, class: &str, workers: usize, failover_ms: u64) -> 
                 ms: rng.random_range(failover_ms / 2..failover_ms * 3),
             }
         }
+        "store_wipe" => Fault::StoreWipe { down_ms: rng.random_range(200..3000) },
         _ => Fault::StoreRestart { down_ms: rng.random_range(200..3000) },
     }
 }
@@ -171,8 +180,19 @@ pub fn classes(store: StoreKind) -> Vec<&'static str> {
     c
 }
 
+/// The fault classes that may lose the store's data, drawn only when asked (`--wipes`): a run
+/// with one is judged on lost records alone ([`crate::checker::Verdict::ok`]).
+pub fn wipe_classes(store: StoreKind) -> Vec<&'static str> {
+    if store.wipeable() {
+        vec!["store_wipe"]
+    } else {
+        Vec::new()
+    }
+}
+
 /// Draws a schedule from `seed`: every class once in a random order when `every_class`, then
-/// `extra` more faults of random classes (at most two joins in a run).
+/// `extra` more faults of random classes (at most two joins in a run); the wipe classes are
+/// among them only when `wipes`.
 pub fn draw(
     seed: u64,
     store: StoreKind,
@@ -180,9 +200,13 @@ pub fn draw(
     failover_ms: u64,
     every_class: bool,
     extra: usize,
+    wipes: bool,
 ) -> Schedule {
     let mut rng = StdRng::seed_from_u64(seed);
-    let all = classes(store);
+    let mut all = classes(store);
+    if wipes {
+        all.extend(wipe_classes(store));
+    }
     let mut picked: Vec<&str> = if every_class { all.clone() } else { Vec::new() };
     let mut joins = picked.iter().filter(|c| **c == "join").count();
     while picked.len() < extra + if every_class { all.len() } else { 0 } {
@@ -212,14 +236,14 @@ mod tests {
 
     #[test]
     fn a_seed_draws_the_same_schedule_and_every_class_when_asked() {
-        let a = draw(7, StoreKind::Postgres, 3, 2000, true, 3);
-        assert_eq!(a, draw(7, StoreKind::Postgres, 3, 2000, true, 3));
-        assert_ne!(a, draw(8, StoreKind::Postgres, 3, 2000, true, 3));
+        let a = draw(7, StoreKind::Postgres, 3, 2000, true, 3, false);
+        assert_eq!(a, draw(7, StoreKind::Postgres, 3, 2000, true, 3, false));
+        assert_ne!(a, draw(8, StoreKind::Postgres, 3, 2000, true, 3, false));
         for class in classes(StoreKind::Postgres) {
             assert!(a.steps.iter().any(|s| s.fault.class() == class), "{class} missing");
         }
         assert_eq!(a.steps.len(), classes(StoreKind::Postgres).len() + 3);
-        let sqlite = draw(7, StoreKind::Sqlite, 3, 2000, true, 0);
+        let sqlite = draw(7, StoreKind::Sqlite, 3, 2000, true, 0, false);
         assert!(sqlite
             .steps
             .iter()
@@ -229,5 +253,19 @@ mod tests {
                 assert!(ms > 2000, "a pause must outlast the failover timeout");
             }
         }
+        assert!(a.steps.iter().all(|s| !matches!(s.fault, Fault::StoreWipe { .. })));
+    }
+
+    #[test]
+    fn wipes_are_drawn_only_when_asked_and_only_where_they_apply() {
+        let redis = draw(7, StoreKind::Redis, 3, 2000, true, 0, true);
+        assert!(redis.steps.iter().any(|s| matches!(s.fault, Fault::StoreWipe { .. })));
+        let no = draw(7, StoreKind::Redis, 3, 2000, true, 5, false);
+        assert!(no.steps.iter().all(|s| !matches!(s.fault, Fault::StoreWipe { .. })));
+        let pg = draw(7, StoreKind::Postgres, 3, 2000, true, 5, true);
+        assert!(pg.steps.iter().all(|s| !matches!(s.fault, Fault::StoreWipe { .. })));
+        let ddb = draw(7, StoreKind::Dynamodb, 3, 2000, true, 0, true);
+        assert!(ddb.steps.iter().any(|s| matches!(s.fault, Fault::StoreWipe { .. })));
+        assert!(ddb.steps.iter().all(|s| !matches!(s.fault, Fault::StoreRestart { .. })));
     }
 }

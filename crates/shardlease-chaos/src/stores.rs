@@ -1,6 +1,7 @@
 //! The stores a fault run can use, and the private servers the harness starts so that it may
-//! crash and restart them (PostgreSQL, Redis, etcd): the shared services of the machine are never
-//! restarted. A store's URL is given per worker slot, through that slot's proxy.
+//! crash, restart or wipe them (PostgreSQL, MariaDB, Redis, etcd, moto for DynamoDB): the shared
+//! services of the machine are never restarted. A store's URL is given per worker slot, through
+//! that slot's proxy.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,13 +20,13 @@ pub enum StoreKind {
     Sqlite,
     /// A private PostgreSQL cluster.
     Postgres,
-    /// The shared MariaDB (`SHARDLEASE_TEST_MYSQL_URL`).
+    /// A private MariaDB server (InnoDB, a commit flushed to the log).
     Mysql,
     /// A private Redis server (append-only file, fsync always).
     Redis,
     /// A private etcd server.
     Etcd,
-    /// The shared moto server (`SHARDLEASE_TEST_DYNAMODB_ENDPOINT`).
+    /// A private moto server (DynamoDB in memory: a restart loses every item).
     Dynamodb,
 }
 
@@ -47,9 +48,16 @@ impl StoreKind {
         self != StoreKind::Sqlite
     }
 
-    /// Whether the harness runs a private server it may restart.
+    /// Whether the harness runs a private server it may crash and restart with its data kept.
     pub fn restartable(self) -> bool {
-        matches!(self, StoreKind::Postgres | StoreKind::Redis | StoreKind::Etcd)
+        matches!(self, StoreKind::Postgres | StoreKind::Mysql | StoreKind::Redis | StoreKind::Etcd)
+    }
+
+    /// Whether the harness may wipe the store: restart it with every record lost (Redis
+    /// without its append-only file, as a Redis without persistence restarts; moto, which keeps
+    /// nothing on disk).
+    pub fn wipeable(self) -> bool {
+        matches!(self, StoreKind::Redis | StoreKind::Dynamodb)
     }
 
     /// Every kind.
@@ -81,23 +89,10 @@ pub struct Store {
 #[derive(Debug)]
 enum Server {
     Postgres { data: PathBuf, port: u16 },
+    Mysql { child: Child, port: u16 },
     Redis { child: Child, port: u16 },
     Etcd { child: Child, port: u16, peer: u16 },
-}
-
-fn env(name: &str) -> Result<String, BoxError> {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| format!("{name} is not set (source /work/services.env)").into())
-}
-
-fn host_port(url: &str) -> Result<SocketAddr, BoxError> {
-    let rest = url.split("://").nth(1).ok_or("URL without a scheme")?;
-    let hostport = rest.split(['/', '?']).next().unwrap_or_default();
-    let hostport = hostport.rsplit('@').next().unwrap_or_default();
-    let hostport = hostport.replace("localhost", "127.0.0.1");
-    Ok(hostport.parse()?)
+    Moto { child: Child, port: u16 },
 }
 
 async fn wait_port(port: u16, what: &str) -> Result<(), BoxError> {
@@ -151,10 +146,49 @@ impl Store {
         match kind {
             StoreKind::Sqlite => {}
             StoreKind::Mysql => {
-                store.upstream = Some(host_port(&env("SHARDLEASE_TEST_MYSQL_URL")?)?);
+                run(
+                    Command::new("mariadb-install-db").args([
+                        "--no-defaults",
+                        &format!("--datadir={}", store.dir.join("mysql").to_string_lossy()),
+                        &format!("--user={}", current_user()),
+                        "--auth-root-authentication-method=normal",
+                        "--skip-test-db",
+                    ]),
+                    "mariadb-install-db",
+                )
+                .await?;
+                let port = free_port()?;
+                let child = spawn_mariadb(&store.dir, port)?;
+                store.server = Some(Server::Mysql { child, port });
+                store.upstream = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+                wait_port(port, "mariadb").await?;
+                // The server accepts connections a moment after it listens.
+                let mut tries = 0;
+                while let Err(e) = run(
+                    Command::new("mariadb").args([
+                        "-h127.0.0.1",
+                        &format!("-P{port}"),
+                        "-uroot",
+                        "-e",
+                        "CREATE DATABASE IF NOT EXISTS test",
+                    ]),
+                    "mariadb CREATE DATABASE",
+                )
+                .await
+                {
+                    tries += 1;
+                    if tries >= 50 {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
             }
             StoreKind::Dynamodb => {
-                store.upstream = Some(host_port(&env("SHARDLEASE_TEST_DYNAMODB_ENDPOINT")?)?);
+                let port = free_port()?;
+                let child = spawn_moto(&store.dir, port)?;
+                store.server = Some(Server::Moto { child, port });
+                store.upstream = Some(SocketAddr::from(([127, 0, 0, 1], port)));
+                wait_port(port, "moto").await?;
             }
             StoreKind::Postgres => {
                 let data = store.dir.join("pg");
@@ -219,12 +253,7 @@ impl Store {
                 format!("sqlite://{}?mode=rwc", self.dir.join("leases.db").to_string_lossy())
             }
             StoreKind::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
-            StoreKind::Mysql => {
-                let base = env("SHARDLEASE_TEST_MYSQL_URL")?;
-                let real = host_port(&base)?;
-                base.replacen(&real.to_string(), &format!("127.0.0.1:{port}"), 1)
-                    .replacen(&format!("localhost:{}", real.port()), &format!("127.0.0.1:{port}"), 1)
-            }
+            StoreKind::Mysql => format!("mysql://root@127.0.0.1:{port}/test"),
             StoreKind::Redis => format!("redis://127.0.0.1:{port}/"),
             StoreKind::Etcd => format!("etcd://127.0.0.1:{port}"),
             StoreKind::Dynamodb => format!(
@@ -265,6 +294,14 @@ impl Store {
                 *child = spawn_etcd(&dir, *port, *peer)?;
                 wait_port(*port, "etcd").await
             }
+            Some(Server::Mysql { child, port }) => {
+                *child = spawn_mariadb(&dir, *port)?;
+                wait_port(*port, "mariadb").await
+            }
+            Some(Server::Moto { child, port }) => {
+                *child = spawn_moto(&dir, *port)?;
+                wait_port(*port, "moto").await
+            }
         }
     }
 
@@ -286,7 +323,12 @@ impl Store {
                 )
                 .await
             }
-            Some(Server::Redis { child, .. }) | Some(Server::Etcd { child, .. }) => {
+            Some(
+                Server::Redis { child, .. }
+                | Server::Etcd { child, .. }
+                | Server::Mysql { child, .. }
+                | Server::Moto { child, .. },
+            ) => {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
                 Ok(())
@@ -297,6 +339,27 @@ impl Store {
     /// Starts the private server again after [`crash`](Self::crash).
     pub async fn restart(&mut self) -> Result<(), BoxError> {
         self.start_server().await
+    }
+
+    /// After [`crash`](Self::crash), throws away what the server kept on disk, so that
+    /// [`restart`](Self::restart) brings it back empty: a wipe (Redis's append-only files; moto
+    /// keeps nothing anyway).
+    pub fn forget(&mut self) -> Result<(), BoxError> {
+        match &self.server {
+            Some(Server::Redis { .. }) => {
+                for name in ["appendonlydir", "appendonly.aof", "dump.rdb"] {
+                    let p = self.dir.join(name);
+                    if p.is_dir() {
+                        std::fs::remove_dir_all(&p)?;
+                    } else if p.exists() {
+                        std::fs::remove_file(&p)?;
+                    }
+                }
+                Ok(())
+            }
+            Some(Server::Moto { .. }) => Ok(()),
+            _ => Err("this store cannot be wiped".into()),
+        }
     }
 
     /// Stops the private server for good.
@@ -315,7 +378,13 @@ impl Store {
             )
             .await;
         }
-        if let Some(Server::Redis { child, .. } | Server::Etcd { child, .. }) = &mut self.server {
+        if let Some(
+            Server::Redis { child, .. }
+            | Server::Etcd { child, .. }
+            | Server::Mysql { child, .. }
+            | Server::Moto { child, .. },
+        ) = &mut self.server
+        {
             let _ = child.start_kill();
             let _ = child.wait().await;
         }
@@ -358,6 +427,67 @@ fn spawn_redis(dir: &Path, port: u16) -> Result<Child, BoxError> {
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()?)
+}
+
+/// The user the private MariaDB runs as (`mariadbd` wants `--user` when started by root).
+fn current_user() -> String {
+    std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "root".into())
+}
+
+fn spawn_mariadb(dir: &Path, port: u16) -> Result<Child, BoxError> {
+    let d = dir.to_string_lossy();
+    Ok(Command::new("mariadbd")
+        .args([
+            "--no-defaults".to_owned(),
+            format!("--datadir={d}/mysql"),
+            format!("--user={}", current_user()),
+            format!("--port={port}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--socket={d}/mysql.sock"),
+            format!("--pid-file={d}/mysql.pid"),
+            format!("--log-error={d}/mysql.log"),
+            "--skip-name-resolve".to_owned(),
+            "--innodb-buffer-pool-size=32M".to_owned(),
+            "--max-connections=300".to_owned(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+/// moto's server: `SHARDLEASE_CHAOS_MOTO_SERVER`, else the one `scripts/services.sh` installs
+/// (`target/services/moto-venv/bin/moto_server`, looked for from the current directory up),
+/// else `moto_server` on the `PATH`.
+fn moto_server() -> PathBuf {
+    if let Some(p) = std::env::var_os("SHARDLEASE_CHAOS_MOTO_SERVER").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        for dir in cwd.ancestors() {
+            let p = dir.join("target/services/moto-venv/bin/moto_server");
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    PathBuf::from("moto_server")
+}
+
+fn spawn_moto(dir: &Path, port: u16) -> Result<Child, BoxError> {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("moto.log"))?;
+    let exe = moto_server();
+    Command::new(&exe)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            format!("cannot start {} (set SHARDLEASE_CHAOS_MOTO_SERVER): {e}", exe.display()).into()
+        })
 }
 
 fn spawn_etcd(dir: &Path, port: u16, peer: u16) -> Result<Child, BoxError> {
