@@ -7,9 +7,10 @@
 #   scripts/chaos.sh --store all --runs 10 --seed 100      # every store, seeds 100..109
 #   scripts/chaos.sh --replay target/chaos/chaos-postgres-7-1234.json
 #
-# Needs the services of /work/services.env or scripts/services.sh (kinesalite, plus MariaDB and
-# moto for those stores); PostgreSQL, Redis and etcd run as private servers the harness starts.
-# Extra arguments after `--` go to `shardlease-chaos run` (e.g. `-- --workers 4 --extra-faults 5`).
+# Needs the services of /work/services.env or scripts/services.sh (kinesalite, moto's install);
+# every store but SQLite runs as a private server the harness starts. Extra arguments after `--`
+# go to `shardlease-chaos run` (e.g. `-- --workers 4 --extra-faults 5`, `-- --exactly-once`
+# through the effectively-once SQL sink in $SHARDLEASE_TEST_POSTGRES_URL, `-- --wipes`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +22,7 @@ while [ $# -gt 0 ]; do
         --seed) seed=$2; shift 2 ;;
         --replay) replay=$2; shift 2 ;;
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) echo "chaos.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
