@@ -1,19 +1,22 @@
 //! The lines the processes of a fault run append to their files, and the clock they stamp them
 //! with: the consumers' record, acquisition and checkpoint events and the producer's acknowledged
 //! writes. The checker reads nothing else, so these lines are the contract between the fleet and
-//! the checker. Every process runs on one machine, so one wall clock orders them.
+//! the checker. Every process runs on one machine, so its monotonic clock orders them (not the
+//! wall clock, which the `clock` fault skews).
 
 use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-/// Microseconds since the Unix epoch (the shared clock of every process in a run).
+/// Microseconds on the machine's monotonic clock (since boot): the shared clock of every
+/// process in a run.
 pub fn now_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or_default()
+    // CLOCK_MONOTONIC is one clock for every process of the machine, and rustix reads it through
+    // the vDSO, past libfaketime: the `clock` fault skews a consumer's wall clock, never this.
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let micros = i128::from(t.tv_sec) * 1_000_000 + i128::from(t.tv_nsec) / 1_000;
+    u64::try_from(micros).unwrap_or_default()
 }
 
 /// One line of a consumer's output file.

@@ -185,8 +185,30 @@ struct Fleet {
     heartbeat_ms: u64,
     failover_ms: u64,
     sink_url: Option<String>,
+    /// libfaketime, when the schedule steps a clock: every consumer runs under it, with its wall
+    /// clock read from its slot's file in `dir/clock`.
+    faketime: Option<PathBuf>,
     slots: Vec<Slot>,
     fresh: u32,
+}
+
+/// libfaketime's library: `SHARDLEASE_CHAOS_FAKETIME`, else where Debian's `faketime` package
+/// puts it (scripts/build-deps.sh installs it).
+fn faketime_lib() -> Result<PathBuf, BoxError> {
+    if let Some(p) = std::env::var_os("SHARDLEASE_CHAOS_FAKETIME").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    for dir in
+        ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib", "/usr/local/lib"]
+    {
+        let p = Path::new(dir).join("faketime/libfaketime.so.1");
+        if p.exists() {
+            return Ok(p);
+        }
+    }
+    Err("the clock fault needs libfaketime (Debian's faketime package: scripts/build-deps.sh \
+         installs it; or set SHARDLEASE_CHAOS_FAKETIME)"
+        .into())
 }
 
 fn signal(pid: Option<u32>, sig: &str) -> Result<(), BoxError> {
@@ -216,12 +238,20 @@ impl Fleet {
             _ => None,
         };
         let i = self.slots.len();
+        if self.faketime.is_some() {
+            std::fs::write(self.clock_file(i), "+0\n")?;
+        }
         self.slots.push(Slot { proxy, worker_id: format!("w{i}"), incarnation: 0, child: None });
         self.spawn(i, store)?;
         Ok(i)
     }
 
+    fn clock_file(&self, i: usize) -> PathBuf {
+        self.dir.join("clock").join(format!("w{i}.spec"))
+    }
+
     fn spawn(&mut self, i: usize, store: &Store) -> Result<(), BoxError> {
+        let clock = self.clock_file(i);
         let slot = &mut self.slots[i];
         slot.incarnation += 1;
         let url = store.url(slot.proxy.as_ref().map(Proxy::port))?;
@@ -231,6 +261,14 @@ impl Fleet {
         cmd.arg("consumer");
         if let Some(sink) = &self.sink_url {
             cmd.args(["--sink-url", sink]);
+        }
+        if let Some(lib) = &self.faketime {
+            // The wall clock comes from the slot's file, read again every second; the monotonic
+            // clock (timers, the runtime's liveness) is left alone, as an NTP step leaves it.
+            cmd.env("LD_PRELOAD", lib)
+                .env("FAKETIME_TIMESTAMP_FILE", &clock)
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
         }
         let child = cmd
             .args(["--store", &url, "--namespace", &self.namespace])
@@ -306,6 +344,12 @@ impl Fleet {
                 store.crash().await?;
                 sleep(*down_ms).await;
                 store.restart().await?;
+            }
+            Fault::Clock { slot, offset_s, ms } => {
+                let file = self.clock_file(*slot);
+                std::fs::write(&file, format!("{offset_s:+}\n"))?;
+                sleep(*ms).await;
+                std::fs::write(&file, "+0\n")?;
             }
             Fault::StoreWipe { down_ms } => {
                 store.crash().await?;
@@ -487,6 +531,12 @@ async fn fleet_run(
         heartbeat_ms: opts.heartbeat_ms,
         failover_ms: opts.failover_ms,
         sink_url: if opts.exactly_once { env.sink_url.clone() } else { None },
+        faketime: if schedule.steps.iter().any(|s| matches!(s.fault, Fault::Clock { .. })) {
+            std::fs::create_dir_all(dir.join("clock"))?;
+            Some(faketime_lib()?)
+        } else {
+            None
+        },
         slots: Vec::new(),
         fresh: 0,
     };

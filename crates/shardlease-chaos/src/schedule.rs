@@ -60,6 +60,16 @@ pub enum Fault {
         /// How long it stays down.
         down_ms: u64,
     },
+    /// A worker's wall clock steps by `offset_s` seconds (libfaketime) for `ms`, then steps back;
+    /// its monotonic clock runs on, as under an NTP step.
+    Clock {
+        /// The worker slot.
+        slot: usize,
+        /// The step, in seconds (negative: back in time).
+        offset_s: i64,
+        /// How long the skew lasts.
+        ms: u64,
+    },
     /// The store server crashes and comes back after `down_ms` with every record lost (a Redis
     /// without persistence, a moto restart): the workers must restore the leases from memory.
     StoreWipe {
@@ -82,6 +92,7 @@ impl Fault {
             Fault::Partition { .. } => "partition",
             Fault::StoreRestart { .. } => "store_restart",
             Fault::StoreWipe { .. } => "store_wipe",
+            Fault::Clock { .. } => "clock",
         }
     }
 
@@ -111,6 +122,7 @@ impl Fault {
             }
             Fault::StoreRestart { down_ms } => format!("store_restart({down_ms}ms)"),
             Fault::StoreWipe { down_ms } => format!("store_wipe({down_ms}ms)"),
+            Fault::Clock { slot, offset_s, ms } => format!("clock(w{slot},{offset_s:+}s,{ms}ms)"),
         }
     }
 }
@@ -163,6 +175,14 @@ fn draw_one(rng: &mut StdRng, class: &str, workers: usize, failover_ms: u64) -> 
                 ms: rng.random_range(failover_ms / 2..failover_ms * 3),
             }
         }
+        "clock" => {
+            let step = rng.random_range(60..7200);
+            Fault::Clock {
+                slot,
+                offset_s: if rng.random_bool(0.5) { -step } else { step },
+                ms: rng.random_range(failover_ms..failover_ms * 3),
+            }
+        }
         "store_wipe" => Fault::StoreWipe { down_ms: rng.random_range(200..3000) },
         _ => Fault::StoreRestart { down_ms: rng.random_range(200..3000) },
     }
@@ -170,7 +190,8 @@ fn draw_one(rng: &mut StdRng, class: &str, workers: usize, failover_ms: u64) -> 
 
 /// The fault classes that apply to `store`.
 pub fn classes(store: StoreKind) -> Vec<&'static str> {
-    let mut c = vec!["kill_same_id", "kill_fresh_id", "pause", "term", "join", "split", "merge"];
+    let mut c =
+        vec!["kill_same_id", "kill_fresh_id", "pause", "term", "join", "split", "merge", "clock"];
     if store.networked() {
         c.push("partition");
     }
