@@ -47,17 +47,8 @@ if [ "${1:-}" = stop ]; then
   exit 0
 fi
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-wait_for() { # wait_for WHAT SECONDS COMMAND...
-  local what=$1 secs=$2; shift 2
-  for _ in $(seq 1 $((secs * 10))); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    sleep 0.1
-  done
-  log "$what did not become ready in ${secs}s"
-  return 1
-}
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 make_certs() {
   [ -f "$certs/client.key" ] && return 0
