@@ -33,6 +33,7 @@ mod lease;
 mod liveness;
 mod load;
 mod memory;
+mod multi_source;
 mod notify;
 mod position;
 mod processor;
@@ -54,6 +55,10 @@ pub use error::{BoxError, Error, ErrorChain, Result};
 pub use ids::{LeaseKey, Namespace, WorkerId, DEFAULT_NAMESPACE};
 pub use lease::{Epoch, LeaseToken};
 pub use memory::MemorySource;
+pub use multi_source::{
+    qualify, split_key, validate_stream_name, MultiSource, MultiSourceBuilder, StreamSet,
+    DEFAULT_REMOVAL_GRACE, MAX_STREAM_NAME_BYTES, STREAM_SEPARATOR,
+};
 pub use position::{Position, SequenceNumber};
 pub use processor::{
     processor_fn, CheckpointHandle, LeaseContext, ProcessorFactory, RecordProcessor,

@@ -183,4 +183,30 @@ pub trait ShardSource: Send + Sync + Debug {
 
     /// Opens a reader on `shard` that yields records after `from`.
     async fn open(&self, shard: &LeaseKey, from: &Position) -> Result<Box<dyn ShardReader>>;
+
+    /// Where a lease created for `shard` starts when no parent lease leads into it, if the source
+    /// sets it (a [`MultiSource`](crate::MultiSource) sets one per stream); `None` (the default)
+    /// uses the worker's `Config::initial_position`. The runtime applies the same rules to it as
+    /// to the configured one (a namespace that has run reads a new shard from its first record
+    /// instead of `LATEST`).
+    fn initial_position(&self, shard: &LeaseKey) -> Option<Position> {
+        let _ = shard;
+        None
+    }
+
+    /// Whether the lease `key` belongs to a stream this source stopped reading for good (a stream
+    /// removed from a [`MultiSource`](crate::MultiSource) whose grace period passed). Shard sync
+    /// finishes such a lease (fencing its owner) and deletes it at a later sync; the recovery of
+    /// lost leases does not bring one back. False by default.
+    fn retired(&self, key: &LeaseKey) -> bool {
+        let _ = key;
+        false
+    }
+
+    /// Whether the lease keys name their stream (`stream/shard`, see
+    /// [`MultiSource`](crate::MultiSource)): the worker's per-shard metrics then carry a `stream`
+    /// label too. False by default.
+    fn keys_name_streams(&self) -> bool {
+        false
+    }
 }

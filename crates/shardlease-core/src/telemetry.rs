@@ -28,6 +28,9 @@ pub const NAMESPACE: &str = "namespace";
 pub const WORKER: &str = "worker";
 /// Label: the shard (lease key).
 pub const SHARD: &str = "shard";
+/// Label: the stream of a lease, on the per-shard metrics of a worker whose source consumes
+/// several streams (keys `stream/shard`, see `MultiSource`).
+pub const STREAM: &str = "stream";
 /// Label: the store operation (`create_lease`, `list_leases`, ...).
 pub const OPERATION: &str = "operation";
 /// Label: the kind of a store error (`conflict`, `lease_lost`, `corrupt`, `config`,
@@ -217,6 +220,8 @@ fn bump(c: &AtomicU64, by: u64) {
 #[derive(Debug)]
 pub(crate) struct WorkerMetrics {
     labels: Vec<Label>,
+    /// Whether lease keys name their stream: per-shard metrics then carry a `stream` label.
+    by_stream: bool,
     /// The counters behind `WorkerStats` (one source with the metrics).
     pub counters: Counters,
 }
@@ -225,8 +230,15 @@ impl WorkerMetrics {
     pub(crate) fn new(namespace: &str, worker: &str) -> Self {
         WorkerMetrics {
             labels: vec![label(NAMESPACE, namespace), label(WORKER, worker)],
+            by_stream: false,
             counters: Counters::default(),
         }
+    }
+
+    /// Adds a `stream` label to the per-shard metrics (a source whose keys name their stream).
+    pub(crate) fn by_stream(mut self, yes: bool) -> Self {
+        self.by_stream = yes;
+        self
     }
 
     /// A pass that did not list the leases (nothing changed).
@@ -271,6 +283,11 @@ impl WorkerMetrics {
     fn for_shard(&self, shard: &LeaseKey) -> Vec<Label> {
         let mut labels = self.labels.clone();
         labels.push(label(SHARD, shard.as_str()));
+        if self.by_stream {
+            if let Some((stream, _)) = crate::multi_source::split_key(shard) {
+                labels.push(label(STREAM, stream));
+            }
+        }
         labels
     }
 

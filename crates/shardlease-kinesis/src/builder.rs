@@ -70,6 +70,12 @@ impl KinesisSourceBuilder {
         }
     }
 
+    /// The same configuration for another stream (a multi-stream source builds one per stream).
+    pub(crate) fn for_stream(mut self, stream: String) -> Self {
+        self.stream = stream;
+        self
+    }
+
     /// The region (overrides `AWS_REGION` and the profile).
     pub fn region(mut self, region: impl Into<String>) -> Self {
         self.region = Some(region.into());

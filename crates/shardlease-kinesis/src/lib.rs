@@ -24,6 +24,8 @@
 //! - **KPL aggregates** are unpacked ([`kpl`]); a malformed one is delivered raw with a warning;
 //!   user records whose hash key lies outside the shard's hash range are delivered too (they
 //!   exist nowhere else) and counted ([`telemetry::OUT_OF_RANGE_USER_RECORDS`]).
+//! - **Several streams** ([`MultiStreamSource`]): one fleet, one namespace, leases keyed
+//!   `stream/shardId-…`, an initial position per stream, streams added and removed while it runs.
 //! - **Configuration** follows the AWS SDK's default chain, with region, endpoint and credential
 //!   overrides ([`KinesisSourceBuilder`]); every call has an operation timeout.
 //!
@@ -49,6 +51,7 @@ mod fanout;
 mod fetcher;
 pub mod kpl;
 mod listing;
+mod multi;
 mod reader;
 mod sdk;
 mod sdk_fanout;
@@ -69,6 +72,7 @@ pub use api::StreamRef;
 pub use builder::KinesisSourceBuilder;
 pub use config::{ReadConfig, MAX_RECORDS_LIMIT};
 pub use fanout::FanOutConfig;
+pub use multi::{MultiStreamSource, MultiStreamSourceBuilder};
 pub use reader::KinesisReader;
 pub use source::KinesisSource;
 pub use telemetry::MILLIS_BEHIND_GAUGE;

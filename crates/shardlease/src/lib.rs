@@ -9,7 +9,7 @@
 //! [`LeaseContext`], [`CheckpointHandle`]; [`Checkpointer`], [`LeaseToken`] and [`Epoch`] for
 //! custom checkpointers and fencing sinks), the records ([`Record`], [`Batch`], [`Position`],
 //! [`SequenceNumber`]), the shard sources ([`ShardSource`], [`MemorySource`], Kinesis with the
-//! `kinesis` feature), the one [`Error`], and [`connect`], which turns a URL into a store, so
+//! `kinesis` feature; several streams as one with [`MultiSource`]), the one [`Error`], and [`connect`], which turns a URL into a store, so
 //! switching stores changes one string and no code.
 //!
 //! What a store author needs is in [`store`], which is also where an application that reads the
@@ -51,9 +51,9 @@
 pub use shardlease_core::{
     processor_fn, Balance, Batch, BoxError, CheckpointHandle, Checkpointer, Config, Epoch, Error,
     ErrorChain, HashRange, LeaseContext, LeaseKey, LeaseToken, LoadBalance, MemorySource,
-    Namespace, Position, ProcessorFactory, Record, RecordProcessor, ReleasedLease, Result,
-    SequenceNumber, ShardInfo, ShardReader, ShardSource, ShutdownReport, Worker, WorkerBuilder,
-    WorkerHandle, WorkerId, WorkerStats,
+    MultiSource, MultiSourceBuilder, Namespace, Position, ProcessorFactory, Record,
+    RecordProcessor, ReleasedLease, Result, SequenceNumber, ShardInfo, ShardReader, ShardSource,
+    ShutdownReport, StreamSet, Worker, WorkerBuilder, WorkerHandle, WorkerId, WorkerStats,
 };
 
 pub use shardlease_core::{balancer, store, telemetry};
@@ -72,7 +72,7 @@ pub use connect::{connect, connect_bare, connect_namespace, redact_url, DEFAULT_
 #[cfg(feature = "kinesis")]
 pub use shardlease_kinesis as kinesis;
 #[cfg(feature = "kinesis")]
-pub use shardlease_kinesis::KinesisSource;
+pub use shardlease_kinesis::{KinesisSource, MultiStreamSource};
 
 /// The README's code, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]

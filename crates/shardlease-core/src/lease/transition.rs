@@ -164,6 +164,19 @@ pub fn release(current: &Lease, now_millis: u64) -> Transition {
     Ok(moved_to(current, None, now_millis))
 }
 
+/// The runtime retires the lease of a stream its source stopped reading for good: finished
+/// (`ShardEnd`) and unowned under a new epoch, which fences the owner (its next checkpoint is
+/// refused and its task stops). Refused when the lease is already finished.
+pub fn retire(current: &Lease, now_millis: u64) -> Transition {
+    if current.is_finished() {
+        return Err(Refusal::Moved);
+    }
+    Ok(Lease {
+        checkpoint: crate::position::Position::ShardEnd,
+        ..moved_to(current, None, now_millis)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ mod heartbeat_thread;
 mod lease_task;
 mod notices;
 mod recovery;
+mod retire;
 mod shard_sync;
 mod shared;
 mod shutdown_report;

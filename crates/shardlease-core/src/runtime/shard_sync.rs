@@ -309,6 +309,10 @@ async fn sync_shards_listed(
         None => shared.store.list_leases().await?,
     };
     let remembers_any = !memory.is_empty() || state.seen_running;
+    // A stream's own start (multi-stream sources) follows the same rule as the configured one.
+    let latest_ok = start_for_missing(&Position::Latest, &listing, remembers_any)
+        == Position::Latest
+        && initial == shared.cfg.initial_position();
     let initial = &start_for_missing(initial, &listing, remembers_any);
     let mut existing: BTreeSet<String> =
         listing.items.iter().map(|v| v.lease.key.as_str().to_owned()).collect();
@@ -372,6 +376,8 @@ async fn sync_shards_listed(
             // a child restored at its start may still wait for this shard.
             continue;
         }
+        let own = super::retire::own_start(shared, &shard.id, latest_ok);
+        let initial = own.as_ref().unwrap_or(initial);
         let checkpoint = if lost {
             complete = false;
             child_start(initial)
@@ -397,6 +403,8 @@ async fn sync_shards_listed(
         shared.tell(Event::WantListing { now: true });
     }
     let (pending, collected) = collect_finished(shared, &listing.items, &children).await;
+    // Streams the source retired (multi-stream): finished now, deleted at a later full sync.
+    complete &= !super::retire::retire_listed(shared, &listing.items).await;
     let expected: BTreeSet<LeaseKey> = shards
         .iter()
         .filter(|s| stored.contains(s.id.as_str()) && !collected.contains(&s.id))

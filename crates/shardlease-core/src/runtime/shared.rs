@@ -189,7 +189,8 @@ impl Shared {
         let metrics = crate::telemetry::WorkerMetrics::new(
             cfg.namespace().as_str(),
             cfg.worker_id().as_str(),
-        );
+        )
+        .by_stream(source.keys_name_streams());
         let incarnation = Incarnation {
             id: cfg.worker_id().clone(),
             former: Arc::new(Vec::new()),

@@ -35,6 +35,12 @@ pub(super) async fn lost_leases(
     if lost.iter().all(|l| l.now.is_some()) {
         return lost;
     }
+    // A vanished lease of a stream the source retired was deleted on purpose (runtime::retire).
+    let (retired, lost): (Vec<_>, Vec<_>) =
+        lost.into_iter().partition(|l| l.now.is_none() && shared.source.retired(l.key()));
+    for l in &retired {
+        owner.memory.remove(l.key());
+    }
     match shared.source.list_shards().await {
         Ok(shards) => {
             let mut children: BTreeMap<LeaseKey, Vec<LeaseKey>> = BTreeMap::new();

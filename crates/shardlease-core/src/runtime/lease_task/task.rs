@@ -436,7 +436,9 @@ impl Task {
     /// it as "gone" and start too early. The last parent to end, or the shard sync, creates it.
     pub(super) async fn create_child(&mut self, child: &ShardInfo) -> Step<()> {
         let mut backoff = self.timing.backoff();
-        let start = crate::runtime::shard_sync::child_start(self.shared.cfg.initial_position());
+        let own = self.shared.source.initial_position(&child.id);
+        let initial = own.as_ref().unwrap_or(self.shared.cfg.initial_position());
+        let start = crate::runtime::shard_sync::child_start(initial);
         loop {
             let (store, me, shard, start) =
                 (self.shared.store.clone(), self.key().clone(), child.clone(), start.clone());
