@@ -88,7 +88,9 @@
 //! `Error::Backend`s. The password never appears in an error, a log line or `Debug` output.
 
 mod builder;
+mod cluster;
 mod codec;
+mod conn;
 mod errors;
 mod keys;
 mod notify;
@@ -99,6 +101,7 @@ pub use builder::{
     RedisStoreBuilder, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PAGE_SIZE,
     DEFAULT_RESPONSE_TIMEOUT,
 };
+pub use conn::RedisConnection;
 /// `url` with every secret masked, for logs and messages (core's, the one every store uses).
 pub use shardlease_core::store::url::redact_url;
 /// The namespace used when the URL or builder names none (defined once, in core).
