@@ -12,7 +12,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shardlease_core::{CreateOutcome, Lease, LeaseStore, Position, VersionedLease};
+use shardlease_core::store::{CreateOutcome, Lease, LeaseStore, VersionedLease};
+use shardlease_core::Position;
 use shardlease_redis::RedisStore;
 use shardlease_testkit::suite::skip;
 
