@@ -89,7 +89,8 @@ impl fmt::Debug for RedisStoreBuilder {
 
 impl RedisStoreBuilder {
     /// The server: `redis://[[user]:password@]host[:port][/db]`, or `rediss://` with the `tls`
-    /// feature. Besides the driver's own parameters the URL may carry `namespace` and
+    /// feature; or a Redis Cluster by its seed nodes,
+    /// `redis+cluster://[[user]:password@]host:port[,host:port…]` (`rediss+cluster://`). Besides the driver's own parameters the URL may carry `namespace` and
     /// `key_prefix`; options set on the builder win over them.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = Some(url.into());
