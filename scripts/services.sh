@@ -59,6 +59,45 @@ start_redis() {
   echo "redis $(cat "$run_dir/redis.pid" 2>/dev/null)" >>"$pids"
 }
 
+# Redis Cluster: three masters and one replica each on loopback (ports 7000-7005 unless
+# SHARDLEASE_REDIS_CLUSTER_PORT moves the first; each also uses its port + 10000 for the cluster
+# bus), no persistence, node files and logs under the run dir. Reused when its first node already
+# answers with a healthy cluster; a port taken by something else is an error.
+redis_cluster_port=${SHARDLEASE_REDIS_CLUSTER_PORT:-7000}
+redis_cluster_ok() { redis-cli -h 127.0.0.1 -p "$1" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; }
+
+start_redis_cluster() {
+  need_pkg redis-server redis-server
+  local first=$redis_cluster_port ports=() p
+  for p in $(seq "$first" $((first + 5))); do ports+=("$p"); done
+  if redis_cluster_ok "$first"; then return 0; fi
+  for p in "${ports[@]}"; do
+    if port_open "$p" || port_open $((p + 10000)); then
+      log "port $p or $((p + 10000)) is taken by something that is not our Redis Cluster"
+      return 1
+    fi
+  done
+  local dir="$run_dir/redis-cluster"
+  rm -rf "$dir" && mkdir -p "$dir"
+  for p in "${ports[@]}"; do
+    mkdir -p "$dir/$p"
+    redis-server --daemonize yes --bind 127.0.0.1 --port "$p" --save "" --appendonly no \
+      --cluster-enabled yes --cluster-config-file "$dir/$p/nodes.conf" --cluster-node-timeout 2000 \
+      --dir "$dir/$p" --pidfile "$dir/$p/redis.pid" --logfile "$dir/$p/redis.log" >&2
+    wait_for "Redis Cluster node $p" 10 sh -c "redis-cli -h 127.0.0.1 -p $p ping | grep -q PONG"
+    echo "redis-cluster-$p $(cat "$dir/$p/redis.pid" 2>/dev/null)" >>"$pids"
+  done
+  local nodes=()
+  for p in "${ports[@]}"; do nodes+=("127.0.0.1:$p"); done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >&2
+  for p in "${ports[@]}"; do wait_for "Redis Cluster on $p" 30 redis_cluster_ok "$p"; done
+}
+
+redis_cluster_url() {
+  local first=$redis_cluster_port
+  echo "redis+cluster://127.0.0.1:$first,127.0.0.1:$((first + 1)),127.0.0.1:$((first + 2))"
+}
+
 # DynamoDB: moto's server from PyPI, in a virtualenv under the build folder (no AWS is reachable).
 dynamodb_port=${SHARDLEASE_DYNAMODB_PORT:-8000}
 dynamodb_up() { curl -s -o /dev/null "http://127.0.0.1:$dynamodb_port/moto-api/"; }
@@ -129,12 +168,14 @@ start_etcd() {
   wait_for etcd 30 etcd_up "$etcd_port"
 }
 
-wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis etcd dynamodb kinesis}
+wanted=${SHARDLEASE_SERVICES:-postgres mariadb redis redis-cluster etcd dynamodb kinesis}
 for s in $wanted; do
   case $s in
     postgres) start_postgres && echo "export SHARDLEASE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test" ;;
     mariadb|mysql) start_mariadb && echo "export SHARDLEASE_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test" ;;
     redis) start_redis && echo "export SHARDLEASE_TEST_REDIS_URL=redis://127.0.0.1:6379/" ;;
+    redis-cluster) start_redis_cluster &&
+      echo "export SHARDLEASE_TEST_REDIS_CLUSTER_URL=$(redis_cluster_url)" ;;
     etcd) start_etcd && echo "export SHARDLEASE_TEST_ETCD_URL=etcd://127.0.0.1:$etcd_port" ;;
     dynamodb) start_dynamodb &&
       echo "export SHARDLEASE_TEST_DYNAMODB_ENDPOINT=http://127.0.0.1:$dynamodb_port" &&

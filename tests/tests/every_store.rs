@@ -76,6 +76,15 @@ fn redis() {
     run("redis", &with_query(&base, &namespace("redis")), Timing::scaled(1));
 }
 
+/// The same fleet on a Redis Cluster (`redis+cluster://…`, scripts/services.sh starts one).
+#[test]
+fn redis_cluster() {
+    let Some(base) = env_or_skip("SHARDLEASE_TEST_REDIS_CLUSTER_URL") else { return };
+    let url =
+        with_query(&base, &format!("key_prefix=shardlease-test&{}", namespace("redis-cluster")));
+    run("redis-cluster", &url, Timing::scaled(1));
+}
+
 #[test]
 fn etcd() {
     let Some(base) = env_or_skip("SHARDLEASE_TEST_ETCD_URL") else { return };

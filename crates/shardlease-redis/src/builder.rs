@@ -10,13 +10,18 @@ use std::fmt;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use shardlease_core::store::url::{self as store_url, redact_url, QueryOptions, NAMESPACE_OPTION};
+use shardlease_core::store::url::{
+    self as store_url, redact_url, HostListUrl, QueryOptions, NAMESPACE_OPTION,
+};
 use shardlease_core::store::Redactor;
 use shardlease_core::{Error, Namespace, Result, DEFAULT_NAMESPACE};
 use tracing::debug;
 use url::Url;
 
+use crate::cluster::{self, Seeds};
+use crate::conn::RedisConnection;
 use crate::errors::backend;
+use crate::notify::Subscriber;
 use crate::store::RedisStore;
 
 /// The key prefix used unless another is configured.
@@ -84,9 +89,11 @@ impl fmt::Debug for RedisStoreBuilder {
 
 impl RedisStoreBuilder {
     /// The server: `redis://[[user]:password@]host[:port][/db]`, or `rediss://` with the `tls`
-    /// feature. Besides the driver's own parameters the URL may carry `namespace` and
-    /// `key_prefix`; options set on the builder win over them. A `rediss://` URL may name PEM
-    /// files: `ca_file` (the CA to trust instead of the system's roots; the builder's
+    /// feature; or a Redis Cluster by its seed nodes,
+    /// `redis+cluster://[[user]:password@]host:port[,host:port…]` (`rediss+cluster://`). Besides
+    /// the driver's own parameters the URL may carry `namespace` and `key_prefix`; options set on
+    /// the builder win over them. A `rediss://` (or `rediss+cluster://`) URL may name PEM files:
+    /// `ca_file` (the CA to trust instead of the system's roots; the builder's
     /// [`tls_root_certificates_pem`](Self::tls_root_certificates_pem) wins over it), and
     /// `cert_file` with `key_file` (a client certificate).
     pub fn url(mut self, url: impl Into<String>) -> Self {
@@ -162,19 +169,22 @@ impl RedisStoreBuilder {
     /// password.
     pub async fn connect(self) -> Result<RedisStore> {
         let plan = self.plan()?;
-        let (conn, target, redactor, client) = match plan.connection {
-            Connection::Given(manager) => {
-                (manager, GIVEN_MANAGER.to_owned(), Redactor::default(), None)
-            }
+        let (conn, target, redactor, subscriber) = match plan.connection {
+            Connection::Given(manager) => (
+                RedisConnection::Single(manager),
+                GIVEN_MANAGER.to_owned(),
+                Redactor::default(),
+                None,
+            ),
             Connection::Open(open) => {
-                let redactor = store_url::redactor(open.url.as_str());
-                let target = redact_url(open.url.as_str());
-                let (conn, client) = open.connect(&target, &redactor).await?;
+                let redactor = store_url::redactor(&open.shown);
+                let target = redact_url(&open.shown);
+                let (conn, subscriber) = open.connect(&target, &redactor).await?;
                 debug!(target = %target, namespace = %plan.namespace, "connected to Redis");
-                (conn, target, redactor, Some(client))
+                (conn, target, redactor, Some(subscriber))
             }
         };
-        let pubsub = if plan.notify { client } else { None };
+        let subscriber = if plan.notify { subscriber } else { None };
         Ok(RedisStore::assemble(
             conn,
             plan.namespace,
@@ -182,7 +192,7 @@ impl RedisStoreBuilder {
             target,
             plan.page_size,
             redactor,
-            pubsub,
+            subscriber,
         ))
     }
 
@@ -225,6 +235,8 @@ impl RedisStoreBuilder {
         let connection = match source {
             Source::Url(parsed) => Connection::Open(Open {
                 url: parsed.url,
+                cluster_hosts: parsed.cluster_hosts,
+                shown: parsed.shown,
                 response_timeout: positive(
                     "response_timeout",
                     self.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT),
@@ -294,8 +306,14 @@ enum Connection {
 /// A connection to open, from a URL.
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
 struct Open {
-    /// The URL without this crate's parameters: what the driver gets.
+    /// The URL without this crate's parameters: what the driver gets (for a cluster, the first
+    /// seed's URL, whose credentials, path and query every seed shares).
     url: Url,
+    /// A cluster's seed hosts; `None` for a single server.
+    cluster_hosts: Option<Vec<String>>,
+    /// The URL as given without this crate's parameters (a cluster's whole host list), for
+    /// messages once redacted.
+    shown: String,
     response_timeout: Duration,
     connection_timeout: Duration,
     tls_root_pem: Option<Vec<u8>>,
@@ -323,17 +341,34 @@ impl Open {
             .then_some(redis::TlsCertificates { client_tls, root_cert }))
     }
 
-    /// Opens the connection manager; the client is kept for subscriptions.
+    /// Opens the connection (a connection manager, or a cluster connection); what opens
+    /// subscriptions is kept.
     async fn connect(
         self,
         target: &str,
         redactor: &Redactor,
-    ) -> Result<(ConnectionManager, redis::Client)> {
-        if self.url.scheme() == "rediss" {
+    ) -> Result<(RedisConnection, Subscriber)> {
+        if matches!(self.url.scheme(), "rediss") {
             prepare_tls()?;
         }
         #[cfg(feature = "tls")]
-        let client = match self.certificates()? {
+        let certificates = self.certificates()?;
+        #[cfg(not(feature = "tls"))]
+        let certificates: Option<crate::cluster::Certificates> = None;
+        if let Some(hosts) = &self.cluster_hosts {
+            let seeds = Seeds::new(
+                &self.url,
+                hosts,
+                self.response_timeout,
+                self.connection_timeout,
+                certificates,
+            )?;
+            let conn = seeds.connect(target, redactor).await?;
+            let subscriber = Subscriber::Cluster { seeds, target: target.to_owned() };
+            return Ok((RedisConnection::Cluster(conn), subscriber));
+        }
+        #[cfg(feature = "tls")]
+        let client = match certificates {
             Some(certificates) => redis::Client::build_with_tls(self.url.as_str(), certificates),
             None => redis::Client::open(self.url.as_str()),
         };
@@ -353,7 +388,7 @@ impl Open {
         let manager = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|e| backend(redactor, &format!("connecting to {target}"), e))?;
-        Ok((manager, client))
+        Ok((RedisConnection::Single(manager), Subscriber::Single(client)))
     }
 }
 
@@ -367,7 +402,12 @@ fn positive(name: &str, d: Duration) -> Result<Duration> {
 
 /// A URL taken apart: what the driver gets, and the options this crate reads from it.
 struct ParsedUrl {
+    /// The driver's URL (a cluster's first seed).
     url: Url,
+    /// A cluster's seed hosts.
+    cluster_hosts: Option<Vec<String>>,
+    /// The URL as given, without this crate's options.
+    shown: String,
     namespace: Option<String>,
     key_prefix: Option<String>,
     notify: Option<bool>,
@@ -398,14 +438,26 @@ fn read_pem(option: &str, path: &str) -> Result<Vec<u8>> {
 }
 
 fn parse_url(raw: &str) -> Result<ParsedUrl> {
-    let mut url = Url::parse(raw).map_err(|e| {
-        Error::Config(format!(
-            "malformed Redis URL ({e}); expected redis://[:password@]host[:port][/db] or rediss://…"
-        ))
-    })?;
+    let scheme = raw.split_once("://").map(|(s, _)| s);
+    let (mut url, cluster_hosts) = match scheme {
+        Some(s) if cluster::is_cluster_scheme(s) => {
+            let split = cluster::split(raw)?;
+            (split.first, Some(split.hosts))
+        }
+        _ => {
+            let url = Url::parse(raw).map_err(|e| {
+                Error::Config(format!(
+                    "malformed Redis URL ({e}); expected redis://[:password@]host[:port][/db], \
+                     rediss://… or redis+cluster://[:password@]host:port[,host:port…]"
+                ))
+            })?;
+            (url, None)
+        }
+    };
     if !matches!(url.scheme(), "redis" | "rediss") {
         return Err(Error::Config(format!(
-            "a Redis URL starts with redis:// or rediss://, not {}://",
+            "a Redis URL starts with redis://, rediss://, redis+cluster:// or rediss+cluster://, \
+             not {}://",
             url.scheme()
         )));
     }
@@ -434,7 +486,14 @@ fn parse_url(raw: &str) -> Result<ParsedUrl> {
     } else {
         url.query_pairs_mut().clear().extend_pairs(rest);
     }
-    Ok(ParsedUrl { url, namespace, key_prefix, notify, tls_files })
+    let shown = match (&cluster_hosts, HostListUrl::split(url.as_str())) {
+        (Some(hosts), Some(parts)) => {
+            let scheme = format!("{}+cluster", parts.scheme);
+            HostListUrl { scheme: &scheme, ..parts }.with_host_list(&hosts.join(","))
+        }
+        _ => url.as_str().to_owned(),
+    };
+    Ok(ParsedUrl { url, cluster_hosts, shown, namespace, key_prefix, notify, tls_files })
 }
 
 /// Checks a key prefix (the namespace is checked by [`Namespace::new`]; Redis keys take any

@@ -1,9 +1,25 @@
 //! # shardlease-redis
 //!
-//! A [`LeaseStore`](shardlease_core::store::LeaseStore) on Redis (standalone; the key layout is ready
-//! for Redis Cluster). Open one with [`RedisStore::builder`] (a URL or a connection manager of
-//! your own, plus options) or, through the `shardlease` facade with its `redis` feature, by URL:
-//! `redis://[[user]:password@]host[:port][/db][?namespace=NAME&key_prefix=PREFIX]`.
+//! A [`LeaseStore`](shardlease_core::store::LeaseStore) on Redis, standalone or Redis Cluster.
+//! Open one with [`RedisStore::builder`] (a URL or a connection manager of your own, plus
+//! options) or, through the `shardlease` facade with its `redis` feature, by URL:
+//! `redis://[[user]:password@]host[:port][/db][?namespace=NAME&key_prefix=PREFIX&notify=BOOL]`.
+//!
+//! ## Redis Cluster
+//!
+//! `redis+cluster://[[user]:password@]host:port[,host:port…][?options]` (`rediss+cluster://`
+//! with the `tls` feature) names a cluster by seed nodes; the options, the redaction of the
+//! password and the errors are those of `redis://`. The store uses the `redis` crate's async
+//! cluster client, which reads the slot map from the seeds and follows `MOVED`/`ASK` itself.
+//! Every key of a namespace shares one hash tag, so one slot, and the scripts run unchanged on
+//! its master. While a master fails over, calls fail with retryable errors (a timeout,
+//! `CLUSTERDOWN`) until a replica took over. Replication is asynchronous: writes acknowledged by
+//! a master just before it died may be missing on the replica that replaces it, which the
+//! workers handle as a store that lost writes (see "Durability"; versions are random, so none is
+//! handed out twice). Change notification works too: the scripts' `PUBLISH` reaches every node,
+//! and a subscription is a RESP3 cluster connection of its own that ends when one of its
+//! connections drops. [`RedisStore::manager`] is `None` on a cluster; use
+//! [`RedisStore::connection`].
 //!
 //! `rediss://` (TLS) needs this crate's `tls` feature (`redis-tls` on the facade): rustls with the
 //! aws-lc-rs provider, the crypto stack the AWS SDK crates of this workspace already use, so a
@@ -90,7 +106,9 @@
 //! `Error::Backend`s. The password never appears in an error, a log line or `Debug` output.
 
 mod builder;
+mod cluster;
 mod codec;
+mod conn;
 mod errors;
 mod keys;
 mod notify;
@@ -101,6 +119,7 @@ pub use builder::{
     RedisStoreBuilder, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PAGE_SIZE,
     DEFAULT_RESPONSE_TIMEOUT,
 };
+pub use conn::RedisConnection;
 /// `url` with every secret masked, for logs and messages (core's, the one every store uses).
 pub use shardlease_core::store::url::redact_url;
 /// The namespace used when the URL or builder names none (defined once, in core).

@@ -18,12 +18,17 @@
 //! **Payloads.** `L<lease key>`, `J<worker id>` or `X<worker id>`. The channel is the
 //! namespace's own (`{prefix:namespace}:changes`), so no payload names the namespace. A payload
 //! that does not parse becomes `StoreChange::Unknown` (a listing of both kinds).
+//!
+//! **On Redis Cluster** a `PUBLISH` reaches every node, and a subscription is a RESP3 cluster
+//! connection of its own (see `crate::cluster`); it ends, like a single server's, when one of
+//! its connections drops.
 
 use futures::StreamExt;
 use shardlease_core::store::{ChangeStream, Redactor, StoreChange};
 use shardlease_core::{LeaseKey, Result, WorkerId};
 use tracing::debug;
 
+use crate::cluster::Seeds;
 use crate::errors::backend;
 
 /// The change a payload announces.
@@ -40,10 +45,35 @@ pub(crate) fn parse(payload: &[u8]) -> StoreChange {
     }
 }
 
-/// Opens a pub/sub connection, subscribes to `channel` and returns the notices as a stream that
-/// ends when the connection does. Redis confirms the subscription before `subscribe` returns,
-/// so every message published afterwards is delivered (while the connection lasts).
+/// What opens a store's subscriptions: the single server's client, or a cluster's seeds.
+pub(crate) enum Subscriber {
+    /// A single server: one pub/sub connection per subscription.
+    Single(redis::Client),
+    /// A Redis Cluster: one RESP3 cluster connection per subscription (see `crate::cluster`).
+    Cluster {
+        /// The seeds and settings of the store's own connection.
+        seeds: Seeds,
+        /// The cluster's URL, redacted, for messages.
+        target: String,
+    },
+}
+
+/// Subscribes to `channel` and returns the notices as a stream that ends when the connection
+/// does. Redis confirms the subscription before this returns, so every message published
+/// afterwards is delivered (while the connection lasts).
 pub(crate) async fn subscribe(
+    subscriber: &Subscriber,
+    channel: &str,
+    redactor: &Redactor,
+) -> Result<ChangeStream> {
+    match subscriber {
+        Subscriber::Single(client) => subscribe_single(client, channel, redactor).await,
+        Subscriber::Cluster { seeds, target } => seeds.subscribe(channel, target, redactor).await,
+    }
+}
+
+/// A subscription on a single server's pub/sub connection.
+async fn subscribe_single(
     client: &redis::Client,
     channel: &str,
     redactor: &Redactor,

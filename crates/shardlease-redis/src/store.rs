@@ -20,17 +20,20 @@ use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
 use crate::builder::RedisStoreBuilder;
 use crate::codec::{self, Fields};
+use crate::conn::RedisConnection;
 use crate::errors::{backend, unexpected};
 use crate::keys::Keys;
+use crate::notify::Subscriber;
 use crate::scripts::Scripts;
 use shardlease_core::store::Redactor;
 
 /// A [`LeaseStore`] on Redis, for one namespace.
 ///
-/// Cheap to clone: clones share one connection manager. Open one with [`RedisStore::builder`].
+/// Cheap to clone: clones share one connection (a connection manager, or a cluster
+/// connection). Open one with [`RedisStore::builder`].
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     inner: Arc<Inner>,
 }
 
@@ -43,9 +46,9 @@ struct Inner {
     page_size: usize,
     redactor: Redactor,
     scripts: Scripts,
-    /// Notification on: the client that opens subscriptions (a connection each), and the
-    /// namespace's change channel the scripts publish to (see `crate::notify`).
-    notify: Option<(redis::Client, String)>,
+    /// Notification on: what opens subscriptions (a connection each), and the namespace's
+    /// change channel the scripts publish to (see `crate::notify`).
+    notify: Option<(Subscriber, String)>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -83,16 +86,16 @@ impl RedisStore {
 
     /// The store over `conn`, every setting checked by the builder.
     pub(crate) fn assemble(
-        conn: ConnectionManager,
+        conn: RedisConnection,
         namespace: Namespace,
         key_prefix: String,
         target: String,
         page_size: usize,
         redactor: Redactor,
-        pubsub: Option<redis::Client>,
+        subscriber: Option<Subscriber>,
     ) -> RedisStore {
         let keys = Keys::new(&key_prefix, namespace.as_str());
-        let notify = pubsub.map(|client| (client, keys.changes()));
+        let notify = subscriber.map(|s| (s, keys.changes()));
         RedisStore {
             conn,
             inner: Arc::new(Inner {
@@ -133,13 +136,29 @@ impl RedisStore {
         self.inner.keys.worker(id.as_str())
     }
 
-    /// A clone of the connection manager (to run other commands on the same connection).
-    pub fn manager(&self) -> ConnectionManager {
+    /// A clone of the connection manager (to run other commands on the same connection), or
+    /// `None` for a store on a Redis Cluster (see [`connection`](Self::connection)).
+    pub fn manager(&self) -> Option<ConnectionManager> {
+        match &self.conn {
+            RedisConnection::Single(manager) => Some(manager.clone()),
+            RedisConnection::Cluster(_) => None,
+        }
+    }
+
+    /// A clone of the store's connection, to a single server or to a cluster (to run other
+    /// commands on the same connection; a command is routed by its first key on a cluster).
+    pub fn connection(&self) -> RedisConnection {
         self.conn.clone()
     }
 
+    /// Whether the store speaks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.conn.is_cluster()
+    }
+
     /// Deletes every key of this namespace (leases, worker records, indexes, version counter),
-    /// found with `SCAN` and removed with `UNLINK` in batches. Returns how many keys went.
+    /// found with `SCAN` (on a cluster, on the master of the namespace's slot, which holds them
+    /// all) and removed with `UNLINK` in batches. Returns how many keys went.
     /// For tests and for operators retiring an application; running workers would recreate
     /// their records.
     pub async fn delete_namespace(&self) -> Result<u64> {
@@ -148,13 +167,10 @@ impl RedisStore {
         let mut cursor: u64 = 0;
         let mut removed = 0;
         loop {
-            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000);
+            let (next, keys): (u64, Vec<Vec<u8>>) = conn
+                .query_in_slot_of(&scan, self.inner.keys.base())
                 .await
                 .map_err(|e| self.err("scanning the namespace's keys", e))?;
             if !keys.is_empty() {

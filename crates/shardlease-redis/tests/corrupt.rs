@@ -2,7 +2,8 @@
 //! the wrong type) are reported as `Error::Corrupt` / `Listing::corrupt` for that record only:
 //! nothing panics, and every other lease and worker keeps working, for the store and for a
 //! running worker. The cases live in `shardlease_testkit::extensions::corrupt`; this file says
-//! how to damage a Redis record. Runs on the server named by `SHARDLEASE_TEST_REDIS_URL`.
+//! how to damage a Redis record. Runs on the server named by `SHARDLEASE_TEST_REDIS_URL`, and on the cluster named by
+//! `SHARDLEASE_TEST_REDIS_CLUSTER_URL`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,9 +11,9 @@ mod common;
 
 use async_trait::async_trait;
 use common::RedisFactory;
-use redis::aio::ConnectionManager;
 use shardlease_core::store::{CreateOutcome, Lease, LeaseStore};
 use shardlease_core::{Error, LeaseKey, Position, Result, WorkerId};
+use shardlease_redis::RedisConnection;
 use shardlease_testkit::extensions::{CorruptRecords, Corruption};
 use shardlease_testkit::suite::with_scope;
 
@@ -21,7 +22,12 @@ async fn corrupting() -> Option<RedisFactory> {
     common::factory().await.map(|f| f.with_page_size(2))
 }
 
-async fn raw(conn: &mut ConnectionManager, args: &[&[u8]]) -> Result<()> {
+/// The same on the shared test cluster (`SHARDLEASE_TEST_REDIS_CLUSTER_URL`).
+async fn corrupting_cluster() -> Option<RedisFactory> {
+    common::cluster_factory().await.map(|f| f.with_page_size(2))
+}
+
+async fn raw(conn: &mut RedisConnection, args: &[&[u8]]) -> Result<()> {
     let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap());
     for a in &args[1..] {
         cmd.arg(*a);
@@ -53,7 +59,7 @@ impl CorruptRecords for RedisFactory {
 
     async fn corrupt_lease(&self, ns: &str, key: &LeaseKey, damage: &Corruption) -> Result<()> {
         let store = self.open(ns).await?;
-        let mut conn = store.manager();
+        let mut conn = store.connection();
         let k = store.lease_redis_key(key);
         let k = k.as_bytes();
         match damage.name {
@@ -71,7 +77,7 @@ impl CorruptRecords for RedisFactory {
 
     async fn corrupt_worker(&self, ns: &str, id: &WorkerId, damage: &Corruption) -> Result<()> {
         let store = self.open(ns).await?;
-        let mut conn = store.manager();
+        let mut conn = store.connection();
         let k = store.worker_redis_key(id);
         let k = k.as_bytes();
         match damage.name {
@@ -89,6 +95,12 @@ impl CorruptRecords for RedisFactory {
 
 shardlease_testkit::corrupt_record_tests!(corrupting());
 
+/// The same cases on Redis Cluster.
+mod cluster {
+    use super::corrupting_cluster;
+    shardlease_testkit::corrupt_record_tests!(corrupting_cluster());
+}
+
 /// What only Redis has: an index entry whose hash vanished (a delete racing a listing looks like
 /// this) is no lease at all, and a create never turns a key of another type into a hash.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +110,7 @@ async fn index_entries_without_a_hash_and_keys_of_another_type() {
     with_scope(f, "redis_index_damage", |scope| async move {
         let (ns, _) = scope.fresh_store().await;
         let store = f.open(&ns).await.unwrap();
-        let mut conn = store.manager();
+        let mut conn = store.connection();
         let index = format!("{}:leases", store.key_tag());
         raw(&mut conn, &[b"ZADD", index.as_bytes(), b"0", b"ghost"]).await.unwrap();
         let wrong = store.lease_redis_key(&"wrongtype".into());

@@ -24,6 +24,8 @@ const KNOWN: &[(&str, &str)] = &[
     ("mariadb", "mysql"),
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+cluster", "redis"),
+    ("rediss+cluster", "redis"),
     ("etcd", "etcd"),
     ("etcds", "etcd"),
     ("dynamodb", "dynamodb"),
@@ -69,11 +71,12 @@ fn parse(url: &str) -> Result<Url> {
     })
 }
 
-/// An `etcd://` URL may list several hosts (`h1:2379,h2:2379`), which `Url` cannot parse: for the
-/// scheme and the query, keep only the first; the etcd store parses the whole URL itself.
+/// An `etcd://` or `redis+cluster://` URL may list several hosts (`h1:2379,h2:2379`), which
+/// `Url` cannot parse: for the scheme and the query, keep only the first; the store parses the
+/// whole URL itself.
 fn first_etcd_host(url: &str) -> Option<String> {
     let parts = HostListUrl::split(url)?;
-    if parts.scheme != "etcd" && parts.scheme != "etcds" {
+    if !matches!(parts.scheme, "etcd" | "etcds" | "redis+cluster" | "rediss+cluster") {
         return None;
     }
     Some(parts.with_host_list(parts.hosts().next().unwrap_or_default()))
@@ -88,6 +91,11 @@ async fn open(_raw: &str, url: &Url, namespace: &str) -> Result<Arc<dyn LeaseSto
         #[cfg(feature = "redis")]
         "redis" | "rediss" => {
             let builder = shardlease_redis::RedisStore::builder().url(url.as_str());
+            Ok(Arc::new(builder.namespace(namespace).connect().await?))
+        }
+        #[cfg(feature = "redis")]
+        "redis+cluster" | "rediss+cluster" => {
+            let builder = shardlease_redis::RedisStore::builder().url(_raw);
             Ok(Arc::new(builder.namespace(namespace).connect().await?))
         }
         #[cfg(feature = "etcd")]
@@ -159,6 +167,11 @@ mod tests {
             assert!(m.contains("`redis` feature"), "{m}");
             assert!(!m.contains("hunter2"), "{m}");
         }
+        if !cfg!(feature = "redis") {
+            let m = config_error(connect("redis+cluster://:hunter2@h1:7000,h2:7001").await);
+            assert!(m.contains("`redis` feature"), "{m}");
+            assert!(!m.contains("hunter2"), "{m}");
+        }
         if !cfg!(feature = "postgres") {
             let m = config_error(connect("postgresql://u:pw@localhost/db").await);
             assert!(m.contains("`postgres` feature"), "{m}");
@@ -218,6 +231,26 @@ mod tests {
         store.delete_lease(&"k".into(), v).await.unwrap();
     }
 
+    /// With the `redis` feature, `redis+cluster://` URLs open the Redis store on the cluster
+    /// named by `SHARDLEASE_TEST_REDIS_CLUSTER_URL`, in the URL's namespace.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn redis_cluster_urls_open_the_redis_store() {
+        let var = "SHARDLEASE_TEST_REDIS_CLUSTER_URL";
+        let Some(base) = std::env::var(var).ok().filter(|u| !u.is_empty()) else {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{var} unset");
+            println!("redis_cluster_urls_open_the_redis_store: SKIPPED ({var} unset)");
+            return;
+        };
+        let url = format!("{base}?namespace=facade-cluster&key_prefix=shardlease-test");
+        let store = connect(&url).await.unwrap();
+        assert_eq!(store.namespace().map(|n| n.as_str().to_owned()), Some("facade-cluster".into()));
+        let lease = shardlease_core::store::Lease::new("k", shardlease_core::Position::Latest);
+        let _ = store.create_lease(&lease).await.unwrap();
+        let v = store.get_lease(&"k".into()).await.unwrap().unwrap().version;
+        store.delete_lease(&"k".into(), v).await.unwrap();
+    }
+
     /// With the `sqlite` feature, a SQL URL reaches the SQL store's builder with its
     /// parameters, the namespace argument winning over the URL's.
     #[cfg(feature = "sqlite")]
@@ -253,6 +286,10 @@ mod tests {
         assert_eq!(redact_url("::nope pw"), "<unparseable URL>");
         assert_eq!(redact_url("etcd://u:pw@h:2379?watch=false"), "etcd://u:***@h:2379?watch=false");
         assert_eq!(redact_url("etcd://u:pw@h1:2379,h2:2379"), "etcd://u:***@h1:2379,h2:2379");
+        assert_eq!(
+            redact_url("redis+cluster://:pw@h1:7000,h2:7001?namespace=a"),
+            "redis+cluster://:***@h1:7000,h2:7001?namespace=a"
+        );
         assert_eq!(redact_url("mysql://u@h/db?password=pw"), "mysql://u@h/db?password=***");
     }
 }

@@ -13,14 +13,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use redis::cluster_routing::{AggregateOp, MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use shardlease_core::store::{Lease, LeaseStore, Version};
 use shardlease_core::{Error, Result};
-use shardlease_redis::RedisStore;
+use shardlease_redis::{RedisConnection, RedisStore};
 use shardlease_testkit::suite::{env_or_skip, skip};
 use shardlease_testkit::StoreFactory;
 
 /// The variable naming the shared test server.
 pub const URL_VAR: &str = "SHARDLEASE_TEST_REDIS_URL";
+
+/// The variable naming the shared test cluster (`redis+cluster://…`).
+pub const CLUSTER_URL_VAR: &str = "SHARDLEASE_TEST_REDIS_CLUSTER_URL";
 
 /// The key prefix the tests use, so their keys are easy to find and never clash with a real
 /// application's.
@@ -70,26 +74,36 @@ impl StoreFactory for RedisFactory {
     }
 
     fn name(&self) -> String {
-        "redis".to_owned()
+        if self.url.contains("+cluster://") { "redis-cluster" } else { "redis" }.to_owned()
     }
 
-    /// `CLIENT KILL TYPE pubsub`: every subscriber connection of the server goes (the
-    /// notification cases run one at a time; a worker's subscription is made again).
+    /// `CLIENT KILL TYPE pubsub`: every subscriber connection of the server (of every node of a
+    /// cluster) goes (the notification cases run one at a time; a worker's subscription is
+    /// made again).
     async fn drop_subscriptions(
         &self,
         _store: &Arc<dyn LeaseStore>,
         namespace: &str,
     ) -> Result<bool> {
-        let mut conn = self.open(namespace).await?.manager();
-        let killed: i64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("pubsub")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| {
-                Error::permanent(format!("drop_subscriptions: CLIENT KILL failed: {e}"))
-            })?;
+        let mut kill = redis::cmd("CLIENT");
+        kill.arg("KILL").arg("TYPE").arg("pubsub");
+        let failed = |e: redis::RedisError| {
+            Error::permanent(format!("drop_subscriptions: CLIENT KILL failed: {e}"))
+        };
+        let killed: i64 = match self.open(namespace).await?.connection() {
+            RedisConnection::Single(mut conn) => {
+                kill.query_async(&mut conn).await.map_err(failed)?
+            }
+            RedisConnection::Cluster(mut conn) => {
+                let every_node = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllNodes,
+                    Some(ResponsePolicy::Aggregate(AggregateOp::Sum)),
+                ));
+                let value = conn.route_command(kill, every_node).await.map_err(failed)?;
+                redis::from_redis_value(value)
+                    .map_err(|e| Error::permanent(format!("drop_subscriptions: {e}")))?
+            }
+        };
         if killed == 0 {
             return Err(Error::permanent("drop_subscriptions: no subscriber connection to kill"));
         }
@@ -114,7 +128,7 @@ impl StoreFactory for RedisFactory {
             }
         }
         let raw = self.open(namespace).await?;
-        let mut conn = raw.manager();
+        let mut conn = raw.connection();
         let added: i64 = redis::cmd("HSET")
             .arg(raw.lease_redis_key(&lease.key))
             .arg("version")
@@ -133,6 +147,12 @@ impl StoreFactory for RedisFactory {
 /// The factory over `SHARDLEASE_TEST_REDIS_URL`, or `None` (skipped; a failure under CI=true).
 pub async fn factory() -> Option<RedisFactory> {
     env_or_skip(URL_VAR).map(RedisFactory::new)
+}
+
+/// The factory over `SHARDLEASE_TEST_REDIS_CLUSTER_URL`, or `None` (skipped; a failure under
+/// CI=true).
+pub async fn cluster_factory() -> Option<RedisFactory> {
+    env_or_skip(CLUSTER_URL_VAR).map(RedisFactory::new)
 }
 
 /// A `redis-server` of the test's own on a free loopback port, with no persistence (so a restart
