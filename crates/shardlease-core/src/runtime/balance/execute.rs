@@ -141,6 +141,10 @@ pub(super) async fn execute(
     answered
 }
 
+/// Takes written per store batch (`LeaseStore::update_leases`) at least, when `take_concurrency`
+/// is lower: a batch costs about one round trip whatever its length.
+pub(super) const TAKE_BATCH: usize = 128;
+
 /// Refreshes of a pass's take candidates at most, before the rest is left to the next pass.
 pub(super) const MAX_CANDIDATE_REFRESHES: usize = 8;
 
@@ -187,7 +191,9 @@ pub(super) async fn take_share(
             debug!(taken, missing, candidates = fresh, "take candidates refreshed");
             continue;
         }
-        let want = missing.min(shared.cfg.take_concurrency());
+        // One store batch (`update_leases`) per chunk: `take_concurrency` leases, or more up to
+        // `TAKE_BATCH`, since a batch costs about one round trip whatever its length.
+        let want = missing.min(shared.cfg.take_concurrency().max(TAKE_BATCH));
         let chunk: Vec<&VersionedLease> = candidates.drain(..want.min(candidates.len())).collect();
         if chunk.is_empty() {
             break;
