@@ -219,7 +219,7 @@ mod tests {
         };
         let v = store.update_lease(&lease, v).await.unwrap();
         let other = Lease::new("k2", Position::TrimHorizon);
-        let made = store.create_leases(&[other.clone()]).await.unwrap();
+        let made = store.create_leases(std::slice::from_ref(&other)).await.unwrap();
         let [CreateOutcome::Created(v2)] = made[..] else { panic!("fresh key: {made:?}") };
         let batch = [LeaseUpdate::new(other.clone(), v2)];
         let written = store.update_leases(&batch).await.unwrap();
