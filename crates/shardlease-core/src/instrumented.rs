@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::ids::{Namespace, WorkerId};
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
 use crate::notify::ChangeStream;
-use crate::store::{CreateOutcome, LeaseStore, Listing};
+use crate::store::{CreateOutcome, LeaseStore, LeaseUpdate, Listing};
 use crate::store_decorator::StoreDecorator;
 use crate::telemetry::{error_kind, KIND, NAMESPACE, OPERATION, STORE_CALL_SECONDS, STORE_ERRORS};
 use crate::worker_record::WorkerRecord;
@@ -93,6 +93,25 @@ impl StoreDecorator for InstrumentedStore {
     /// Counted and timed as an `update_lease`: the store does the same compare-and-set.
     async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
         self.call("update_lease", self.inner.update_lease_quietly(lease, expected)).await
+    }
+
+    /// The wrapped store's batch, timed as one call (operation `update_leases`); each item that
+    /// failed (a conflict, mostly) is counted as an error of that operation, as a single write's
+    /// failure is.
+    async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        let outcomes = self.call("update_leases", self.inner.update_leases(updates)).await?;
+        for e in outcomes.iter().filter_map(|o| o.as_ref().err()) {
+            let namespace = Label::new(NAMESPACE, self.namespace.clone());
+            let op = Label::new(OPERATION, "update_leases");
+            let kind = Label::new(KIND, error_kind(e));
+            metrics::counter!(STORE_ERRORS, vec![namespace, op, kind]).increment(1);
+        }
+        Ok(outcomes)
+    }
+
+    /// The wrapped store's batch, as one call (operation `create_leases`).
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        self.call("create_leases", self.inner.create_leases(leases)).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {

@@ -7,7 +7,9 @@
 //! out of messages ([`Redactor`]).
 //!
 //! The contract is deliberately tiny and free of lease logic: create-if-absent, read, list,
-//! compare-and-set on an opaque [`Version`], delete, and a per-worker heartbeat upsert.
+//! compare-and-set on an opaque [`Version`], delete, and a per-worker heartbeat upsert, with
+//! optional batch forms of the create and the compare-and-set ([`LeaseUpdate`]) that a store
+//! overrides to save round trips.
 //! Everything algorithmic (who may take what, fencing, handoff) lives in the core and is written
 //! once. The ids, [`Position`](crate::Position), [`Epoch`](crate::Epoch), [`Error`](crate::Error)
 //! and `Result` that a store also names are at the crate root.
@@ -69,6 +71,43 @@ pub enum CreateOutcome {
     /// A lease with that key already existed; nothing was written.
     AlreadyExists,
 }
+
+/// One compare-and-set of a batch ([`LeaseStore::update_leases`]): replace the lease with key
+/// `lease.key` by `lease` if its version is still `expected`, exactly as
+/// [`update_lease`](LeaseStore::update_lease)`(lease, expected)` would.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseUpdate {
+    /// The record to write.
+    pub lease: Lease,
+    /// The version the stored record must still have.
+    pub expected: Version,
+}
+
+impl LeaseUpdate {
+    /// An update of `lease` over `expected`.
+    pub fn new(lease: Lease, expected: Version) -> Self {
+        LeaseUpdate { lease, expected }
+    }
+}
+
+/// `Err(InvalidInput)` when two items of a batch name the same lease key: a batch's items are
+/// independent compare-and-sets, so one key twice has no meaning (which write would the other's
+/// version refer to?). The stores of this workspace check their batches with it.
+pub fn check_distinct_keys<'a>(keys: impl IntoIterator<Item = &'a LeaseKey>) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for key in keys {
+        if !seen.insert(key) {
+            return Err(crate::error::Error::InvalidInput(format!(
+                "lease key {key} appears twice in one batch"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// How many single writes the default bodies of [`LeaseStore::update_leases`] have in flight at
+/// once (the runtime's default `take_concurrency`).
+pub const DEFAULT_BATCH_CONCURRENCY: usize = 16;
 
 /// A record in a listing that could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,6 +172,7 @@ impl<T> Listing<T> {
 ///
 /// A store that wraps another (fault injection, auditing, counting) must forward every method,
 /// including the ones with a default body ([`update_lease_quietly`](LeaseStore::update_lease_quietly),
+/// [`update_leases`](LeaseStore::update_leases), [`create_leases`](LeaseStore::create_leases),
 /// [`remove_worker_if`](LeaseStore::remove_worker_if), [`namespace`](LeaseStore::namespace),
 /// [`subscribe_changes`](LeaseStore::subscribe_changes)),
 /// or the wrapped store's native behaviour is lost: implement
@@ -167,6 +207,56 @@ pub trait LeaseStore: Send + Sync + Debug {
     /// Default: `update_lease` (a store without notices has nothing to leave out).
     async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
         self.update_lease(lease, expected).await
+    }
+
+    /// Many [`update_lease`](LeaseStore::update_lease)s in one call: one round trip where the
+    /// store can (one statement, one script, one transaction).
+    ///
+    /// Each item is its own compare-and-set, judged exactly as `update_lease` judges it, and
+    /// `Ok` carries one outcome per item, in the order of `updates`: the new version (one the
+    /// key never had), or the error `update_lease` would have returned for that item alone
+    /// (`Error::Conflict` with the current record, or `None` when it does not exist; a
+    /// `Corrupt` or backend error that concerns that item only). One item's conflict neither
+    /// stops nor undoes the others. A store may apply the items atomically, or one by one in
+    /// any order, as long as each item's outcome is the one its own `update_lease` would have
+    /// had at some moment during the call.
+    ///
+    /// `Err` of the whole call (a lost connection, a timeout) says nothing of any item: each may
+    /// or may not have been applied, as after an `update_lease` that failed that way. The keys
+    /// must be distinct ([`check_distinct_keys`]); an empty batch is `Ok(vec![])`. Every item is
+    /// a write subscribers hear of (as with `update_lease`, not
+    /// [`update_lease_quietly`](LeaseStore::update_lease_quietly)). The batch may be of any
+    /// length: a store splits it where its backend has a limit.
+    ///
+    /// Default: `update_lease` for each item, [`DEFAULT_BATCH_CONCURRENCY`] at a time, so a store
+    /// without a batch of its own keeps working unchanged.
+    async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        use futures::StreamExt;
+        check_distinct_keys(updates.iter().map(|u| &u.lease.key))?;
+        // Futures do nothing until polled: `buffered` starts them a few at a time.
+        let writes: Vec<_> =
+            updates.iter().map(|u| self.update_lease(&u.lease, u.expected)).collect();
+        Ok(futures::stream::iter(writes).buffered(DEFAULT_BATCH_CONCURRENCY).collect().await)
+    }
+
+    /// Many [`create_lease`](LeaseStore::create_lease)s in one call: one outcome per lease, in
+    /// the order of `leases`, each exactly what `create_lease` would have said of it.
+    ///
+    /// The leases are created **in order**: once a lease of the batch is visible to readers, so
+    /// is every lease before it in the batch (creating them all atomically meets this too). Shard
+    /// sync relies on it: it creates parents before their children, and a child seen without its
+    /// parent would look like a child whose parent was collected. `Err` of the whole call: some
+    /// of the leases (a prefix, by the rule above) may have been created; creating is idempotent,
+    /// so the caller calls again. Keys must be distinct ([`check_distinct_keys`]).
+    ///
+    /// Default: `create_lease` for each lease, one after another.
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        check_distinct_keys(leases.iter().map(|l| &l.key))?;
+        let mut outcomes = Vec::with_capacity(leases.len());
+        for lease in leases {
+            outcomes.push(self.create_lease(lease).await?);
+        }
+        Ok(outcomes)
     }
 
     /// Deletes the lease if its version is still `expected`; `Error::Conflict` otherwise.

@@ -9,7 +9,9 @@ use crate::error::Result;
 use crate::ids::{Namespace, WorkerId};
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
 use crate::notify::ChangeStream;
-use crate::store::{CreateOutcome, LeaseStore, Listing};
+use crate::store::{
+    check_distinct_keys, CreateOutcome, LeaseStore, LeaseUpdate, Listing, DEFAULT_BATCH_CONCURRENCY,
+};
 use crate::worker_record::WorkerRecord;
 
 /// A [`LeaseStore`] wrapper: each method defaults to calling the same method of
@@ -18,7 +20,7 @@ use crate::worker_record::WorkerRecord;
 /// A decorator (fault injection, auditing, call counting, metrics) changes a few methods of the
 /// store it wraps and must pass every other one through unchanged, including the methods with a
 /// default body in [`LeaseStore`] (`update_lease_quietly`, `remove_worker_if`, `namespace`,
-/// `subscribe_changes`), or the
+/// `subscribe_changes`, `update_leases`, `create_leases`), or the
 /// wrapped store's native behaviour is silently lost. Writing that forwarding by hand in each
 /// decorator meant that a new store method had to be added to every one of them.
 ///
@@ -81,6 +83,37 @@ pub trait StoreDecorator: Send + Sync {
     async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
         StoreDecorator::update_lease(self, lease, expected).await
     }
+    /// See [`LeaseStore::update_leases`].
+    ///
+    /// Default: this decorator's [`update_lease`](StoreDecorator::update_lease) for each item,
+    /// [`DEFAULT_BATCH_CONCURRENCY`] at a time (the body of [`LeaseStore::update_leases`]), so a
+    /// decorator that changes single writes (injects faults, counts, audits) sees the writes of
+    /// a batch too. The wrapped store's own batch is used only by a decorator that overrides this
+    /// method, as the decorators of this workspace do (doing for the batch what they do for one
+    /// write, e.g. counting its items).
+    async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        use futures::StreamExt;
+        check_distinct_keys(updates.iter().map(|u| &u.lease.key))?;
+        // Futures do nothing until polled: `buffered` starts them a few at a time.
+        let writes: Vec<_> = updates
+            .iter()
+            .map(|u| StoreDecorator::update_lease(self, &u.lease, u.expected))
+            .collect();
+        Ok(futures::stream::iter(writes).buffered(DEFAULT_BATCH_CONCURRENCY).collect().await)
+    }
+    /// See [`LeaseStore::create_leases`].
+    ///
+    /// Default: this decorator's [`create_lease`](StoreDecorator::create_lease) for each lease,
+    /// in order (see [`update_leases`](StoreDecorator::update_leases) for why not the wrapped
+    /// store's batch).
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        check_distinct_keys(leases.iter().map(|l| &l.key))?;
+        let mut outcomes = Vec::with_capacity(leases.len());
+        for lease in leases {
+            outcomes.push(StoreDecorator::create_lease(self, lease).await?);
+        }
+        Ok(outcomes)
+    }
     /// See [`LeaseStore::delete_lease`].
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
         self.inner().delete_lease(key, expected).await
@@ -127,6 +160,12 @@ impl<T: StoreDecorator + Debug> LeaseStore for T {
     }
     async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
         StoreDecorator::update_lease_quietly(self, lease, expected).await
+    }
+    async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        StoreDecorator::update_leases(self, updates).await
+    }
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        StoreDecorator::create_leases(self, leases).await
     }
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
         StoreDecorator::delete_lease(self, key, expected).await
@@ -179,6 +218,14 @@ mod tests {
             panic!("fresh store")
         };
         let v = store.update_lease(&lease, v).await.unwrap();
+        let other = Lease::new("k2", Position::TrimHorizon);
+        let made = store.create_leases(std::slice::from_ref(&other)).await.unwrap();
+        let [CreateOutcome::Created(v2)] = made[..] else { panic!("fresh key: {made:?}") };
+        let batch = [LeaseUpdate::new(other.clone(), v2)];
+        let written = store.update_leases(&batch).await.unwrap();
+        let v2 = *written[0].as_ref().unwrap();
+        assert_eq!(inner.get_lease(&other.key).await.unwrap().map(|v| v.version), Some(v2));
+        store.delete_lease(&other.key, v2).await.unwrap();
         assert_eq!(
             inner.get_lease(&lease.key).await.unwrap().map(|VersionedLease { version: v, .. }| v),
             Some(v)

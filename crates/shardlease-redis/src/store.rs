@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, Value};
 use shardlease_core::store::{
-    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version,
-    VersionedLease, WorkerRecord,
+    check_distinct_keys, ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore,
+    LeaseUpdate, Listing, Version, VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
@@ -238,6 +238,72 @@ impl RedisStore {
         }
     }
 
+    /// `LeaseStore::update_leases`: the `update` script of every item, sent as one pipeline
+    /// (one round trip; each script runs atomically on its own, as a single update does, so
+    /// each item's outcome is exactly its own update's). A pipeline rather than one script
+    /// over every key: the items stay independent compare-and-sets, and the script and its
+    /// replies are the ones of a single update. Each item is announced (the script publishes).
+    async fn update_many(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        check_distinct_keys(updates.iter().map(|u| &u.lease.key))?;
+        if updates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = &self.inner.keys;
+        let script = &self.inner.scripts.update;
+        let channel = self.channel().to_owned();
+        let mut pipe = redis::pipe();
+        for u in updates {
+            let fields = codec::lease_fields(&u.lease).map_err(Error::InvalidInput)?;
+            let new_version = Version::random_other_than(u.expected);
+            let cmd = pipe
+                .cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(2)
+                .arg(keys.lease(u.lease.key.as_str()))
+                .arg(keys.lease_index())
+                .arg(u.lease.key.as_str())
+                .arg(u.expected.0.to_string())
+                .arg(new_version.0.to_string())
+                .arg(&channel);
+            for f in flatten(fields) {
+                cmd.arg(f);
+            }
+        }
+        let mut conn = self.conn.clone();
+        let mut replies: RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
+        let no_script = match &replies {
+            Err(e) => e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+            Ok(items) => items.iter().any(|v| {
+                matches!(v, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript))
+            }),
+        };
+        if no_script {
+            // The server does not know the script yet (a restart, a flush): load it, once.
+            script
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| self.err("load the update script", e))?;
+            replies = pipe.query_async(&mut conn).await;
+        }
+        let replies = replies.map_err(|e| self.err("update leases", e))?;
+        if replies.len() != updates.len() {
+            return Err(unexpected("update leases", "a reply count unlike the batch's"));
+        }
+        Ok(updates
+            .iter()
+            .zip(replies)
+            .map(|(u, reply)| {
+                let key = &u.lease.key;
+                let what = format!("update of lease {key}");
+                match parse_reply(&reply).map_err(|detail| unexpected(&what, detail))? {
+                    Reply::Version(v) => Ok(v),
+                    other => Err(self.conflict(key, other)),
+                }
+            })
+            .collect())
+    }
+
     /// The current record of a conflict, decoded; `Error::Corrupt` when it cannot be.
     fn conflict(&self, key: &LeaseKey, reply: Reply) -> Error {
         match reply {
@@ -440,6 +506,11 @@ impl LeaseStore for RedisStore {
     /// The same script, publishing nothing.
     async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
         self.update(lease, expected, false).await
+    }
+
+    /// One round trip: the update script of every item, pipelined (`update_many`).
+    async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        self.update_many(updates).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {

@@ -260,6 +260,11 @@ fn unsigned(name: &str, v: i64) -> std::result::Result<u64, String> {
 }
 
 impl RawLease {
+    /// The row's version, when that column decoded.
+    pub(crate) fn version(&self) -> Option<i64> {
+        self.version.as_ref().ok().copied().flatten()
+    }
+
     /// The row's key, when that column decoded.
     pub(crate) fn key(&self) -> Option<&str> {
         self.key.as_ref().ok().and_then(Option::as_deref)

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardlease_core::store::{
-    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version,
+    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, LeaseUpdate, Listing, Version,
     VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
@@ -26,6 +26,8 @@ use crate::errors::{self, redact_url};
 use crate::pool::{open_pool, PoolSettings, Shared, SqlPool};
 use crate::schema;
 use crate::url::{self as store_url, StoreUrl};
+
+mod batch;
 
 /// The table prefix used unless another is configured.
 pub const DEFAULT_TABLE_PREFIX: &str = "shardlease_";
@@ -566,6 +568,16 @@ impl LeaseStore for SqlStore {
     /// The same `UPDATE`, without `NOTIFY`.
     async fn update_lease_quietly(&self, lease: &Lease, expected: Version) -> Result<Version> {
         self.update(lease, expected, false).await
+    }
+
+    /// One statement per batch on PostgreSQL and MySQL, one transaction on SQLite (`batch`).
+    async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        self.update_batch(updates).await
+    }
+
+    /// One statement per batch on PostgreSQL, one transaction on SQLite (`batch`).
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        self.create_batch(leases).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {

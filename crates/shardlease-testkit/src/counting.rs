@@ -181,6 +181,29 @@ impl shardlease_core::store::StoreDecorator for CountingStore {
         r
     }
 
+    /// The wrapped store's batch, counted as one update per item (and each conflict).
+    async fn update_leases(
+        &self,
+        updates: &[shardlease_core::store::LeaseUpdate],
+    ) -> Result<Vec<Result<Version>>> {
+        for _ in updates {
+            self.count(3);
+        }
+        let outcomes = self.inner.update_leases(updates).await?;
+        for r in &outcomes {
+            self.conflicted(r);
+        }
+        Ok(outcomes)
+    }
+
+    /// The wrapped store's batch, counted as one create per lease.
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        for _ in leases {
+            self.count(0);
+        }
+        self.inner.create_leases(leases).await
+    }
+
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
         self.count(4);
         self.inner.delete_lease(key, expected).await

@@ -20,6 +20,10 @@ macro_rules! __conformance_cases {
             update_is_compare_and_set
             delete_is_compare_and_set
             concurrent_increments
+            a_batch_applies_each_compare_and_set_on_its_own
+            an_empty_batch_does_nothing
+            a_batch_honours_versions_like_update_lease
+            a_batch_creates_only_missing_leases
             a_rolled_back_record_never_accepts_a_stale_version
             list_many_leases
             namespaces_are_isolated

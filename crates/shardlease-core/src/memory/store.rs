@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 use crate::ids::{Namespace, WorkerId};
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
-use crate::store::{CreateOutcome, LeaseStore, Listing};
+use crate::store::{check_distinct_keys, CreateOutcome, LeaseStore, LeaseUpdate, Listing};
 use crate::worker_record::WorkerRecord;
 
 /// The records of one namespace.
@@ -170,16 +170,32 @@ fn conflict(key: &LeaseKey, current: Option<&VersionedLease>) -> Error {
     Error::Conflict { key: key.clone(), current: current.cloned().map(Box::new) }
 }
 
+/// `create_lease` on the locked state.
+fn create_locked(state: &mut NamespaceState, lease: &Lease) -> CreateOutcome {
+    if state.leases.contains_key(&lease.key) {
+        return CreateOutcome::AlreadyExists;
+    }
+    let version = Version::random();
+    state.leases.insert(lease.key.clone(), VersionedLease::new(lease.clone(), version));
+    CreateOutcome::Created(version)
+}
+
+/// `update_lease` on the locked state.
+fn update_locked(state: &mut NamespaceState, lease: &Lease, expected: Version) -> Result<Version> {
+    match state.leases.get_mut(&lease.key) {
+        Some(current) if current.version == expected => {
+            let version = Version::random_other_than(expected);
+            *current = VersionedLease::new(lease.clone(), version);
+            Ok(version)
+        }
+        current => Err(conflict(&lease.key, current.as_deref())),
+    }
+}
+
 #[async_trait]
 impl LeaseStore for MemoryStore {
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
-        let mut state = self.lock();
-        if state.leases.contains_key(&lease.key) {
-            return Ok(CreateOutcome::AlreadyExists);
-        }
-        let version = Version::random();
-        state.leases.insert(lease.key.clone(), VersionedLease::new(lease.clone(), version));
-        Ok(CreateOutcome::Created(version))
+        Ok(create_locked(&mut self.lock(), lease))
     }
 
     async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
@@ -191,15 +207,21 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+        update_locked(&mut self.lock(), lease, expected)
+    }
+
+    /// Every item under one lock: the batch is atomic, each item judged on its own.
+    async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        check_distinct_keys(updates.iter().map(|u| &u.lease.key))?;
         let mut state = self.lock();
-        match state.leases.get_mut(&lease.key) {
-            Some(current) if current.version == expected => {
-                let version = Version::random_other_than(expected);
-                *current = VersionedLease::new(lease.clone(), version);
-                Ok(version)
-            }
-            current => Err(conflict(&lease.key, current.as_deref())),
-        }
+        Ok(updates.iter().map(|u| update_locked(&mut state, &u.lease, u.expected)).collect())
+    }
+
+    /// Every lease under one lock: created together, so in order.
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        check_distinct_keys(leases.iter().map(|l| &l.key))?;
+        let mut state = self.lock();
+        Ok(leases.iter().map(|l| create_locked(&mut state, l)).collect())
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {

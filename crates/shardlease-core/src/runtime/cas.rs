@@ -25,6 +25,7 @@ use super::shared::{Backoff, Shared, Timing};
 use crate::error::Error;
 use crate::lease::transition::Transition;
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
+use crate::store::LeaseUpdate;
 
 /// How hard one write tries.
 #[derive(Clone, Copy, Debug)]
@@ -36,8 +37,6 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
-    /// One attempt: a conflict means someone else acted first (a take, a claim).
-    pub const ONCE: Policy = Policy { conflicts: 0, errors_until: None };
     /// Re-decide after a few conflicts; give up on the first store error (a later pass retries).
     pub const PERSIST: Policy = Policy { conflicts: 8, errors_until: None };
 
@@ -143,4 +142,103 @@ async fn retry_error(timing: &mut Timing, policy: Policy, backoff: &mut Backoff)
         }
         _ => false,
     }
+}
+
+/// [`write`] with one attempt (no decision again after a conflict, no retry after a store
+/// error: a conflict means someone else acted first) for many leases at once, each from its listed record: the
+/// writes go to the store as one batch ([`LeaseStore::update_leases`](crate::store::LeaseStore::update_leases)),
+/// and each item ends exactly as its own `write(.., Some(listed), policy, what, decide)`
+/// with `Policy { conflicts: 0, errors_until: None }`
+/// would have ended: the decision refusing is `Declined` without a write, a conflict is
+/// `Declined`, a store error (of the item, or of the whole batch, which leaves every item
+/// uncertain) is `GaveUp` and counted as a change, in case the write landed all the same. One
+/// outcome per listed record, in order.
+///
+/// A write that changes no owner (`notify::changes_ownership`) is written on its own with
+/// `update_lease_quietly`, as [`write`] would; the batch is for the announced ones (takes always
+/// are).
+pub(crate) async fn write_once_batch<F>(
+    shared: &Shared,
+    listed: &[&VersionedLease],
+    what: &str,
+    mut decide: F,
+) -> Vec<Outcome>
+where
+    F: FnMut(&Lease) -> Transition,
+{
+    let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(listed.len());
+    // The announced writes: their index in `listed`, and the update.
+    let mut batch: Vec<(usize, LeaseUpdate)> = Vec::new();
+    let mut quiet = Vec::new();
+    for (i, v) in listed.iter().enumerate() {
+        match decide(&v.lease) {
+            Ok(next) if crate::notify::changes_ownership(&v.lease, &next) => {
+                batch.push((i, LeaseUpdate::new(next, v.version)));
+                outcomes.push(None);
+            }
+            Ok(next) => {
+                quiet.push((i, next));
+                outcomes.push(None);
+            }
+            Err(refusal) => {
+                debug!(shard = %v.lease.key, %refusal, "not writing ({what})");
+                outcomes.push(Some(Outcome::Declined));
+            }
+        }
+    }
+    let store = &*shared.store;
+    let updates: Vec<LeaseUpdate> = batch.iter().map(|(_, u)| u.clone()).collect();
+    let batched = async {
+        if updates.is_empty() {
+            return Ok(Vec::new());
+        }
+        match store.update_leases(&updates).await {
+            Ok(written) if written.len() == updates.len() => Ok(written),
+            Ok(written) => Err(Error::permanent(format!(
+                "the store answered a batch of {} writes with {} outcomes",
+                updates.len(),
+                written.len()
+            ))),
+            Err(e) => Err(e),
+        }
+    };
+    let singles = futures::future::join_all(quiet.iter().map(|(i, next)| {
+        let v = listed[*i];
+        crate::notify::update_lease(store, &v.lease, next, v.version)
+    }));
+    let (batched, singles) = tokio::join!(batched, singles);
+    let mut uncertain = 0u64;
+    let mut batch_failed = 0u64;
+    let mut settle = |next: Lease, written: Result<Version, Error>| match written {
+        Ok(v) => Outcome::Written(next, v),
+        Err(Error::Conflict { .. }) => Outcome::Declined,
+        Err(e) => {
+            warn!(shard = %next.key, error = %crate::error::ErrorChain(&e), "could not {what}");
+            uncertain += 1;
+            Outcome::GaveUp
+        }
+    };
+    match batched {
+        Ok(written) => {
+            for ((i, u), w) in batch.into_iter().zip(written) {
+                outcomes[i] = Some(settle(u.lease, w));
+            }
+        }
+        Err(e) => {
+            warn!(writes = batch.len(), error = %crate::error::ErrorChain(&e), "could not {what}: the batch failed");
+            for (i, _) in &batch {
+                outcomes[*i] = Some(Outcome::GaveUp);
+            }
+            batch_failed = batch.len() as u64;
+        }
+    }
+    for ((i, next), w) in quiet.into_iter().zip(singles) {
+        outcomes[i] = Some(settle(next, w));
+    }
+    uncertain += batch_failed;
+    if uncertain > 0 {
+        // As `write` does for each: the writes may have landed all the same.
+        shared.tell(Event::Changed { n: uncertain });
+    }
+    outcomes.into_iter().map(|o| o.unwrap_or(Outcome::GaveUp)).collect()
 }

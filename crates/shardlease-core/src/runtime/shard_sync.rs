@@ -345,6 +345,8 @@ async fn sync_shards_listed(
     }
     let mut finished_now: BTreeSet<&LeaseKey> = BTreeSet::new();
     let mut created = 0usize;
+    // The leases to create, in the order decided (parents first), written a batch at a time.
+    let mut pending: Vec<Lease> = Vec::new();
     let mut complete = true;
     // Remembered, unfinished and missing from the store: lost, and being restored by the balance
     // passes (this worker's, or its owner's first). Created here behind, at its shard's start,
@@ -391,12 +393,14 @@ async fn sync_shards_listed(
             epoch: super::recovery::creation_epoch(),
             ..Lease::new(shard.id.clone(), checkpoint).with_parents(shard.parents.iter().cloned())
         };
-        if let crate::store::CreateOutcome::Created(_) = shared.store.create_lease(&lease).await? {
-            created += 1;
+        pending.push(lease);
+        if pending.len() == CREATE_BATCH {
+            created += create_all(shared, &mut pending).await?;
         }
         existing.insert(shard.id.as_str().to_owned());
         stored.insert(shard.id.as_str().to_owned());
     }
+    created += create_all(shared, &mut pending).await?;
     if created > 0 {
         info!(created, shards = shards.len(), "shard sync created leases");
         shared.tell(Event::Changed { n: created as u64 });
@@ -413,6 +417,20 @@ async fn sync_shards_listed(
     shared.expected.send_replace(Some(Arc::new(expected.clone())));
     state.last = Some(LastSync { shards: shards.clone(), complete, pending, expected });
     Ok(())
+}
+
+/// Leases created per store call at most (`LeaseStore::create_leases`).
+pub(crate) const CREATE_BATCH: usize = 100;
+
+/// Creates the `pending` leases in one batch, in their order (parents before children: the store
+/// keeps a batch's order), and empties it. The number created (the others existed already).
+async fn create_all(shared: &Shared, pending: &mut Vec<Lease>) -> crate::error::Result<usize> {
+    if pending.is_empty() {
+        return Ok(0);
+    }
+    let outcomes = shared.store.create_leases(pending).await?;
+    pending.clear();
+    Ok(outcomes.iter().filter(|o| matches!(o, crate::store::CreateOutcome::Created(_))).count())
 }
 
 /// The start of a lease created now for a shard no leased ancestor leads into.

@@ -11,6 +11,7 @@
 //! - [`run_all`]: every case in a row, e.g. from a custom harness;
 //! - one case fn (listed in [`STORE_CASES`]) on its own.
 
+mod batch;
 mod check;
 mod create;
 mod lease_loop;
@@ -30,6 +31,10 @@ use rand::Rng;
 use shardlease_core::store::{Lease, LeaseStore, Version};
 use shardlease_core::Result;
 
+pub use batch::{
+    a_batch_applies_each_compare_and_set_on_its_own, a_batch_creates_only_missing_leases,
+    a_batch_honours_versions_like_update_lease, an_empty_batch_does_nothing,
+};
 pub use create::{create_and_get_round_trip, create_race_is_idempotent};
 pub use lease_loop::{
     a_crashed_workers_leases_are_taken_over,

@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
-use futures::future::join_all;
 use futures::StreamExt;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -142,6 +141,10 @@ pub(super) async fn execute(
     answered
 }
 
+/// Takes written per store batch (`LeaseStore::update_leases`) at least, when `take_concurrency`
+/// is lower: a batch costs about one round trip whatever its length.
+pub(super) const TAKE_BATCH: usize = 128;
+
 /// Refreshes of a pass's take candidates at most, before the rest is left to the next pass.
 pub(super) const MAX_CANDIDATE_REFRESHES: usize = 8;
 
@@ -188,7 +191,9 @@ pub(super) async fn take_share(
             debug!(taken, missing, candidates = fresh, "take candidates refreshed");
             continue;
         }
-        let want = missing.min(shared.cfg.take_concurrency());
+        // One store batch (`update_leases`) per chunk: `take_concurrency` leases, or more up to
+        // `TAKE_BATCH`, since a batch costs about one round trip whatever its length.
+        let want = missing.min(shared.cfg.take_concurrency().max(TAKE_BATCH));
         let chunk: Vec<&VersionedLease> = candidates.drain(..want.min(candidates.len())).collect();
         if chunk.is_empty() {
             break;
@@ -248,29 +253,22 @@ pub(super) enum TakeWrite {
     Uncertain,
 }
 
-/// Writes one take by compare-and-set (owner = me, a new epoch) against the listed record.
-pub(super) async fn take_write(
-    shared: &Shared,
-    mut timing: super::super::shared::Timing,
-    listed: &VersionedLease,
-) -> TakeWrite {
+/// Writes takes by compare-and-set (owner = me, a new epoch) against the listed records, as one
+/// batch of the store (`cas::write_once_batch`): each ends as its own single write would.
+pub(super) async fn take_writes(shared: &Shared, listed: &[&VersionedLease]) -> Vec<TakeWrite> {
     let me = shared.id();
-    let lease = &listed.lease;
-    let outcome = cas::write(
-        shared,
-        &mut timing,
-        &lease.key,
-        Some(listed.clone()),
-        cas::Policy::ONCE,
-        "take the lease",
-        |l| transition::take(l, &me, crate::clock::now_millis()),
-    )
+    let outcomes = cas::write_once_batch(shared, listed, "take the lease", |l| {
+        transition::take(l, &me, crate::clock::now_millis())
+    })
     .await;
-    match outcome {
-        cas::Outcome::Written(next, v) => TakeWrite::Won(next, v),
-        cas::Outcome::Declined => TakeWrite::Lost,
-        cas::Outcome::GaveUp => TakeWrite::Uncertain,
-    }
+    outcomes
+        .into_iter()
+        .map(|outcome| match outcome {
+            cas::Outcome::Written(next, v) => TakeWrite::Won(next, v),
+            cas::Outcome::Declined => TakeWrite::Lost,
+            cas::Outcome::GaveUp => TakeWrite::Uncertain,
+        })
+        .collect()
 }
 
 /// Applies a take's write: a lease won is granted, remembered, counted and started (or, when
@@ -302,7 +300,7 @@ async fn took(shared: &Arc<Shared>, owner: &mut Owner, outcome: TakeWrite) -> bo
     }
 }
 
-/// Takes `listed` leases by compare-and-set, the writes concurrently, and starts their tasks.
+/// Takes `listed` leases by compare-and-set, the writes in one batch, and starts their tasks.
 /// One bool per lease: whether it was won.
 pub(super) async fn take_all(
     shared: &Arc<Shared>,
@@ -312,9 +310,7 @@ pub(super) async fn take_all(
     if shared.stop_taking.is_cancelled() || shared.is_fenced() {
         return vec![false; listed.len()];
     }
-    let writes: Vec<_> =
-        listed.iter().map(|v| take_write(shared, owner.timing.fork(), v)).collect();
-    let outcomes = join_all(writes).await;
+    let outcomes = take_writes(shared, listed).await;
     let mut won = Vec::with_capacity(outcomes.len());
     for outcome in outcomes {
         won.push(took(shared, owner, outcome).await);
