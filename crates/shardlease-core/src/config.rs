@@ -231,7 +231,10 @@ impl Config {
         &self.initial_position
     }
 
-    /// How many lease takes run at once in a balance pass. Default 16.
+    /// How many lease takes go to the store at once in a balance pass. Default 16. The takes are
+    /// written in store batches (`LeaseStore::update_leases`) of this many, or of 128 when that
+    /// is more, since a batch costs about one round trip whatever its length; a store without a
+    /// batch of its own writes a batch's items 16 at a time.
     pub fn take_concurrency(&self) -> usize {
         self.take_concurrency
     }
