@@ -58,6 +58,12 @@ pub use shardlease_core::{
 
 pub use shardlease_core::{balancer, store, telemetry};
 
+/// Multi-stream lease keys (`stream/shard`, see [`MultiSource`]): how a key is made and split,
+/// and which stream names it can carry, for tools that write or read such keys.
+pub use shardlease_core::{
+    qualify, split_key, validate_stream_name, MAX_STREAM_NAME_BYTES, STREAM_SEPARATOR,
+};
+
 /// The attribute that lets a trait like [`RecordProcessor`] or [`LeaseStore`](store::LeaseStore)
 /// have async methods: re-exported so writing a processor or a store needs no dependency of its
 /// own.

@@ -6,6 +6,11 @@
 //! move between two scans `--observe-ms` apart) and a target namespace that holds other leases
 //! (unless `--merge`, which never overwrites a lease that differs). A second run finds every
 //! lease in place and writes nothing. docs/migrating-from-kcl.md walks through a switch.
+//!
+//! A KCL multi-stream table is imported for either kind of shardlease fleet: `--stream S` writes
+//! the leases of stream S under their bare shard ids (a single-stream fleet), `--multi-stream`
+//! writes every stream's leases (or those of the `--stream`s named) under `stream/shardId`, the
+//! keys a multi-stream source reads (core's `qualify`).
 
 mod plan;
 mod schema;
@@ -22,7 +27,7 @@ use shardlease::Position;
 use crate::error::CliError;
 use crate::output::{emit, print_json};
 use crate::store_url::Target;
-use plan::{Action, Entry, Plan};
+use plan::{Action, Entry, Plan, Streams};
 use schema::Row;
 pub use schema::Schema;
 use source::TableRef;
@@ -46,10 +51,17 @@ pub struct ImportKclArgs {
     /// The table's schema; detected from the rows' key attribute when not given.
     #[arg(long, value_enum)]
     schema: Option<Schema>,
-    /// Import the multi-stream leases (`account:stream:creationEpoch:shardId`) of this stream;
-    /// without it, multi-stream leases are reported and skipped.
+    /// Import the multi-stream leases (`account:stream:creationEpoch:shardId`) of this stream:
+    /// under their bare shard ids for a single-stream fleet; with --multi-stream, repeatable,
+    /// to import only the streams named. Without it (and without --multi-stream), multi-stream
+    /// leases are reported and skipped.
+    #[arg(long, value_name = "STREAM")]
+    stream: Vec<String>,
+    /// Import the multi-stream leases for a shardlease multi-stream fleet: each under
+    /// `stream/shardId` (the key a multi-stream source gives it), parents likewise, for every
+    /// stream in the table or only the --stream ones. Single-stream leases are skipped.
     #[arg(long)]
-    stream: Option<String>,
+    multi_stream: bool,
     /// Where leases without a recorded position start: the KCL application's
     /// initialPositionInStream (TRIM_HORIZON, LATEST or AT_TIMESTAMP(MILLIS)). Needed for Java
     /// leases at the AT_TIMESTAMP sentinel and vmware-go-kcl leases never checkpointed.
@@ -84,6 +96,10 @@ struct Fleet {
 struct Report<'a> {
     table: &'a str,
     schema: Schema,
+    /// Whether leases are keyed `stream/shardId` (--multi-stream).
+    multi_stream: bool,
+    /// The streams whose leases were imported.
+    streams: Vec<String>,
     namespace: &'a str,
     store: &'a str,
     dry_run: bool,
@@ -111,6 +127,7 @@ pub async fn run(
     json: bool,
 ) -> Result<ExitCode, CliError> {
     let initial = args.initial_position.as_deref().map(start_position).transpose()?;
+    let streams = streams(args)?;
     let table = TableRef {
         table: args.table.clone(),
         region: args.region.clone(),
@@ -143,21 +160,37 @@ pub async fn run(
         }
     };
     let rows: Vec<Row> = items.iter().map(|i| schema::read_row(schema, i)).collect();
-    if let Some(stream) = &args.stream {
-        let found = rows
-            .iter()
-            .any(|r| matches!(r, Row::Lease(l) if l.stream.as_deref() == Some(stream.as_str())));
-        if !found {
-            return Err(CliError::Usage(format!(
-                "table {} holds no multi-stream lease of stream {stream}",
-                args.table
-            )));
-        }
+    let in_table: BTreeSet<&str> = rows
+        .iter()
+        .filter_map(|r| match r {
+            Row::Lease(l) => l.stream.as_deref(),
+            _ => None,
+        })
+        .collect();
+    if let Some(missing) = args.stream.iter().find(|s| !in_table.contains(s.as_str())) {
+        return Err(CliError::Usage(format!(
+            "table {} holds no multi-stream lease of stream {missing}",
+            args.table
+        )));
     }
+    if args.multi_stream && in_table.is_empty() {
+        return Err(CliError::Usage(format!(
+            "table {} holds no multi-stream lease (key account:stream:creationEpoch:shardId): \
+             import it without --multi-stream",
+            args.table
+        )));
+    }
+    let imported: Vec<String> = match streams {
+        Streams::Multi([]) => in_table.iter().map(|s| (*s).to_owned()).collect(),
+        Streams::Multi(named) => {
+            named.iter().cloned().collect::<BTreeSet<String>>().into_iter().collect()
+        }
+        Streams::Single(one) => one.map(str::to_owned).into_iter().collect(),
+    };
     let listing = target.store.list_leases().await.map_err(CliError::Store)?;
     let corrupt: BTreeSet<String> = listing.corrupt.iter().map(|c| c.key.clone()).collect();
     let inputs = plan::Inputs {
-        stream: args.stream.as_deref(),
+        streams,
         initial: initial.as_ref(),
         target: &listing.items,
         target_corrupt: &corrupt,
@@ -182,6 +215,8 @@ pub async fn run(
         print_json(&Report {
             table: &table.table,
             schema,
+            multi_stream: args.multi_stream,
+            streams: imported,
             namespace: &target.namespace,
             store: &target.redacted_url,
             dry_run: args.dry_run,
@@ -200,10 +235,15 @@ pub async fn run(
             (None, _) => "KCL fleet: not observed (--force)".to_owned(),
         };
         let verb = if args.dry_run { "would create" } else { "created" };
+        let keys = if args.multi_stream {
+            format!(" as stream/shardId keys of {}", imported.join(", "))
+        } else {
+            String::new()
+        };
         let made = if args.dry_run { summary.create } else { summary.created };
         emit(&format!(
-            "{fleet_line}\ntable {} ({schema}) -> namespace {} of {}: {verb} {made}, unchanged \
-             {}, conflict {}, skipped {}, error {}{}",
+            "{fleet_line}\ntable {} ({schema}) -> namespace {} of {}{keys}: {verb} {made}, \
+             unchanged {}, conflict {}, skipped {}, error {}{}",
             table.table,
             target.namespace,
             target.redacted_url,
@@ -226,6 +266,33 @@ pub async fn run(
         )));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--stream` and `--multi-stream`: which leases the import writes, under which keys. Without
+/// --multi-stream one stream at most (its leases get bare shard ids, so two streams would
+/// collide); with it, each name must be one a multi-stream lease key can carry.
+fn streams(args: &ImportKclArgs) -> Result<Streams<'_>, CliError> {
+    if args.multi_stream {
+        for s in &args.stream {
+            shardlease::validate_stream_name(s).map_err(|e| {
+                CliError::Usage(match e {
+                    shardlease::Error::Config(m) => format!("--stream: {m}"),
+                    other => format!("--stream: {other}"),
+                })
+            })?;
+        }
+        return Ok(Streams::Multi(&args.stream));
+    }
+    match args.stream.as_slice() {
+        [] => Ok(Streams::Single(None)),
+        [one] => Ok(Streams::Single(Some(one.as_str()))),
+        many => Err(CliError::Usage(format!(
+            "--stream is given {} times: without --multi-stream the leases of one stream are \
+             imported, under bare shard ids (two streams' shard ids would collide); pass \
+             --multi-stream to import several streams under stream/shardId keys",
+            many.len()
+        ))),
+    }
 }
 
 /// `--initial-position`: a starting position, not a checkpoint.
