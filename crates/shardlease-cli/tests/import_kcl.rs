@@ -366,6 +366,96 @@ async fn multi_stream_leases_of_one_stream_are_imported() {
     k.drop_table().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_stream_tables_import_for_a_multi_stream_fleet() {
+    let Some(k) = kcl_table("leaseKey").await else { return };
+    let key = |stream: &str, shard: &str| format!("123456789012:{stream}:1700000000:{shard}");
+    k.java(&key("orders", "shardId-000000000000"), "SHARD_END", 0, &[], "").await;
+    k.java(&key("orders", "shardId-000000000001"), SEQ_A, 7, &["shardId-000000000000"], "w").await;
+    k.java(&key("clicks", "shardId-000000000000"), SEQ_B, 2, &[], "w").await;
+    k.java(&key("audit", "shardId-000000000000"), "TRIM_HORIZON", 0, &[], "").await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url = sqlite_url(dir.path());
+    let ms = ["--observe-ms", "300", "--multi-stream"];
+
+    // Usage errors, before anything is read or written.
+    let many =
+        k.cli(&url, &["--observe-ms", "300", "--stream", "orders", "--stream", "clicks"]).await;
+    assert_eq!(many.code, 2, "{}{}", many.stdout, many.stderr);
+    assert!(many.stderr.contains("--multi-stream"), "{}", many.stderr);
+    let slash = k.cli(&url, &[&ms[..], &["--stream", "a/b"]].concat()).await;
+    assert_eq!(slash.code, 2, "{}{}", slash.stdout, slash.stderr);
+    assert!(slash.stderr.contains("contains '/'"), "{}", slash.stderr);
+    let absent = k.cli(&url, &[&ms[..], &["--stream", "payments"]].concat()).await;
+    assert_eq!(absent.code, 2, "{}{}", absent.stdout, absent.stderr);
+
+    // The dry run: every stream, keyed stream/shardId.
+    let dry = k.cli(&url, &[&ms[..], &["--dry-run"]].concat()).await;
+    assert_eq!(dry.code, 0, "{}{}", dry.stdout, dry.stderr);
+    println!("{}", dry.stdout);
+    for word in
+        ["orders/shardId-000000000001", "clicks/shardId-000000000000", "stream/shardId keys"]
+    {
+        assert!(dry.stdout.contains(word), "{word} missing:\n{}", dry.stdout);
+    }
+    assert!(leases(&url).await.is_empty(), "a dry run wrote");
+
+    // Two of the three streams.
+    let args = [&ms[..], &["--json", "--stream", "orders", "--stream", "clicks"]].concat();
+    let out = k.cli(&url, &args).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let v = json(&out);
+    assert_eq!(v["summary"]["created"], 3, "{v}");
+    assert_eq!(v["multi_stream"], true, "{v}");
+    assert_eq!(v["streams"], serde_json::json!(["clicks", "orders"]), "{v}");
+    assert_eq!(actions(&v)[&key("audit", "shardId-000000000000")], "skipped");
+    let all = leases(&url).await;
+    assert_eq!(all.len(), 3, "{:?}", all.keys());
+    check(&all, "orders/shardId-000000000000", &Position::ShardEnd, &[]);
+    check(&all, "orders/shardId-000000000001", &seq(SEQ_A, 7), &["orders/shardId-000000000000"]);
+    check(&all, "clicks/shardId-000000000000", &seq(SEQ_B, 2), &[]);
+
+    // Again: nothing changes, not even a version.
+    let again = k.cli(&url, &args).await;
+    assert_eq!(again.code, 0, "{}{}", again.stdout, again.stderr);
+    assert_eq!(json(&again)["summary"]["unchanged"], 3);
+    let after = leases(&url).await;
+    for (key, was) in &all {
+        assert_eq!(after[key].version, was.version, "{key} was written again");
+    }
+    // Every stream now: the leases in place are the import's own, the third stream's is added.
+    let widened = k.cli(&url, &[&ms[..], &["--json"]].concat()).await;
+    assert_eq!(widened.code, 0, "{}{}", widened.stdout, widened.stderr);
+    assert_eq!(json(&widened)["summary"]["created"], 1);
+    check(&leases(&url).await, "audit/shardId-000000000000", &Position::TrimHorizon, &[]);
+
+    // The bare keys of a single-stream import are other keys: refused without --merge.
+    let dir2 = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url2 = sqlite_url(dir2.path());
+    let single = k.cli(&url2, &["--observe-ms", "300", "--stream", "orders"]).await;
+    assert_eq!(single.code, 0, "{}{}", single.stdout, single.stderr);
+    let mixed = k.cli(&url2, &ms).await;
+    assert_eq!(mixed.code, 4, "{}{}", mixed.stdout, mixed.stderr);
+    assert!(mixed.stderr.contains("--merge"), "{}", mixed.stderr);
+    assert_eq!(leases(&url2).await.len(), 2, "written without --merge");
+
+    // The stream recreated under its name: two rows for orders/shardId-000000000000.
+    k.java("123456789012:orders:1800000000:shardId-000000000000", "TRIM_HORIZON", 0, &[], "").await;
+    let dir3 = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url3 = sqlite_url(dir3.path());
+    let twice = k.cli(&url3, &ms).await;
+    assert_eq!(twice.code, 2, "{}{}", twice.stdout, twice.stderr);
+    assert!(
+        twice.stdout.contains("2 KCL leases map to lease key orders/shardId-000000000000"),
+        "{}",
+        twice.stdout
+    );
+    assert!(twice.stderr.contains("nothing was written"), "{}", twice.stderr);
+    assert!(leases(&url3).await.is_empty());
+    println!("multi-stream: 3 leases under stream/shardId, second run unchanged 3, recreated stream refused");
+    k.drop_table().await;
+}
+
 /// Keeps renewing like a live KCL worker (a `leaseCounter` ADD or a new `LeaseTimeout`) until
 /// stopped.
 fn renew_until(k: &Kcl, key_attr: &'static str, key: &str, stop: Arc<AtomicBool>) {
