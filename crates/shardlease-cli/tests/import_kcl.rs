@@ -439,11 +439,23 @@ async fn multi_stream_tables_import_for_a_multi_stream_fleet() {
     assert!(mixed.stderr.contains("--merge"), "{}", mixed.stderr);
     assert_eq!(leases(&url2).await.len(), 2, "written without --merge");
 
+    // A KCL worker still renewing a multi-stream lease: refused, nothing written.
+    let dir4 = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url4 = sqlite_url(dir4.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    renew_until(&k, "leaseKey", &key("clicks", "shardId-000000000000"), stop.clone());
+    let live = k.cli(&url4, &["--observe-ms", "1500", "--multi-stream"]).await;
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(live.code, 4, "{}{}", live.stdout, live.stderr);
+    assert!(live.stderr.contains("KCL fleet is alive"), "{}", live.stderr);
+    assert!(leases(&url4).await.is_empty(), "written while the fleet ran");
+
     // The stream recreated under its name: two rows for orders/shardId-000000000000.
     k.java("123456789012:orders:1800000000:shardId-000000000000", "TRIM_HORIZON", 0, &[], "").await;
     let dir3 = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let url3 = sqlite_url(dir3.path());
-    let twice = k.cli(&url3, &ms).await;
+    // --force: the renewer above may land one last renewal (no watch, so no race with it).
+    let twice = k.cli(&url3, &["--force", "--multi-stream"]).await;
     assert_eq!(twice.code, 2, "{}{}", twice.stdout, twice.stderr);
     assert!(
         twice.stdout.contains("2 KCL leases map to lease key orders/shardId-000000000000"),
@@ -452,7 +464,10 @@ async fn multi_stream_tables_import_for_a_multi_stream_fleet() {
     );
     assert!(twice.stderr.contains("nothing was written"), "{}", twice.stderr);
     assert!(leases(&url3).await.is_empty());
-    println!("multi-stream: 3 leases under stream/shardId, second run unchanged 3, recreated stream refused");
+    println!(
+        "multi-stream: 3 leases under stream/shardId, second run unchanged 3, live fleet and \
+         recreated stream refused"
+    );
     k.drop_table().await;
 }
 
