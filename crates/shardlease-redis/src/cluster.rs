@@ -32,6 +32,13 @@ use crate::errors::backend;
 /// The schemes of a cluster URL, and the scheme each seed node's URL gets.
 const SCHEMES: &[(&str, &str)] = &[("redis+cluster", "redis"), ("rediss+cluster", "rediss")];
 
+/// The shortest wait, in milliseconds, before the cluster client repeats a call (a random wait
+/// from this to the crate's `10 ms × 2^attempt`, at most [`RETRY_WAIT_MAX_MS`]).
+const RETRY_WAIT_MIN_MS: u64 = 50;
+
+/// The longest wait, in milliseconds, before the cluster client repeats a call.
+const RETRY_WAIT_MAX_MS: u64 = 1_000;
+
 /// Whether `scheme` names a Redis Cluster.
 pub(crate) fn is_cluster_scheme(scheme: &str) -> bool {
     SCHEMES.iter().any(|(s, _)| *s == scheme)
@@ -115,13 +122,23 @@ impl Seeds {
         Ok(Seeds { nodes, response_timeout, connection_timeout, certificates })
     }
 
+    /// How long one command may take.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+
     /// A client builder over the seeds, with the store's timeouts (each also bounds a whole
     /// call, redirections and retries included, so a call to a dead master fails in time).
+    /// A call the client repeats (after `MOVED`, `CLUSTERDOWN`, a refused connection) waits
+    /// [`RETRY_WAIT_MIN_MS`] or a little more first, not the crate's default of over a second,
+    /// which no call with a shorter response timeout would ever see the end of.
     fn builder(&self) -> ClusterClientBuilder {
         let builder = ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
             .connection_timeout(self.connection_timeout)
             .response_timeout(self.response_timeout)
-            .retries(3);
+            .retries(3)
+            .min_retry_wait(RETRY_WAIT_MIN_MS)
+            .max_retry_wait(RETRY_WAIT_MAX_MS);
         #[cfg(feature = "tls")]
         if let Some(certificates) = &self.certificates {
             return builder.certs(certificates.clone());

@@ -20,7 +20,7 @@ use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
 use crate::builder::RedisStoreBuilder;
 use crate::codec::{self, Fields};
-use crate::conn::RedisConnection;
+use crate::conn::{RedisConnection, StoreConn};
 use crate::errors::{backend, unexpected};
 use crate::keys::Keys;
 use crate::notify::Subscriber;
@@ -33,7 +33,7 @@ use shardlease_core::store::Redactor;
 /// connection). Open one with [`RedisStore::builder`].
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: RedisConnection,
+    conn: StoreConn,
     inner: Arc<Inner>,
 }
 
@@ -86,7 +86,7 @@ impl RedisStore {
 
     /// The store over `conn`, every setting checked by the builder.
     pub(crate) fn assemble(
-        conn: RedisConnection,
+        conn: StoreConn,
         namespace: Namespace,
         key_prefix: String,
         target: String,
@@ -140,15 +140,15 @@ impl RedisStore {
     /// `None` for a store on a Redis Cluster (see [`connection`](Self::connection)).
     pub fn manager(&self) -> Option<ConnectionManager> {
         match &self.conn {
-            RedisConnection::Single(manager) => Some(manager.clone()),
-            RedisConnection::Cluster(_) => None,
+            StoreConn::Single(manager) => Some(manager.clone()),
+            StoreConn::Cluster(_) => None,
         }
     }
 
     /// A clone of the store's connection, to a single server or to a cluster (to run other
     /// commands on the same connection; a command is routed by its first key on a cluster).
     pub fn connection(&self) -> RedisConnection {
-        self.conn.clone()
+        self.conn.public()
     }
 
     /// Whether the store speaks to a Redis Cluster.
