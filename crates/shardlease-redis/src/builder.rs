@@ -7,6 +7,7 @@
 //! `Error::Config` (never a panic) without repeating a password.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -359,7 +360,8 @@ impl Open {
             )?;
             let conn = seeds.connect(target, redactor).await?;
             let link = ClusterLink::new(seeds.clone(), conn, target.to_owned(), redactor.clone());
-            let subscriber = Subscriber::Cluster { seeds, target: target.to_owned() };
+            let subscriber =
+                Subscriber::Cluster { seeds, target: target.to_owned(), link: Arc::clone(&link) };
             return Ok((StoreConn::Cluster(link), subscriber));
         }
         #[cfg(feature = "tls")]

@@ -160,13 +160,15 @@ impl Seeds {
     }
 
     /// Subscribes to `channel` on a cluster connection of its own (RESP3): the notices, as a
-    /// stream that ends when a connection of the subscription drops. Redis confirms the
-    /// subscription before this returns.
+    /// stream that ends when a connection of the subscription drops or `ends` resolves (the
+    /// store connected again: see `crate::relink`). Redis confirms the subscription before this
+    /// returns.
     pub(crate) async fn subscribe(
         &self,
         channel: &str,
         target: &str,
         redactor: &Redactor,
+        ends: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<ChangeStream> {
         let (sender, pushes) = futures::channel::mpsc::unbounded();
         let client = self
@@ -196,7 +198,8 @@ impl Seeds {
                     }
                     _ => None,
                 })
-            });
+            })
+            .take_until(ends);
         Ok(notices.boxed())
     }
 }

@@ -11,7 +11,13 @@
 //! or a connection error, the link connects again from the seed nodes in the background (the
 //! new client reads the cluster's current slot map) and swaps the new connection in. Calls made
 //! meanwhile fail retryably, as they did; the runtime repeats them.
+//!
+//! Change subscriptions are cluster connections of their own, and the channel's slot is the
+//! namespace's: a subscription on a hung master goes silent without ending. So connecting again
+//! also ends every subscription of the store ([`ClusterLink::relinked`]): the runtime
+//! subscribes again (on the current slot map) and lists once.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -19,6 +25,7 @@ use std::time::{Duration, Instant};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, RedisResult};
 use shardlease_core::store::Redactor;
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::cluster::Seeds;
@@ -44,6 +51,8 @@ pub(crate) struct ClusterLink {
     /// so an unreachable cluster is not hammered by one attempt per failed call.
     last_attempt: Mutex<Option<Instant>>,
     spacing: Duration,
+    /// How many times a new connection was swapped in (subscriptions end on a change).
+    relinks: watch::Sender<u64>,
 }
 
 impl ClusterLink {
@@ -64,7 +73,16 @@ impl ClusterLink {
             relinking: AtomicBool::new(false),
             last_attempt: Mutex::new(None),
             spacing,
+            relinks: watch::Sender::new(0),
         })
+    }
+
+    /// Resolves when a new connection is next swapped in (or the link is gone).
+    pub(crate) fn relinked(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut relinks = self.relinks.subscribe();
+        async move {
+            let _ = relinks.changed().await;
+        }
     }
 
     /// The connection to run a call on (a cheap clone).
@@ -115,6 +133,7 @@ impl ClusterLink {
                 Ok(conn) => {
                     *link.current.lock().unwrap_or_else(PoisonError::into_inner) = conn;
                     link.failures.store(0, Ordering::Relaxed);
+                    link.relinks.send_modify(|n| *n = n.wrapping_add(1));
                     info!(target_cluster = %link.target, "connected to the Redis Cluster again");
                 }
                 Err(e) => {

@@ -5,7 +5,8 @@
 //! and nothing is lost: every record is processed, every lease is owned again and checkpointed
 //! to its shard's last record, in the new master. Two faults: the master dies (SIGKILL), and the
 //! master hangs (SIGSTOP: its connections stay open and nothing answers, so only the store
-//! connecting again from the seeds finds the new master). Every wait is on a condition.
+//! connecting again from the seeds finds the new master). A change subscription made before the
+//! fault ends, so the runtime subscribes again. Every wait is on a condition.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::private_cluster::{Fault, PrivateCluster};
+use futures::StreamExt;
 use shardlease_core::store::LeaseStore;
 use shardlease_core::{Config, LeaseKey, MemorySource, Position, ShardSource};
 use shardlease_redis::RedisStore;
@@ -83,8 +85,13 @@ async fn fails_over(fault: Fault, name: &str) {
         .await
         .unwrap();
 
+    // A subscription made before the fault listens on the failing master (the channel shares the
+    // namespace's slot): it must end, so that the runtime subscribes again, rather than go
+    // silent.
+    let mut before = observer.subscribe_changes().await.unwrap().expect("notification is on");
     let owner = servers.owner_of(&index);
     let replica = servers.replica_of(owner);
+    let failed_at = std::time::Instant::now();
     servers.fail(owner, fault);
     put(200, 300);
     // The replica takes the slot over after the node timeout; the workers' calls fail retryably
@@ -94,6 +101,12 @@ async fn fails_over(fault: Fault, name: &str) {
         servers
     });
     let servers = promoted.await.unwrap();
+    wait_until("a listing that succeeds", deadline, every, || async {
+        observer.list_leases().await.is_ok()
+    })
+    .await
+    .unwrap();
+    let answered_after = failed_at.elapsed();
     put(300, 400);
     wait_until("every record, before and after the failover", deadline, every, || async {
         rec.distinct() == 400
@@ -123,7 +136,14 @@ async fn fails_over(fault: Fault, name: &str) {
     .await
     .unwrap();
     assert_eq!(fleet.running().len(), 2, "both workers keep running");
-    println!("{name}: processed={} duplicates={}", rec.distinct(), rec.duplicates());
+    let ended = tokio::time::timeout(deadline, async { while before.next().await.is_some() {} });
+    assert!(ended.await.is_ok(), "the subscription made before the failover ended");
+    println!(
+        "{name}: processed={} duplicates={} store answered again {answered_after:.1?} after the \
+         fault",
+        rec.distinct(),
+        rec.duplicates()
+    );
     fleet.shutdown_all().await;
     drop(servers);
 }
