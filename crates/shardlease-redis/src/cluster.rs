@@ -13,7 +13,13 @@
 //! connection speaks. Like a single server's, the stream ends when a connection of the
 //! subscription drops (the crate reports it as a `Disconnection` push, and would subscribe
 //! again by itself, silently losing the messages published meanwhile): the runtime then
-//! subscribes again and lists once, which finds every change the lost notices announced.
+//! subscribes again and lists once, which finds every change the lost notices announced. It
+//! also ends when the store connects to the cluster again (`crate::relink`), since a
+//! subscription on a hung master goes silent without dropping.
+//!
+//! **Failover.** When the master of the namespace's slot fails, calls fail retryably until a
+//! replica is promoted and the client learns of it: by itself when the master died (refused
+//! connections, then `MOVED`), through `crate::relink` when it hangs.
 
 use std::time::Duration;
 

@@ -2,9 +2,11 @@
 //!
 //! Reads are plain commands (`HGETALL`, `ZRANGE … BYLEX` pages plus pipelined `HGETALL`s);
 //! every write that must be atomic per record is one of the Lua scripts of
-//! [`scripts`](crate::scripts). The connection is a [`ConnectionManager`]: one multiplexed
-//! connection shared by every clone of the store, re-established by itself when the server
-//! restarts or the network drops (calls made meanwhile fail with a retryable error).
+//! [`scripts`](crate::scripts). On a single server the connection is a [`ConnectionManager`]:
+//! one multiplexed connection shared by every clone of the store, re-established by itself when
+//! the server restarts or the network drops (calls made meanwhile fail with a retryable error).
+//! On a cluster it is the `redis` crate's cluster connection behind a `ClusterLink`
+//! (`crate::relink`), which connects again from the seeds when calls keep timing out.
 
 use std::fmt;
 use std::sync::Arc;
