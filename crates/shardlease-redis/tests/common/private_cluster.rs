@@ -8,6 +8,8 @@
 //! [`PrivateCluster::start`] waits until every node sees three masters and three replicas and
 //! every replica's link to its master is up. Every wait is on a condition, polled.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
