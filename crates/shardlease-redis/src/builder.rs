@@ -7,6 +7,7 @@
 //! `Error::Config` (never a panic) without repeating a password.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -19,9 +20,10 @@ use tracing::debug;
 use url::Url;
 
 use crate::cluster::{self, Seeds};
-use crate::conn::RedisConnection;
+use crate::conn::StoreConn;
 use crate::errors::backend;
 use crate::notify::Subscriber;
+use crate::relink::ClusterLink;
 use crate::store::RedisStore;
 
 /// The key prefix used unless another is configured.
@@ -170,12 +172,9 @@ impl RedisStoreBuilder {
     pub async fn connect(self) -> Result<RedisStore> {
         let plan = self.plan()?;
         let (conn, target, redactor, subscriber) = match plan.connection {
-            Connection::Given(manager) => (
-                RedisConnection::Single(manager),
-                GIVEN_MANAGER.to_owned(),
-                Redactor::default(),
-                None,
-            ),
+            Connection::Given(manager) => {
+                (StoreConn::Single(manager), GIVEN_MANAGER.to_owned(), Redactor::default(), None)
+            }
             Connection::Open(open) => {
                 let redactor = store_url::redactor(&open.shown);
                 let target = redact_url(&open.shown);
@@ -343,11 +342,7 @@ impl Open {
 
     /// Opens the connection (a connection manager, or a cluster connection); what opens
     /// subscriptions is kept.
-    async fn connect(
-        self,
-        target: &str,
-        redactor: &Redactor,
-    ) -> Result<(RedisConnection, Subscriber)> {
+    async fn connect(self, target: &str, redactor: &Redactor) -> Result<(StoreConn, Subscriber)> {
         if matches!(self.url.scheme(), "rediss") {
             prepare_tls()?;
         }
@@ -364,8 +359,10 @@ impl Open {
                 certificates,
             )?;
             let conn = seeds.connect(target, redactor).await?;
-            let subscriber = Subscriber::Cluster { seeds, target: target.to_owned() };
-            return Ok((RedisConnection::Cluster(conn), subscriber));
+            let link = ClusterLink::new(seeds.clone(), conn, target.to_owned(), redactor.clone());
+            let subscriber =
+                Subscriber::Cluster { seeds, target: target.to_owned(), link: Arc::clone(&link) };
+            return Ok((StoreConn::Cluster(link), subscriber));
         }
         #[cfg(feature = "tls")]
         let client = match certificates {
@@ -388,7 +385,7 @@ impl Open {
         let manager = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|e| backend(redactor, &format!("connecting to {target}"), e))?;
-        Ok((RedisConnection::Single(manager), Subscriber::Single(client)))
+        Ok((StoreConn::Single(manager), Subscriber::Single(client)))
     }
 }
 

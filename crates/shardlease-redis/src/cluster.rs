@@ -13,7 +13,13 @@
 //! connection speaks. Like a single server's, the stream ends when a connection of the
 //! subscription drops (the crate reports it as a `Disconnection` push, and would subscribe
 //! again by itself, silently losing the messages published meanwhile): the runtime then
-//! subscribes again and lists once, which finds every change the lost notices announced.
+//! subscribes again and lists once, which finds every change the lost notices announced. It
+//! also ends when the store connects to the cluster again (`crate::relink`), since a
+//! subscription on a hung master goes silent without dropping.
+//!
+//! **Failover.** When the master of the namespace's slot fails, calls fail retryably until a
+//! replica is promoted and the client learns of it: by itself when the master died (refused
+//! connections, then `MOVED`), through `crate::relink` when it hangs.
 
 use std::time::Duration;
 
@@ -31,6 +37,13 @@ use crate::errors::backend;
 
 /// The schemes of a cluster URL, and the scheme each seed node's URL gets.
 const SCHEMES: &[(&str, &str)] = &[("redis+cluster", "redis"), ("rediss+cluster", "rediss")];
+
+/// The shortest wait, in milliseconds, before the cluster client repeats a call (a random wait
+/// from this to the crate's `10 ms × 2^attempt`, at most [`RETRY_WAIT_MAX_MS`]).
+const RETRY_WAIT_MIN_MS: u64 = 50;
+
+/// The longest wait, in milliseconds, before the cluster client repeats a call.
+const RETRY_WAIT_MAX_MS: u64 = 1_000;
 
 /// Whether `scheme` names a Redis Cluster.
 pub(crate) fn is_cluster_scheme(scheme: &str) -> bool {
@@ -115,13 +128,23 @@ impl Seeds {
         Ok(Seeds { nodes, response_timeout, connection_timeout, certificates })
     }
 
+    /// How long one command may take.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+
     /// A client builder over the seeds, with the store's timeouts (each also bounds a whole
     /// call, redirections and retries included, so a call to a dead master fails in time).
+    /// A call the client repeats (after `MOVED`, `CLUSTERDOWN`, a refused connection) waits
+    /// [`RETRY_WAIT_MIN_MS`] or a little more first, not the crate's default of over a second,
+    /// which no call with a shorter response timeout would ever see the end of.
     fn builder(&self) -> ClusterClientBuilder {
         let builder = ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
             .connection_timeout(self.connection_timeout)
             .response_timeout(self.response_timeout)
-            .retries(3);
+            .retries(3)
+            .min_retry_wait(RETRY_WAIT_MIN_MS)
+            .max_retry_wait(RETRY_WAIT_MAX_MS);
         #[cfg(feature = "tls")]
         if let Some(certificates) = &self.certificates {
             return builder.certs(certificates.clone());
@@ -143,13 +166,15 @@ impl Seeds {
     }
 
     /// Subscribes to `channel` on a cluster connection of its own (RESP3): the notices, as a
-    /// stream that ends when a connection of the subscription drops. Redis confirms the
-    /// subscription before this returns.
+    /// stream that ends when a connection of the subscription drops or `ends` resolves (the
+    /// store connected again: see `crate::relink`). Redis confirms the subscription before this
+    /// returns.
     pub(crate) async fn subscribe(
         &self,
         channel: &str,
         target: &str,
         redactor: &Redactor,
+        ends: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<ChangeStream> {
         let (sender, pushes) = futures::channel::mpsc::unbounded();
         let client = self
@@ -179,7 +204,8 @@ impl Seeds {
                     }
                     _ => None,
                 })
-            });
+            })
+            .take_until(ends);
         Ok(notices.boxed())
     }
 }

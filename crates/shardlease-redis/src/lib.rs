@@ -112,6 +112,7 @@ mod conn;
 mod errors;
 mod keys;
 mod notify;
+mod relink;
 mod scripts;
 mod store;
 

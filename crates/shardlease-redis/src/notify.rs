@@ -23,6 +23,8 @@
 //! connection of its own (see `crate::cluster`); it ends, like a single server's, when one of
 //! its connections drops.
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use shardlease_core::store::{ChangeStream, Redactor, StoreChange};
 use shardlease_core::{LeaseKey, Result, WorkerId};
@@ -30,6 +32,7 @@ use tracing::debug;
 
 use crate::cluster::Seeds;
 use crate::errors::backend;
+use crate::relink::ClusterLink;
 
 /// The change a payload announces.
 pub(crate) fn parse(payload: &[u8]) -> StoreChange {
@@ -55,6 +58,8 @@ pub(crate) enum Subscriber {
         seeds: Seeds,
         /// The cluster's URL, redacted, for messages.
         target: String,
+        /// The store's connection, whose reconnection ends every subscription.
+        link: Arc<ClusterLink>,
     },
 }
 
@@ -68,7 +73,9 @@ pub(crate) async fn subscribe(
 ) -> Result<ChangeStream> {
     match subscriber {
         Subscriber::Single(client) => subscribe_single(client, channel, redactor).await,
-        Subscriber::Cluster { seeds, target } => seeds.subscribe(channel, target, redactor).await,
+        Subscriber::Cluster { seeds, target, link } => {
+            seeds.subscribe(channel, target, redactor, link.relinked()).await
+        }
     }
 }
 

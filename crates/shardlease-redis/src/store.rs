@@ -2,9 +2,11 @@
 //!
 //! Reads are plain commands (`HGETALL`, `ZRANGE … BYLEX` pages plus pipelined `HGETALL`s);
 //! every write that must be atomic per record is one of the Lua scripts of
-//! [`scripts`](crate::scripts). The connection is a [`ConnectionManager`]: one multiplexed
-//! connection shared by every clone of the store, re-established by itself when the server
-//! restarts or the network drops (calls made meanwhile fail with a retryable error).
+//! [`scripts`](crate::scripts). On a single server the connection is a [`ConnectionManager`]:
+//! one multiplexed connection shared by every clone of the store, re-established by itself when
+//! the server restarts or the network drops (calls made meanwhile fail with a retryable error).
+//! On a cluster it is the `redis` crate's cluster connection behind a `ClusterLink`
+//! (`crate::relink`), which connects again from the seeds when calls keep timing out.
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
 use crate::builder::RedisStoreBuilder;
 use crate::codec::{self, Fields};
-use crate::conn::RedisConnection;
+use crate::conn::{RedisConnection, StoreConn};
 use crate::errors::{backend, unexpected};
 use crate::keys::Keys;
 use crate::notify::Subscriber;
@@ -33,7 +35,7 @@ use shardlease_core::store::Redactor;
 /// connection). Open one with [`RedisStore::builder`].
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: RedisConnection,
+    conn: StoreConn,
     inner: Arc<Inner>,
 }
 
@@ -86,7 +88,7 @@ impl RedisStore {
 
     /// The store over `conn`, every setting checked by the builder.
     pub(crate) fn assemble(
-        conn: RedisConnection,
+        conn: StoreConn,
         namespace: Namespace,
         key_prefix: String,
         target: String,
@@ -140,15 +142,15 @@ impl RedisStore {
     /// `None` for a store on a Redis Cluster (see [`connection`](Self::connection)).
     pub fn manager(&self) -> Option<ConnectionManager> {
         match &self.conn {
-            RedisConnection::Single(manager) => Some(manager.clone()),
-            RedisConnection::Cluster(_) => None,
+            StoreConn::Single(manager) => Some(manager.clone()),
+            StoreConn::Cluster(_) => None,
         }
     }
 
     /// A clone of the store's connection, to a single server or to a cluster (to run other
     /// commands on the same connection; a command is routed by its first key on a cluster).
     pub fn connection(&self) -> RedisConnection {
-        self.conn.clone()
+        self.conn.public()
     }
 
     /// Whether the store speaks to a Redis Cluster.

@@ -5,6 +5,8 @@
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod private_cluster;
+
 use shardlease_core::store::VersionedLease;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
