@@ -66,7 +66,13 @@ impl FromStr for SequenceNumber {
 
 impl TryFrom<String> for SequenceNumber {
     type Error = Error;
+    /// As [`SequenceNumber::parse`], keeping the string's buffer when it is canonical already
+    /// (no leading zeros): a reader turning every record's sequence number into one does not
+    /// copy it.
     fn try_from(s: String) -> Result<Self> {
+        if !s.starts_with('0') && s.len() <= 256 && !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            return Ok(SequenceNumber(s));
+        }
         SequenceNumber::parse(&s)
     }
 }
@@ -178,6 +184,18 @@ mod tests {
 
     fn seq(s: &str) -> SequenceNumber {
         SequenceNumber::parse(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_owned_string_converts_exactly_as_parse_does() {
+        let long = "1".repeat(257);
+        for s in ["123", "0", "000", "0042", "", "12a", "-1", " 1", long.as_str(), "4959033827149025"] {
+            let owned = SequenceNumber::try_from(s.to_owned());
+            match SequenceNumber::parse(s) {
+                Ok(p) => assert_eq!(owned.map(|o| o.as_str().to_owned()).ok(), Some(p.as_str().to_owned()), "{s:?}"),
+                Err(_) => assert!(owned.is_err(), "{s:?} must be refused"),
+            }
+        }
     }
 
     #[test]
