@@ -195,10 +195,16 @@ mod tests {
     #[test]
     fn an_owned_string_converts_exactly_as_parse_does() {
         let long = "1".repeat(257);
-        for s in ["123", "0", "000", "0042", "", "12a", "-1", " 1", long.as_str(), "4959033827149025"] {
+        for s in
+            ["123", "0", "000", "0042", "", "12a", "-1", " 1", long.as_str(), "4959033827149025"]
+        {
             let owned = SequenceNumber::try_from(s.to_owned());
             match SequenceNumber::parse(s) {
-                Ok(p) => assert_eq!(owned.map(|o| o.as_str().to_owned()).ok(), Some(p.as_str().to_owned()), "{s:?}"),
+                Ok(p) => assert_eq!(
+                    owned.map(|o| o.as_str().to_owned()).ok(),
+                    Some(p.as_str().to_owned()),
+                    "{s:?}"
+                ),
                 Err(_) => assert!(owned.is_err(), "{s:?} must be refused"),
             }
         }

@@ -94,9 +94,10 @@ impl Unpacker {
                 Deaggregated::Plain
             };
             let arrival = r.arrival_millis;
-            let user = |seq: SequenceNumber, sub: u64, partition_key: String, data: bytes::Bytes| {
-                Record::new(seq, partition_key, data).with_sub(sub).with_arrival_millis(arrival)
-            };
+            let user =
+                |seq: SequenceNumber, sub: u64, partition_key: String, data: bytes::Bytes| {
+                    Record::new(seq, partition_key, data).with_sub(sub).with_arrival_millis(arrival)
+                };
             let seq = match unpacked {
                 Deaggregated::Plain => {
                     if keep(0) {
@@ -190,7 +191,12 @@ mod tests {
     use crate::kpl::{self, Deaggregated, UserRecord};
 
     fn raw(seq: u64, data: Bytes) -> RawRecord {
-        RawRecord { seq: format!("{seq:05}"), partition_key: format!("p{seq}"), data, arrival_millis: 7 }
+        RawRecord {
+            seq: format!("{seq:05}"),
+            partition_key: format!("p{seq}"),
+            data,
+            arrival_millis: 7,
+        }
     }
 
     fn plain(seq: u64) -> RawRecord {
@@ -241,8 +247,13 @@ mod tests {
 
     fn check(start: Option<(u64, u64)>, pages: &[Vec<RawRecord>]) {
         let start = start.map(|(s, sub)| (SequenceNumber::from(s), sub));
-        let mut u =
-            Unpacker::new("s".into(), LeaseKey::from("s0"), None, &ReadConfig::default(), start.clone());
+        let mut u = Unpacker::new(
+            "s".into(),
+            LeaseKey::from("s0"),
+            None,
+            &ReadConfig::default(),
+            start.clone(),
+        );
         let (mut skip, mut last) = (start, None);
         for (i, page) in pages.iter().enumerate() {
             let want = reference(&mut skip, &mut last, page);

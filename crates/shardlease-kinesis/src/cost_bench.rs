@@ -20,7 +20,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use shardlease_core::{LeaseKey, Position, ShardInfo, ShardSource};
 
-use crate::api::{Api, ApiError, IteratorStart, ListPage, RawRecord, RecordsPage, ShardPage, StreamRef};
+use crate::api::{
+    Api, ApiError, IteratorStart, ListPage, RawRecord, RecordsPage, ShardPage, StreamRef,
+};
 use crate::config::ReadConfig;
 use crate::convert::Unpacker;
 use crate::kpl::{self, UserRecord};
@@ -122,7 +124,10 @@ fn plain_records_cost() {
     let mut unpacker = Unpacker::new("stream".into(), LeaseKey::from("s0"), None, &c, None);
     assert_eq!(measured_convert(&mut unpacker, pages(n, 10_000, false)), n);
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("{e}"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
     let api = Arc::new(Pages(Mutex::new(pages(n, 10_000, false).into())));
     let source = KinesisSource::with_api(api, StreamRef::parse("stream"), c)
         .unwrap_or_else(|e| panic!("{e}"));

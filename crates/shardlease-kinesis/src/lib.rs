@@ -59,11 +59,11 @@ mod source;
 pub mod telemetry;
 
 #[cfg(test)]
+mod cost_bench;
+#[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod fetcher_tests;
-#[cfg(test)]
-mod cost_bench;
 
 /// The AWS SDK crates this source is built on, so a caller can build a client or config of its
 /// own ([`KinesisSourceBuilder::client`], [`KinesisSourceBuilder::sdk_config`]) with exactly the
