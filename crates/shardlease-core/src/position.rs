@@ -25,7 +25,7 @@ pub struct SequenceNumber(String);
 impl SequenceNumber {
     /// Parses a decimal string. Leading zeros are dropped; anything but ASCII digits is rejected.
     pub fn parse(s: &str) -> Result<Self> {
-        if s.is_empty() || s.len() > 256 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        if s.is_empty() || s.len() > 256 || !all_digits(s) {
             return Err(Error::InvalidInput(format!(
                 "sequence number must be 1 to 256 decimal digits, got {:?}",
                 truncate(s)
@@ -39,6 +39,12 @@ impl SequenceNumber {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Whether every byte is an ASCII digit. Without an early exit, so the check of a 56-digit
+/// Kinesis sequence number (one per record read) compiles to a few vector operations.
+fn all_digits(s: &str) -> bool {
+    s.bytes().fold(0u8, |bad, b| bad | u8::from(!b.is_ascii_digit())) == 0
 }
 
 fn truncate(s: &str) -> String {
@@ -66,7 +72,13 @@ impl FromStr for SequenceNumber {
 
 impl TryFrom<String> for SequenceNumber {
     type Error = Error;
+    /// As [`SequenceNumber::parse`], keeping the string's buffer when it is canonical already
+    /// (no leading zeros): a reader turning every record's sequence number into one does not
+    /// copy it.
     fn try_from(s: String) -> Result<Self> {
+        if !s.starts_with('0') && s.len() <= 256 && !s.is_empty() && all_digits(&s) {
+            return Ok(SequenceNumber(s));
+        }
         SequenceNumber::parse(&s)
     }
 }
@@ -178,6 +190,24 @@ mod tests {
 
     fn seq(s: &str) -> SequenceNumber {
         SequenceNumber::parse(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn an_owned_string_converts_exactly_as_parse_does() {
+        let long = "1".repeat(257);
+        for s in
+            ["123", "0", "000", "0042", "", "12a", "-1", " 1", long.as_str(), "4959033827149025"]
+        {
+            let owned = SequenceNumber::try_from(s.to_owned());
+            match SequenceNumber::parse(s) {
+                Ok(p) => assert_eq!(
+                    owned.map(|o| o.as_str().to_owned()).ok(),
+                    Some(p.as_str().to_owned()),
+                    "{s:?}"
+                ),
+                Err(_) => assert!(owned.is_err(), "{s:?} must be refused"),
+            }
+        }
     }
 
     #[test]

@@ -131,6 +131,22 @@ fn index_of(table: &mut Vec<String>, key: &str) -> u64 {
 /// Unpacks a Kinesis record's data. `range` is the hash range of the shard being read; the
 /// indices of user records outside it are listed in `out_of_range` (none are when it is `None`).
 pub fn deaggregate(data: &[u8], range: Option<&HashRange>) -> Deaggregated {
+    unpack(data, |body| body, range)
+}
+
+/// [`deaggregate`] of a shared buffer: the user records' payloads are slices of `data`, not
+/// copies (the reader's path).
+pub(crate) fn deaggregate_shared(data: &Bytes, range: Option<&HashRange>) -> Deaggregated {
+    unpack(data, |body| data.slice_ref(body), range)
+}
+
+/// Checks and decodes an aggregate; `buffer` turns the body into what the protobuf is decoded
+/// from (a `Bytes` body lets the payloads share its memory).
+fn unpack<'a, B: bytes::Buf>(
+    data: &'a [u8],
+    buffer: impl FnOnce(&'a [u8]) -> B,
+    range: Option<&HashRange>,
+) -> Deaggregated {
     if data.len() < MAGIC.len() || data[..MAGIC.len()] != MAGIC {
         return Deaggregated::Plain;
     }
@@ -142,7 +158,7 @@ pub fn deaggregate(data: &[u8], range: Option<&HashRange>) -> Deaggregated {
     if actual[..] != *digest {
         return Deaggregated::Malformed("MD5 digest does not match the body".into());
     }
-    let decoded = match AggregatedRecord::decode(body) {
+    let decoded = match AggregatedRecord::decode(buffer(body)) {
         Ok(d) => d,
         Err(e) => return Deaggregated::Malformed(format!("protobuf body does not decode: {e}")),
     };
@@ -174,6 +190,8 @@ pub fn deaggregate(data: &[u8], range: Option<&HashRange>) -> Deaggregated {
                     ))
                 }
             },
+            // The MD5 of the key is only needed for the out-of-range rule.
+            None if range.is_none() => 0,
             None => partition_key_hash(pk),
         };
         if range.is_some_and(|r| hash < r.start || hash > r.end) {

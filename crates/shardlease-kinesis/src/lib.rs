@@ -59,6 +59,8 @@ mod source;
 pub mod telemetry;
 
 #[cfg(test)]
+mod cost_bench;
+#[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod fetcher_tests;
