@@ -62,6 +62,7 @@ pub use config::{
 };
 /// `url` with its keys masked, for logs and messages (core's, the one every store uses).
 pub use shardlease_core::store::url::redact_url;
+pub use store::batch::{MAX_TRANSACT_ITEMS, PARALLEL_BATCH_WRITES, TRANSACT_ATTEMPTS};
 pub use store::DynamoDbStore;
 pub use table::Billing;
 

@@ -83,6 +83,7 @@ pub use config::{
     redact_url, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PAGE_SIZE, DEFAULT_PORT,
     DEFAULT_REQUEST_TIMEOUT,
 };
+pub use store::batch::{MAX_TXN_BYTES, MAX_TXN_OPS, TXN_ATTEMPTS};
 pub use store::EtcdStore;
 
 /// Re-export of the `etcd-client` crate, so a client given to [`EtcdStoreBuilder::client`] is of
