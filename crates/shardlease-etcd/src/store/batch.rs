@@ -144,7 +144,9 @@ impl EtcdStore {
             let cache = self.cache();
             for (i, item) in items.iter_mut().enumerate() {
                 match cache.get(item.update.lease.key.as_str()) {
-                    Some((v, bytes)) if *v == item.update.expected => item.old = Some(bytes.clone()),
+                    Some((v, bytes)) if *v == item.update.expected => {
+                        item.old = Some(bytes.clone())
+                    }
                     _ => unknown.push(i),
                 }
             }

@@ -223,7 +223,8 @@ pub async fn a_batch_larger_than_any_backend_chunk(factory: &dyn StoreFactory) {
         let me = WorkerId::from("batcher");
         let updates: Vec<LeaseUpdate> = (0..LARGE_BATCH)
             .map(|i| {
-                let lease = Lease::new(key(i), Position::TrimHorizon).transferred_to(Some(me.clone()));
+                let lease =
+                    Lease::new(key(i), Position::TrimHorizon).transferred_to(Some(me.clone()));
                 LeaseUpdate::new(lease, versions[i])
             })
             .collect();
@@ -233,7 +234,8 @@ pub async fn a_batch_larger_than_any_backend_chunk(factory: &dyn StoreFactory) {
             let k = key(i);
             let got = ok(store.get_lease(&u.lease.key).await, "get after the batch");
             if stale.contains(&i) {
-                let moved = VersionedLease::new(Lease::new(key(i), Position::sequence(9u64)), now[i]);
+                let moved =
+                    VersionedLease::new(Lease::new(key(i), Position::sequence(9u64)), now[i]);
                 assert_eq!(conflicted(r, &k, "a stale item"), Some(moved.clone()));
                 assert_eq!(got, Some(moved), "{k}: nothing written");
             } else {
