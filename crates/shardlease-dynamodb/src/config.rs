@@ -77,6 +77,7 @@ pub struct DynamoDbStoreBuilder {
     initial_backoff: Option<Duration>,
     attempt_timeout: Option<Duration>,
     table_ready_timeout: Option<Duration>,
+    transact_batches: Option<bool>,
 }
 
 impl fmt::Debug for DynamoDbStoreBuilder {
@@ -96,6 +97,7 @@ impl fmt::Debug for DynamoDbStoreBuilder {
             .field("billing", &self.billing)
             .field("page_size", &self.page_size)
             .field("max_attempts", &self.max_attempts)
+            .field("transact_batches", &self.transact_batches)
             .finish_non_exhaustive()
     }
 }
@@ -197,6 +199,17 @@ impl DynamoDbStoreBuilder {
         self
     }
 
+    /// Whether the batch writes (`update_leases`, `create_leases`) go as `TransactWriteItems` of
+    /// up to 100 items (`true`) or as single conditional writes, up to
+    /// [`PARALLEL_BATCH_WRITES`](crate::PARALLEL_BATCH_WRITES) updates at a time and creations
+    /// one after another (`false`, the default). Transactions save round trips but cost twice
+    /// the write units, and moto's emulator copies the whole table for each one;
+    /// `docs/dynamodb.md`, "Batch writes", has the measurements. Builder only (no URL option).
+    pub fn transact_batches(mut self, on: bool) -> Self {
+        self.transact_batches = Some(on);
+        self
+    }
+
     /// The most items one listing page reads (DynamoDB's `Limit`, at least 1); default: none,
     /// so a page is what fits DynamoDB's 1 MB. Small values make many pages (tests use that).
     pub fn page_size(mut self, items: u32) -> Self {
@@ -266,6 +279,7 @@ impl DynamoDbStoreBuilder {
             plan.namespace,
             target,
             plan.page_size,
+            plan.transact_batches,
             plan.redactor,
         );
         if let Some(setup) = &plan.table_setup {
@@ -353,6 +367,7 @@ impl DynamoDbStoreBuilder {
             table,
             namespace,
             page_size: b.page_size,
+            transact_batches: b.transact_batches.unwrap_or(false),
             table_setup: check.then_some(TableSetup { create, billing, ready_timeout }),
             endpoint: b.endpoint,
             ca_file: b.ca_file,
@@ -386,6 +401,7 @@ impl DynamoDbStoreBuilder {
             initial_backoff: self.initial_backoff.or(under.initial_backoff),
             attempt_timeout: self.attempt_timeout.or(under.attempt_timeout),
             table_ready_timeout: self.table_ready_timeout.or(under.table_ready_timeout),
+            transact_batches: self.transact_batches.or(under.transact_batches),
         }
     }
 
@@ -434,6 +450,7 @@ struct Plan {
     table: String,
     namespace: Namespace,
     page_size: Option<u32>,
+    transact_batches: bool,
     /// `None`: the table is not checked (`check_table(false)`).
     table_setup: Option<TableSetup>,
     redactor: Redactor,

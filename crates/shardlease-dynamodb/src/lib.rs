@@ -43,7 +43,9 @@
 //! Every write draws a random 63-bit `version` ([`Version::random`](shardlease_core::store::Version)),
 //! so a version never repeats for a key, even after a table is restored from a backup.
 //! Conditional writes return the current item on failure (`ReturnValuesOnConditionCheckFailure`),
-//! so a `Conflict` carries it at no extra cost. An item that does not decode is
+//! so a `Conflict` carries it at no extra cost. Batch writes are single conditional writes by
+//! default, or `TransactWriteItems` with
+//! [`DynamoDbStoreBuilder::transact_batches`] (fewer requests, twice the write units). An item that does not decode is
 //! `Error::Corrupt` for that key (a listing's `corrupt` entry), never a panic. Throttling,
 //! server errors and timeouts are retried by the SDK with jittered exponential backoff and then
 //! reported as retryable `Error::Backend`. AWS keys never appear in an error, a log line or
@@ -62,6 +64,7 @@ pub use config::{
 };
 /// `url` with its keys masked, for logs and messages (core's, the one every store uses).
 pub use shardlease_core::store::url::redact_url;
+pub use store::batch::{MAX_TRANSACT_ITEMS, PARALLEL_BATCH_WRITES, TRANSACT_ATTEMPTS};
 pub use store::DynamoDbStore;
 pub use table::Billing;
 

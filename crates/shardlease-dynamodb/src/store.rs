@@ -12,6 +12,8 @@
 //! then fails its condition against the item it wrote itself; the store recognises its own write
 //! by the version it drew (random 63 bits, so no one else wrote that version) and reports success.
 
+pub(crate) mod batch;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -22,7 +24,8 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 use shardlease_core::store::{
-    CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
+    CorruptRecord, CreateOutcome, Lease, LeaseStore, LeaseUpdate, Listing, Version, VersionedLease,
+    WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 use tracing::debug;
@@ -50,6 +53,8 @@ struct Inner {
     /// `table T in REGION [at ENDPOINT]`, for messages.
     target: String,
     page_size: Option<u32>,
+    /// Batches as `TransactWriteItems` (else single writes; see `batch`).
+    transact_batches: bool,
     redactor: Redactor,
 }
 
@@ -85,6 +90,7 @@ impl DynamoDbStore {
         namespace: Namespace,
         target: String,
         page_size: Option<u32>,
+        transact_batches: bool,
         redactor: Redactor,
     ) -> DynamoDbStore {
         DynamoDbStore {
@@ -95,6 +101,7 @@ impl DynamoDbStore {
                 namespace,
                 target,
                 page_size,
+                transact_batches,
                 redactor,
             }),
         }
@@ -385,6 +392,21 @@ impl LeaseStore for DynamoDbStore {
             Err(Failed::Condition(current)) => Err(DynamoDbStore::conflict(&lease.key, current)),
             Err(Failed::Other(e)) => Err(e),
         }
+    }
+
+    /// Single conditional puts, [`PARALLEL_BATCH_WRITES`](crate::PARALLEL_BATCH_WRITES) at a
+    /// time; or, with `transact_batches(true)`, `TransactWriteItems` of up to 100 conditional
+    /// puts, the items whose condition held tried again when another's failed (see
+    /// `store/batch.rs`).
+    async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        self.update_batch(updates).await
+    }
+
+    /// Single conditional puts one after another; or, with `transact_batches(true)`,
+    /// `TransactWriteItems` of up to 100 conditional puts, the chunks in order (see
+    /// `store/batch.rs`).
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        self.create_batch(leases).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {

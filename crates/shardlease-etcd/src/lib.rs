@@ -54,8 +54,10 @@
 //! can repeat for a key with other contents. Compare-and-set is one `Txn` comparing the key's
 //! value with the bytes last seen at the expected version (the version is in those bytes, so
 //! equal bytes mean the same write); create-if-absent compares `create_revision` with 0; a failed
-//! compare returns the current record in the same round trip. Listings page with range limits,
-//! all pages read at the first page's revision.
+//! compare returns the current record in the same round trip. The batch writes
+//! (`update_leases`, `create_leases`) are one `Txn` per chunk of up to [`MAX_TXN_OPS`] items,
+//! each item still judged on its own. Listings page with range limits, all pages read at the
+//! first page's revision.
 //!
 //! ## Change notification
 //!
@@ -83,6 +85,7 @@ pub use config::{
     redact_url, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PAGE_SIZE, DEFAULT_PORT,
     DEFAULT_REQUEST_TIMEOUT,
 };
+pub use store::batch::{MAX_TXN_BYTES, MAX_TXN_OPS, TXN_ATTEMPTS};
 pub use store::EtcdStore;
 
 /// Re-export of the `etcd-client` crate, so a client given to [`EtcdStoreBuilder::client`] is of

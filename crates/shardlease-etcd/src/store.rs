@@ -7,7 +7,9 @@
 //! snapshot (same revision numbers, other contents) can never be mistaken for it. The bytes of the
 //! last version this store read or wrote are cached per lease; a compare-and-set at another
 //! version reads the record first. A failed compare returns the current record in the same
-//! round trip (`or_else: get`).
+//! round trip (`or_else: get`). The batch writes are in `batch`.
+
+pub(crate) mod batch;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,7 +18,7 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use shardlease_core::store::Redactor;
 use shardlease_core::store::{
-    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version,
+    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, LeaseUpdate, Listing, Version,
     VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
@@ -302,6 +304,17 @@ impl LeaseStore for EtcdStore {
         self.cas(&lease.key, old, put, "update lease").await?;
         self.remember(lease.key.as_str(), version, &bytes);
         Ok(version)
+    }
+
+    /// One `Txn` per chunk of up to 128 items, whose failure branch reads the items so that the
+    /// ones whose compare held are tried again without the others (see `store/batch.rs`).
+    async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
+        self.update_batch(updates).await
+    }
+
+    /// One `Txn` per chunk of up to 128 leases, the chunks in order (see `store/batch.rs`).
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        self.create_batch(leases).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {

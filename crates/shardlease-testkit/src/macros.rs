@@ -24,6 +24,7 @@ macro_rules! __conformance_cases {
             an_empty_batch_does_nothing
             a_batch_honours_versions_like_update_lease
             a_batch_creates_only_missing_leases
+            a_batch_larger_than_any_backend_chunk
             a_rolled_back_record_never_accepts_a_stale_version
             list_many_leases
             namespaces_are_isolated

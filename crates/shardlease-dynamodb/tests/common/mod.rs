@@ -29,12 +29,20 @@ pub const SECRET: &str = "test-secret";
 pub struct DynamoFactory {
     endpoint: String,
     table: String,
+    /// Whether the stores write batches as `TransactWriteItems`.
+    transact: bool,
 }
 
 impl DynamoFactory {
     /// A factory over the emulator at `endpoint`, on `table`.
     pub fn new(endpoint: String, table: &str) -> Self {
-        DynamoFactory { endpoint, table: table.to_owned() }
+        DynamoFactory { endpoint, table: table.to_owned(), transact: false }
+    }
+
+    /// This factory, its stores writing batches as `TransactWriteItems`.
+    pub fn transact_batches(mut self) -> Self {
+        self.transact = true;
+        self
     }
 
     /// The emulator's endpoint.
@@ -50,6 +58,7 @@ impl DynamoFactory {
             .region("us-east-1")
             .credentials(KEY_ID, SECRET, None)
             .attempt_timeout(Duration::from_secs(30))
+            .transact_batches(self.transact)
     }
 
     /// A store for `namespace` in the factory's table (created when missing).

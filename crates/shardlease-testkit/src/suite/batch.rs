@@ -171,3 +171,82 @@ pub async fn a_batch_creates_only_missing_leases(factory: &dyn StoreFactory) {
     })
     .await;
 }
+
+/// Leases in [`a_batch_larger_than_any_backend_chunk`]: more than the chunk of every store of
+/// this workspace that splits a batch below 256 items (DynamoDB's transactions take 100, etcd's
+/// 128), so the batch spans several chunks.
+pub const LARGE_BATCH: usize = 260;
+
+/// A batch of [`LARGE_BATCH`] items, so a store that splits batches writes it in several chunks:
+/// the conflicts sit in the first, a later and the last chunk, and each item is still judged on
+/// its own. `create_leases` over leases of which some exist (in a later chunk) creates the others
+/// and reports `AlreadyExists` for those; `update_leases` with stale items writes the rest, and
+/// the stale ones keep what they hold.
+pub async fn a_batch_larger_than_any_backend_chunk(factory: &dyn StoreFactory) {
+    with_scope(factory, "a_batch_larger_than_any_backend_chunk", |scope| async move {
+        let (_, store) = scope.fresh_store().await;
+        let existing = [130, 205];
+        let mut before = Vec::new();
+        for i in existing {
+            let lease = Lease::new(key(i), Position::sequence(1u64));
+            before.push(created(store.create_lease(&lease).await, "create"));
+        }
+        let leases: Vec<Lease> =
+            (0..LARGE_BATCH).map(|i| Lease::new(key(i), Position::TrimHorizon)).collect();
+        let outcomes = ok(store.create_leases(&leases).await, "create_leases");
+        assert_eq!(outcomes.len(), LARGE_BATCH, "one outcome per lease, in order");
+        let mut versions = Vec::new();
+        for (i, outcome) in outcomes.iter().enumerate() {
+            match (existing.iter().position(|e| *e == i), outcome) {
+                (Some(n), CreateOutcome::AlreadyExists) => versions.push(before[n]),
+                (None, CreateOutcome::Created(v)) => versions.push(*v),
+                (_, other) => panic!("{}: wrong creation outcome {other:?}", key(i)),
+            }
+        }
+        let listing = ok(store.list_leases().await, "list");
+        assert_eq!(listing.items.len(), LARGE_BATCH, "every lease exists once");
+        for (i, v) in versions.iter().enumerate() {
+            let got = ok(store.get_lease(&LeaseKey::from(key(i))).await, "get");
+            let expected = match existing.iter().position(|e| *e == i) {
+                Some(_) => Lease::new(key(i), Position::sequence(1u64)),
+                None => leases[i].clone(),
+            };
+            assert_eq!(got, Some(VersionedLease::new(expected, *v)), "{}", key(i));
+        }
+        // Stale items in the first chunk, in later ones and last.
+        let stale = [0, 150, 230, LARGE_BATCH - 1];
+        let mut now = versions.clone();
+        for i in stale {
+            let moved = Lease::new(key(i), Position::sequence(9u64));
+            now[i] = ok(store.update_lease(&moved, versions[i]).await, "update");
+        }
+        let me = WorkerId::from("batcher");
+        let updates: Vec<LeaseUpdate> = (0..LARGE_BATCH)
+            .map(|i| {
+                let lease =
+                    Lease::new(key(i), Position::TrimHorizon).transferred_to(Some(me.clone()));
+                LeaseUpdate::new(lease, versions[i])
+            })
+            .collect();
+        let results = ok(store.update_leases(&updates).await, "update_leases");
+        assert_eq!(results.len(), LARGE_BATCH, "one outcome per item, in order");
+        for (i, (u, r)) in updates.iter().zip(&results).enumerate() {
+            let k = key(i);
+            let got = ok(store.get_lease(&u.lease.key).await, "get after the batch");
+            if stale.contains(&i) {
+                let moved =
+                    VersionedLease::new(Lease::new(key(i), Position::sequence(9u64)), now[i]);
+                assert_eq!(conflicted(r, &k, "a stale item"), Some(moved.clone()));
+                assert_eq!(got, Some(moved), "{k}: nothing written");
+            } else {
+                let v = match r {
+                    Ok(v) => *v,
+                    Err(e) => panic!("{k}: an item at its current version must be written: {e}"),
+                };
+                assert_ne!(v, versions[i], "{k}: a written item gets a new version");
+                assert_eq!(got, Some(VersionedLease::new(u.lease.clone(), v)), "{k}: read back");
+            }
+        }
+    })
+    .await;
+}

@@ -33,7 +33,8 @@ use shardlease_core::Result;
 
 pub use batch::{
     a_batch_applies_each_compare_and_set_on_its_own, a_batch_creates_only_missing_leases,
-    a_batch_honours_versions_like_update_lease, an_empty_batch_does_nothing,
+    a_batch_honours_versions_like_update_lease, a_batch_larger_than_any_backend_chunk,
+    an_empty_batch_does_nothing, LARGE_BATCH,
 };
 pub use create::{create_and_get_round_trip, create_race_is_idempotent};
 pub use lease_loop::{
