@@ -143,7 +143,7 @@ pub const METRICS: &[MetricInfo] = {
         info(BATCH_SECONDS, Histogram, BY_SHARD, "Seconds from handing a batch to the processor until it succeeded."),
         info(MILLIS_BEHIND_LATEST, Gauge, BY_SHARD, "How far behind the tip of the shard the last read was (0 once the lease task ends)."),
         info(CHECKPOINT_AGE, Gauge, BY_SHARD, "Seconds since this worker last checkpointed the lease or started it (0 once the lease task ends)."),
-        info(LEASE_LOAD, Gauge, BY_SHARD, "The lease's measured load: busy seconds per second of its processor, smoothed (only when balancing by load)."),
+        info(LEASE_LOAD, Gauge, BY_SHARD, "The lease's measured load: its share of the worker's cores while in its processor, in busy seconds per second, smoothed (only when balancing by load)."),
         info(WORKER_LOAD, Gauge, BY_WORKER, "The sum of this worker's lease loads (only when balancing by load)."),
         info(BALANCE_MODE_MISMATCH, Counter, BY_WORKER, "Peers seen balancing by another mode than this worker (each counted once): a fleet must share one `Balance`."),
         info(PROCESSOR_ERRORS, Counter, BY_SHARD, "Errors returned by the record processor."),
