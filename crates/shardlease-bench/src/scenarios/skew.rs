@@ -74,6 +74,7 @@ pub async fn run(run: &Run<'_>) -> Result<Report, BenchError> {
     r.set("zipf_max", a.skew.max);
     r.set("noise", a.skew.noise);
     r.set("worker_cores", a.skew.worker_cores);
+    r.set("load_floor", a.skew.floor);
     r.set("hot_shards", weights.iter().filter(|&&w| w == a.skew.max).count());
     r.set("heaviest_lease_load", rounded(heaviest));
     r.set("mean_worker_load", rounded(mean));
@@ -82,7 +83,8 @@ pub async fn run(run: &Run<'_>) -> Result<Report, BenchError> {
     // Each worker's processors share its modelled cores (with no limit, at most one per lease),
     // as a real worker's share the machine's.
     let cores = if a.skew.worker_cores == 0 { a.shards } else { a.skew.worker_cores };
-    let by_load = Balance::ByLoad(LoadBalance::default().with_cores(cores));
+    let by_load =
+        Balance::ByLoad(LoadBalance::default().with_cores(cores).with_floor(a.skew.floor));
     for (name, balance) in [("by_count", Balance::ByCount), ("by_load", by_load)] {
         let mode = one_mode(run, &stream, balance, seed).await?;
         let count = |key: &str| mode.get(key).and_then(Value::as_u64).unwrap_or(0);
