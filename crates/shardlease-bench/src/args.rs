@@ -87,6 +87,8 @@ pub struct Skew {
     pub noise: f64,
     /// Cores each worker pays record costs with (0: no limit, no waiting).
     pub worker_cores: usize,
+    /// `LoadBalance::floor` of the by-load run (busy seconds per second).
+    pub floor: f64,
 }
 
 /// `--policy`: one balancer or both.
@@ -184,6 +186,10 @@ struct Flags {
     /// skew: cores each worker pays record costs with (its processors wait for one); 0: no limit.
     #[arg(long, value_name = "C", default_value_t = 1)]
     worker_cores: usize,
+    /// skew: the floor of the by-load run, busy seconds per second (each lease also costs twice
+    /// it); default LoadBalance's.
+    #[arg(long, value_name = "F", default_value_t = 0.02, value_parser = positive)]
+    load_floor: f64,
 }
 
 /// The scenarios `--scenario` names (clap needs one type per flag value).
@@ -317,6 +323,7 @@ fn validate(f: Flags) -> Result<Args, (ErrorKind, String)> {
             record_cost: Duration::from_micros(f.record_cost_us),
             noise: f.noise,
             worker_cores: f.worker_cores,
+            floor: f.load_floor,
         },
     })
 }
@@ -371,7 +378,8 @@ mod tests {
                 max: 10,
                 record_cost: Duration::from_millis(1),
                 noise: 0.2,
-                worker_cores: 1
+                worker_cores: 1,
+                floor: 0.02,
             }
         );
         let a = args(&format!(
@@ -384,6 +392,7 @@ mod tests {
             record_cost: Duration::ZERO,
             noise: 0.0,
             worker_cores: 0,
+            floor: 0.02,
         };
         assert_eq!(a.skew, quiet);
         assert!(!Scenario::ALL.contains(&Scenario::Skew), "`all` stays quick");

@@ -12,7 +12,8 @@ pub enum Balance {
     /// Every worker holds the same number of leases, within one. The default.
     #[default]
     ByCount,
-    /// Every worker carries about the same load: the busy time of its processors. Each worker
+    /// Every worker carries about the same load: the busy time of its processors, as shares of
+    /// its cores ([`LoadBalance::cores`]). Each worker
     /// measures its leases and publishes its heaviest ones in its heartbeat record.
     ByLoad(LoadBalance),
 }
@@ -41,11 +42,16 @@ pub struct LoadBalance {
     /// How long a lease stays where it went before it can move for load again. Default: 6
     /// balance intervals (30 s at the default heartbeat).
     pub cooldown: Option<Duration>,
+    /// The cores a worker's processors share. A batch is credited, for each instant it is in its
+    /// processor, its share of them: all of it while no more batches than cores are in progress,
+    /// `cores / k` with `k` in progress. So a lease's load does not count the time it waited for
+    /// a core its worker's other leases were using. Default: the machine's available parallelism.
+    pub cores: Option<usize>,
 }
 
 impl Default for LoadBalance {
     fn default() -> Self {
-        LoadBalance { margin: 0.15, floor: 0.02, cooldown: None }
+        LoadBalance { margin: 0.15, floor: 0.02, cooldown: None, cores: None }
     }
 }
 
@@ -68,6 +74,17 @@ impl LoadBalance {
         self
     }
 
+    /// Sets the cores a worker's processors share (at least 1).
+    pub fn with_cores(mut self, cores: usize) -> Self {
+        self.cores = Some(cores);
+        self
+    }
+
+    /// The cores: the ones set, or the machine's available parallelism (1 if unknown).
+    pub fn cores_or_default(&self) -> usize {
+        self.cores.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
     /// The cooldown with `balance_interval`: the one set, or 6 balance intervals.
     pub fn cooldown_or_default(&self, balance_interval: Duration) -> Duration {
         self.cooldown.unwrap_or_else(|| balance_interval.saturating_mul(6))
@@ -86,6 +103,9 @@ impl LoadBalance {
                  got {}: a floor of 0 would move leases for noise",
                 self.floor
             )));
+        }
+        if self.cores == Some(0) {
+            return Err(Error::Config("balance cores must be at least 1".into()));
         }
         if self.cooldown.is_some_and(|c| c > crate::config::MAX_DURATION) {
             return Err(Error::Config("balance cooldown must be at most 30 days".into()));

@@ -1,9 +1,10 @@
 //! Lease loads: what a worker measures of each lease it runs, and the bounded form it publishes
 //! in its heartbeat record for the load-aware balancer (docs/algorithm.md, "Balancing by load").
 //!
-//! A lease's load is the share of wall time its processor spends handling batches (busy seconds
-//! per second, so 1.0 is a lease that keeps one core busy): that is what a hot shard costs, on
-//! whatever machine runs it. A worker publishes only its [`MAX_PUBLISHED_LEASE_LOADS`] heaviest
+//! A lease's load is its share of its worker's cores while its processor handles batches (busy
+//! seconds per second, so 1.0 is a lease that keeps one core busy; see `runtime/core_share.rs`):
+//! that is what a hot shard costs, on whatever machine runs it, without the time it waited for a
+//! core its co-located leases were using. A worker publishes only its [`MAX_PUBLISHED_LEASE_LOADS`] heaviest
 //! leases and its total, so a record stays small and a listing of the worker records stays
 //! O(workers) to read however many leases there are; the balancer estimates every other lease of
 //! that worker as the average of the rest.

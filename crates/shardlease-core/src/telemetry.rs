@@ -143,7 +143,7 @@ pub const METRICS: &[MetricInfo] = {
         info(BATCH_SECONDS, Histogram, BY_SHARD, "Seconds from handing a batch to the processor until it succeeded."),
         info(MILLIS_BEHIND_LATEST, Gauge, BY_SHARD, "How far behind the tip of the shard the last read was (0 once the lease task ends)."),
         info(CHECKPOINT_AGE, Gauge, BY_SHARD, "Seconds since this worker last checkpointed the lease or started it (0 once the lease task ends)."),
-        info(LEASE_LOAD, Gauge, BY_SHARD, "The lease's measured load: busy seconds per second of its processor, smoothed (only when balancing by load)."),
+        info(LEASE_LOAD, Gauge, BY_SHARD, "The lease's measured load: its share of the worker's cores while in its processor, in busy seconds per second, smoothed (only when balancing by load)."),
         info(WORKER_LOAD, Gauge, BY_WORKER, "The sum of this worker's lease loads (only when balancing by load)."),
         info(BALANCE_MODE_MISMATCH, Counter, BY_WORKER, "Peers seen balancing by another mode than this worker (each counted once): a fleet must share one `Balance`."),
         info(PROCESSOR_ERRORS, Counter, BY_SHARD, "Errors returned by the record processor."),
@@ -385,14 +385,15 @@ impl LeaseMetrics {
         }
     }
 
-    /// A batch with records was processed successfully in `took` (retries included).
-    pub(crate) fn processed(&self, batch: &Batch, took: Duration) {
+    /// A batch with records was processed successfully in `took` (retries included), `busy` of
+    /// it counting toward the lease's load (its share of the worker's cores, balancing by load).
+    pub(crate) fn processed(&self, batch: &Batch, took: Duration, busy: Duration) {
         let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
         metrics::counter!(RECORDS_PROCESSED, self.labels.clone())
             .increment(batch.records.len() as u64);
         metrics::counter!(BYTES_PROCESSED, self.labels.clone()).increment(bytes as u64);
         metrics::histogram!(BATCH_SECONDS, self.labels.clone()).record(took.as_secs_f64());
-        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let nanos = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
         self.busy_nanos.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -552,7 +553,7 @@ mod tests {
             let lease = w.lease(&shard);
             let b = batch(&[10, 20, 30], Some(42));
             lease.read(&b);
-            lease.processed(&b, Duration::from_millis(250));
+            lease.processed(&b, Duration::from_millis(250), Duration::from_millis(250));
             lease.processor_error();
             w.taken(&shard);
             w.handed_over(&shard);

@@ -74,12 +74,18 @@ pub async fn run(run: &Run<'_>) -> Result<Report, BenchError> {
     r.set("zipf_max", a.skew.max);
     r.set("noise", a.skew.noise);
     r.set("worker_cores", a.skew.worker_cores);
+    r.set("load_floor", a.skew.floor);
     r.set("hot_shards", weights.iter().filter(|&&w| w == a.skew.max).count());
     r.set("heaviest_lease_load", rounded(heaviest));
     r.set("mean_worker_load", rounded(mean));
     r.set("best_possible_ratio", rounded(best));
     let (mut twice, mut fences, mut lost) = (0, 0, 0);
-    for (name, balance) in [("by_count", Balance::ByCount), ("by_load", Balance::by_load())] {
+    // Each worker's processors share its modelled cores (with no limit, at most one per lease),
+    // as a real worker's share the machine's.
+    let cores = if a.skew.worker_cores == 0 { a.shards } else { a.skew.worker_cores };
+    let by_load =
+        Balance::ByLoad(LoadBalance::default().with_cores(cores).with_floor(a.skew.floor));
+    for (name, balance) in [("by_count", Balance::ByCount), ("by_load", by_load)] {
         let mode = one_mode(run, &stream, balance, seed).await?;
         let count = |key: &str| mode.get(key).and_then(Value::as_u64).unwrap_or(0);
         twice += count("records_processed_twice");

@@ -157,6 +157,16 @@ impl Pass<'_> {
         let claim_cap = snapshot.max_claims_per_pass.unwrap_or(usize::MAX);
         let lease_cap = snapshot.max_leases_per_worker.unwrap_or(usize::MAX);
         let mean = eff.iter().sum::<f64>() / n as f64;
+        // Hysteresis: nothing moves while every worker is within the threshold of the mean. Once
+        // one is outside, the pass plans moves until no pair qualifies, which leaves the fleet
+        // well inside the band, so noise on the figures must cross the band before anything
+        // moves again. On a quiet stream (every cost `2 × floor`, threshold = floor) it never
+        // stops a move the count rules make: when one worker holds two more than another, one of
+        // the two is more than half a lease from the mean share.
+        let outside = eff.iter().any(|&c| c > mean + costs.threshold || c < mean - costs.threshold);
+        if !outside {
+            return;
+        }
         // The receiver's bound is on its load, without the base costs: leases come in whole base
         // costs, so a bound on costs stops a quiet fleet whose mean count falls between two
         // shares (6 leases over 4 workers, 12 over 5) short of the count rules' shares, and loads

@@ -228,3 +228,43 @@ fn a_worker_whose_figures_settle_after_a_move_neither_gives_nor_takes() {
     // a just moved one: nothing moves until its figures show it.
     assert_eq!(settling("b", &["a"]) + settling("c", &["a"]), 0);
 }
+
+#[test]
+fn nothing_moves_while_every_worker_is_within_the_band_even_if_a_pair_could_be_evened() {
+    // Loads 0.57, 0.50, 0.43 (mean 0.5, threshold 0.075; costs 0.69, 0.62, 0.55 around a mean
+    // cost of 0.62): a3 from a to c would lower the pair's peak by more than the threshold
+    // (0.55 + 0.06 + 0.075 < 0.69), yet every worker is within the threshold of the mean, so
+    // noise this size moves nothing. Pushed outside the band, the same pair moves.
+    let inside = [
+        Holds("a", &[("a1", 0.29), ("a2", 0.26), ("a3", 0.02)]),
+        Holds("b", &[("b1", 0.25), ("b2", 0.2), ("b3", 0.05)]),
+        Holds("c", &[("c1", 0.2), ("c2", 0.21), ("c3", 0.02)]),
+    ];
+    for me in ["a", "b", "c"] {
+        assert!(plan(&snapshot(me, &inside, &[])).is_empty(), "{me} moved something");
+    }
+    let outside = [
+        Holds("a", &[("a1", 0.29), ("a2", 0.30), ("a3", 0.02)]),
+        Holds("b", &[("b1", 0.25), ("b2", 0.2), ("b3", 0.05)]),
+        Holds("c", &[("c1", 0.2), ("c2", 0.17), ("c3", 0.02)]),
+    ];
+    assert_eq!(claimed(&plan(&snapshot("c", &outside, &[]))), ["a3"]);
+    assert!(plan(&snapshot("b", &outside, &[])).claims.is_empty());
+}
+
+#[test]
+fn a_worker_far_below_the_mean_still_gets_its_share_on_a_quiet_stream() {
+    // 8 leases over 5 workers, a newcomer with none: 2, 2, 2, 2, 0. No worker is above the mean
+    // share (1.6) by half a lease, but the newcomer is below it by more: it claims one, as by
+    // count.
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let held = |r: std::ops::Range<usize>| -> Vec<(&str, f64)> {
+        keys[r].iter().map(|k| (k.as_str(), 0.0)).collect()
+    };
+    let (a, b, c, d) = (held(0..2), held(2..4), held(4..6), held(6..8));
+    let fleet = [Holds("a", &a), Holds("b", &b), Holds("c", &c), Holds("d", &d), Holds("e", &[])];
+    assert_eq!(plan(&snapshot("e", &fleet, &[])).claims.len(), 1);
+    for me in ["a", "b", "c", "d"] {
+        assert!(plan(&snapshot(me, &fleet, &[])).claims.is_empty(), "{me}");
+    }
+}

@@ -8,6 +8,7 @@
 
 mod balance;
 mod cas;
+mod core_share;
 mod events;
 mod heartbeat;
 mod heartbeat_thread;

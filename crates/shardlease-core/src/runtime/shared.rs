@@ -159,6 +159,9 @@ pub(crate) struct Shared {
     pub notified: watch::Sender<bool>,
     /// This worker's metrics and counters, labelled with its namespace and configured id.
     pub metrics: crate::telemetry::WorkerMetrics,
+    /// Balancing by load: the share-out of the worker's cores among the batches in progress,
+    /// which credits each batch's busy time (see `core_share`). `None` balancing by count.
+    pub core_share: Option<Arc<super::core_share::CoreShare>>,
 }
 
 /// Separates a configured worker id from the suffix a worker takes when it comes back after
@@ -197,6 +200,12 @@ impl Shared {
             fence: CancellationToken::new(),
             live: true,
         };
+        let core_share = match cfg.balance() {
+            crate::Balance::ByLoad(settings) => {
+                Some(super::core_share::CoreShare::new(settings.cores_or_default()))
+            }
+            crate::Balance::ByCount => None,
+        };
         let shared = Shared {
             cfg,
             store,
@@ -218,6 +227,7 @@ impl Shared {
             workers_changed: Notify::new(),
             notified: watch::channel(false).0,
             metrics,
+            core_share,
         };
         (shared, Receivers { events: events_rx, sync: sync_rx })
     }

@@ -254,12 +254,18 @@ impl Task {
             self.metrics.read(&batch);
             if let Some(last) = batch.last_position() {
                 let started = tokio::time::Instant::now();
+                // Balancing by load, the batch is credited its share of the worker's cores
+                // rather than its wall time (see `core_share`).
+                let share = self.shared.core_share.as_ref().map(|s| s.start(started));
                 if let Step::Exit(e) = self.call(Hook::Process(&batch)).await {
                     return Step::Exit(e);
                 }
                 let n = batch.records.len() as u64;
                 self.shared.metrics.records(n);
-                self.metrics.processed(&batch, started.elapsed());
+                let now = tokio::time::Instant::now();
+                let took = now.duration_since(started);
+                let busy = share.map_or(took, |s| s.end(now));
+                self.metrics.processed(&batch, took, busy);
                 position = last;
             }
             if let Some(children) = batch.end {
