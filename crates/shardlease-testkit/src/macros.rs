@@ -45,7 +45,8 @@ macro_rules! __conformance_cases {
     };
 }
 
-/// Expands to one test fn per case (see [`store_conformance_tests!`]).
+/// Expands to one test fn per case (see
+/// [`store_conformance_tests!`](crate::store_conformance_tests)).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_test_fns {
@@ -134,7 +135,8 @@ macro_rules! __extension_test {
 }
 
 /// Generates the corrupt-record cases of [`extensions::corrupt`](crate::extensions::corrupt) as
-/// tests, on the same runtime as [`store_conformance_tests!`]. `$factory` is an async expression
+/// tests, on the same runtime as
+/// [`store_conformance_tests!`](crate::store_conformance_tests). `$factory` is an async expression
 /// giving an `Option` of a [`CorruptRecords`](crate::extensions::CorruptRecords) implementation
 /// (`None`: the store's server is not configured; the factory said so, as a skip).
 ///
