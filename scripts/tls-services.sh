@@ -33,6 +33,14 @@ password=${SHARDLEASE_TLS_PASSWORD:-tls-Secret-pw-7391}
 
 log() { echo "tls-services: $*" >&2; }
 
+# taken PORT NAME: true (and says so) when PORT answers but not as this checkout's server, e.g.
+# another checkout's tls-services left running: starting ours there could only fail.
+taken() {
+  port_open "$1" || return 1
+  log "$2: port $1 is taken by a server this checkout did not start (another checkout's" \
+    "tls-services? stop it with that checkout's scripts/tls-services.sh stop)"
+}
+
 if [ "${1:-}" = stop ]; then
   while read -r name pid; do
     [ -n "${pid:-}" ] || continue
@@ -83,6 +91,7 @@ pg_up() { pg_isready -h 127.0.0.1 -p $pg_port; }
 start_postgres() {
   [ -n "$pg_bin" ] || { log "PostgreSQL is not installed"; return 1; }
   pg_up >/dev/null 2>&1 && return 0
+  taken $pg_port PostgreSQL && return 1
   local data="$dir/pg"
   local as=()
   [ "$(id -u)" = 0 ] && as=(runuser -u postgres --)
@@ -127,6 +136,7 @@ my_up() { mysqladmin --no-defaults -S "$dir/mysql/sock" -uroot ping; }
 start_mariadb() {
   command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || { log "MariaDB is not installed"; return 1; }
   my_up >/dev/null 2>&1 && return 0
+  taken $my_port MariaDB && return 1
   local data="$dir/mysql"
   if [ ! -d "$data/mysql" ]; then
     mkdir -p "$data"
@@ -153,6 +163,7 @@ redis_up() { redis-cli --tls --cacert "$certs/ca.crt" --sni localhost -h 127.0.0
 start_redis() {
   command -v redis-server >/dev/null || { log "redis-server is not installed"; return 1; }
   redis_up >/dev/null 2>&1 && return 0
+  taken $redis_port Redis && return 1
   mkdir -p "$dir/redis"
   # The password goes in a config file, not on the command line (where `ps` shows it).
   printf 'requirepass %s\n' "$password" >"$dir/redis/secret.conf"
@@ -210,6 +221,7 @@ start_dynamodb() {
     dynamodb_target=${SHARDLEASE_TEST_DYNAMODB_ENDPOINT#http://}
   fi
   curl -s -o /dev/null --cacert "$certs/ca.crt" "https://localhost:$dynamodb_tls_port/moto-api/" && return 0
+  taken $dynamodb_tls_port "DynamoDB's TLS proxy" && return 1
   nohup python3 "$root/scripts/tls-proxy.py" --listen $dynamodb_tls_port --target "$dynamodb_target" \
     --cert "$certs/server.crt" --key "$certs/server.key" >"$dir/tls-proxy.log" 2>&1 &
   echo "tls-proxy $!" >>"$pids"
