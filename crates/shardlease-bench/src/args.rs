@@ -186,9 +186,8 @@ struct Flags {
     /// skew: cores each worker pays record costs with (its processors wait for one); 0: no limit.
     #[arg(long, value_name = "C", default_value_t = 1)]
     worker_cores: usize,
-    /// skew: the floor of the by-load run, busy seconds per second (the threshold's lower bound;
-    /// a lease's base cost is twice it on a quiet stream and shrinks as leases get busier);
-    /// default LoadBalance's.
+    /// skew: the floor of the by-load run, busy seconds per second (each lease also costs twice
+    /// it); default LoadBalance's.
     #[arg(long, value_name = "F", default_value_t = 0.02, value_parser = positive)]
     load_floor: f64,
 }
