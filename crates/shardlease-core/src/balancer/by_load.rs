@@ -2,10 +2,7 @@
 //!
 //! Balancing by count gives every worker the same number of leases; with a skewed stream that
 //! leaves one worker with the hot shards. Here each active lease has a *cost*: its estimated load
-//! plus a base cost, the price of merely holding a lease: `2 × floor × (floor / (floor + μ))²`
-//! with `μ` the fleet's mean lease load, so `2 × floor` on a quiet stream and small next to the
-//! loads once leases carry more than the floor (with a fixed `2 × floor`, leases lighter than
-//! twice the floor were balanced by count, not load). A worker's cost is the sum over the
+//! plus `2 × floor`, the price of merely holding a lease. A worker's cost is the sum over the
 //! leases it owns (a pending claim counts for the claimant). The rules:
 //!
 //! - **Overloaded** is a worker whose cost exceeds the fleet's mean by more than
@@ -28,10 +25,10 @@
 //!   claims back.
 //!
 //! Why nothing flaps: every move lowers the sum of squared costs by more than
-//! `2 × l × threshold` with `l ≥ base > 0`, so with steady loads the moves end; the same lease
-//! cannot come straight back (the reverse move would need `v < m + l`); a load difference below the floor moves
+//! `2 × l × threshold` with `l ≥ 2 × floor`, so with steady loads the moves end; the same lease cannot come straight
+//! back (the reverse move would need `v < m + l`); a load difference below the floor moves
 //! nothing; and a lease that moved waits out its cooldown before it can move again. On a quiet
-//! stream (loads 0) every lease costs `2 × floor`, so the rules are exactly the count rules:
+//! stream (loads near 0) every lease costs `2 × floor`, so the rules are exactly the count rules:
 //! a claim when the owner holds two more than the claimant.
 //!
 //! A lease heavier than the mean never moves: no receiver would stay under the mean plus the
@@ -59,36 +56,19 @@ fn sane(x: f64) -> f64 {
 
 /// The load figures of one pass.
 pub(super) struct Costs {
-    /// Per active lease (indexed like `Pass::active`): its estimated load plus the base cost.
+    /// Per active lease (indexed like `Pass::active`): its estimated load plus `2 × floor`.
     pub lease: Vec<f64>,
-    /// The base cost of holding a lease: `2 × floor × (floor / (floor + mean lease load))²`,
-    /// `2 × floor` on a quiet stream and small next to the leases' loads on a loaded one.
-    pub base: f64,
     /// The margin of an overload and of a claim: `max(floor, margin × mean_load)`.
     pub threshold: f64,
+    /// The absolute floor.
+    pub floor: f64,
 }
 
 impl Costs {
     /// The cost of an unowned lease: its load is unknown, so just the base.
     pub fn base(&self) -> f64 {
-        self.base
+        2.0 * self.floor
     }
-}
-
-/// The base cost of holding a lease, from the floor and the fleet's mean lease load `μ`:
-/// `2 × floor × (floor / (floor + μ))²`. On a quiet stream (`μ` = 0) it is `2 × floor`, so every
-/// lease costs the same and the rules are the count rules; as the leases' loads grow past the
-/// floor it shrinks fast (half the floor at `μ` = floor, 0.006 at `μ` = 0.031
-/// with the default floor), so the loads, not the counts, decide. It is never 0 for a finite
-/// load, which the proof that moves end needs (`l ≥ base > 0`).
-pub(super) fn base_cost(floor: f64, load_sum: f64, leases: usize) -> f64 {
-    let mu = if leases == 0 { 0.0 } else { sane(load_sum) / leases as f64 };
-    let floor = sane(floor);
-    if floor == 0.0 {
-        return 0.0;
-    }
-    let ratio = floor / (floor + mu);
-    2.0 * floor * ratio * ratio
 }
 
 impl Pass<'_> {
@@ -132,27 +112,24 @@ impl Pass<'_> {
                 }
             })
             .collect();
-        let loads: Vec<f64> = self
+        let mut load_sum = 0.0;
+        let lease: Vec<f64> = self
             .active
             .iter()
             .enumerate()
             .map(|(i, l)| {
                 let measured = self.owner[i]
                     .map_or(0.0, |o| published[o].get(&l.key).copied().unwrap_or(residual[o]));
-                match (self.owner[i], view.pinned.get(&l.key)) {
+                let load = match (self.owner[i], view.pinned.get(&l.key)) {
                     (Some(_), Some(pinned)) => sane(*pinned),
                     _ => measured,
-                }
+                };
+                load_sum += load;
+                load + 2.0 * floor
             })
             .collect();
-        let load_sum: f64 = loads.iter().sum();
         let mean_load = if n == 0 { 0.0 } else { load_sum / n as f64 };
-        let base = base_cost(floor, load_sum, loads.len());
-        Costs {
-            lease: loads.iter().map(|l| l + base).collect(),
-            base,
-            threshold: floor.max(margin * mean_load),
-        }
+        Costs { lease, threshold: floor.max(margin * mean_load), floor }
     }
 
     /// Claims for load. Every worker plans the moves of the whole fleet on the same snapshot,
