@@ -66,6 +66,9 @@ pub struct Args {
     pub timeout: Option<Duration>,
     /// Threads burning CPU beside the fleet for the whole run.
     pub cpu_hogs: usize,
+    /// Whether the workers' store sends batches as single writes (the store contract's default
+    /// bodies), the baseline of the stores' batch writes.
+    pub unbatched: bool,
     /// Whether heartbeats run on the runtime's dedicated heartbeat thread.
     pub dedicated_heartbeat: bool,
     /// Overrides how often conditions are polled.
@@ -166,6 +169,10 @@ struct Flags {
     /// computing 1.5 heartbeats at a time without yielding.
     #[arg(long, value_name = "K", default_value_t = 0)]
     cpu_hogs: usize,
+    /// Send the store's batch writes as single writes (the store contract's default bodies:
+    /// updates 16 at a time, creations one after another), to compare against its batches.
+    #[arg(long)]
+    unbatched: bool,
     /// dedicated: the runtime's own heartbeat thread; shared: the heartbeat runs among the lease
     /// tasks, as before it had a thread.
     #[arg(long, value_name = "T", value_enum, default_value_t = HeartbeatThread::Dedicated)]
@@ -315,6 +322,7 @@ fn validate(f: Flags) -> Result<Args, (ErrorKind, String)> {
         batch_limit: f.batch_limit,
         timeout: f.timeout_s,
         cpu_hogs: f.cpu_hogs,
+        unbatched: f.unbatched,
         dedicated_heartbeat: matches!(f.heartbeat_thread, HeartbeatThread::Dedicated),
         poll: f.poll_ms.map(Duration::from_millis),
         skew: Skew {

@@ -124,6 +124,7 @@ impl Run<'_> {
         r.set("poll_ms", millis(self.poll()));
         r.set("seed", a.seed.map_or(Value::Null, Value::from));
         r.set("cpu_hogs", a.cpu_hogs);
+        r.set("unbatched", a.unbatched);
         r.set("heartbeat_thread", if a.dedicated_heartbeat { "dedicated" } else { "shared" });
         r
     }
@@ -266,6 +267,7 @@ pub async fn run(
             return Err((run.report(), e.into()));
         }
     };
+    let store = if args.unbatched { crate::unbatched::Unbatched::wrap(store) } else { store };
     let run = Run { args, scenario, policy, namespace, store };
     let result = match scenario {
         Scenario::Startup => startup::run(&run).await,
