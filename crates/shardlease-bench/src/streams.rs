@@ -19,6 +19,9 @@ use crate::error::BenchError;
 pub struct BenchStreams {
     /// Each stream's name and source, in order (`s0`, `s1`, …); one unnamed stream when single.
     streams: Vec<(String, MemorySource)>,
+    /// Shards in each stream, as created (the bench never splits or merges), so the producer
+    /// picks a stream without listing shards per record.
+    sizes: Vec<usize>,
     /// Whether the streams are read through a [`MultiSource`] (`--streams` above 1).
     multi: bool,
 }
@@ -30,13 +33,13 @@ impl BenchStreams {
     pub fn new(shards: usize, streams: usize, batch_limit: usize) -> Self {
         let k = streams.clamp(1, shards.max(1));
         let (each, extra) = (shards / k, shards % k);
-        let streams = (0..k)
-            .map(|i| {
-                let n = each + usize::from(i < extra);
-                (format!("s{i}"), MemorySource::new(n).with_batch_limit(batch_limit))
-            })
+        let sizes: Vec<usize> = (0..k).map(|i| each + usize::from(i < extra)).collect();
+        let streams = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (format!("s{i}"), MemorySource::new(n).with_batch_limit(batch_limit)))
             .collect();
-        BenchStreams { streams, multi: k > 1 }
+        BenchStreams { streams, sizes, multi: k > 1 }
     }
 
     /// How many streams.
@@ -46,7 +49,7 @@ impl BenchStreams {
 
     /// Shards in each stream, in order.
     pub fn shards_per_stream(&self) -> Vec<usize> {
-        self.streams.iter().map(|(_, s)| s.shards().len()).collect()
+        self.sizes.clone()
     }
 
     /// The source the workers read: the single stream itself, or every stream behind one
@@ -104,15 +107,14 @@ impl BenchStreams {
     /// the draw is the single stream's partition key alone, as before `--streams`.
     pub fn put_random(&self, rng: &mut impl Rng, data: Vec<u8>) {
         let stream = if self.streams.len() > 1 {
-            let total: usize = self.shards_per_stream().iter().sum();
+            let total: usize = self.sizes.iter().sum();
             let mut pick = rng.random_range(0..total.max(1));
-            self.streams.iter().find(|(_, s)| {
-                let n = s.shards().len();
+            self.streams.iter().zip(&self.sizes).find_map(|(s, &n)| {
                 if pick < n {
-                    true
+                    Some(s)
                 } else {
                     pick -= n;
-                    false
+                    None
                 }
             })
         } else {
@@ -146,6 +148,8 @@ mod tests {
         let s = BenchStreams::new(10, 3, 100);
         assert_eq!(s.count(), 3);
         assert_eq!(s.shards_per_stream(), [4, 3, 3]);
+        let listed: Vec<usize> = s.streams.iter().map(|(_, m)| m.shards().len()).collect();
+        assert_eq!(listed, [4, 3, 3]);
         let keys = s.keys();
         assert_eq!(keys.len(), 10);
         assert!(keys.iter().all(|k| split_key(k).is_some()), "{keys:?}");
