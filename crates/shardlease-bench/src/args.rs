@@ -44,8 +44,11 @@ pub struct Args {
     pub scenarios: Vec<Scenario>,
     /// The store URL as given (may hold a password; print it only through `redact_url`).
     pub store: String,
-    /// Shards in the stream.
+    /// Shards in total, over every stream.
     pub shards: usize,
+    /// In-memory streams the shards are spread over (1: one plain stream; more: a
+    /// `MultiSource`).
+    pub streams: usize,
     /// Workers started together.
     pub workers: usize,
     /// Policies to run each scenario with, in order.
@@ -124,9 +127,13 @@ struct Flags {
     /// Coordination store, e.g. memory:// (passwords are redacted in the output).
     #[arg(long, value_name = "URL", value_parser = store_url)]
     store: String,
-    /// Shards (leases) in the stream, at least 1.
+    /// Shards (leases) in total, at least 1.
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     shards: usize,
+    /// Spread the shards over K in-memory streams read through one multi-stream source (N/K
+    /// each, the remainder to the first ones; lease keys `s0/shardId-…`); 1 to N, not with skew.
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = at_least_one)]
+    streams: usize,
     /// Workers started together (leave and crash need at least 2).
     #[arg(long, value_name = "W", value_parser = at_least_one)]
     workers: usize,
@@ -283,6 +290,21 @@ fn validate(f: Flags) -> Result<Args, (ErrorKind, String)> {
             "the leave and crash scenarios need `--workers` of at least 2 (one must remain)".into(),
         ));
     }
+    if f.streams > f.shards {
+        return Err((
+            ErrorKind::ValueValidation,
+            format!(
+                "`--streams` {} is more than `--shards` {}: every stream needs at least one shard",
+                f.streams, f.shards
+            ),
+        ));
+    }
+    if f.streams > 1 && scenarios.contains(&Scenario::Skew) {
+        return Err((
+            ErrorKind::ValueValidation,
+            "the skew scenario reads one stream: `--streams` must be 1".into(),
+        ));
+    }
     let timings = Timings {
         heartbeat: Duration::from_millis(f.heartbeat_ms),
         balance: Duration::from_millis(f.balance_ms),
@@ -312,6 +334,7 @@ fn validate(f: Flags) -> Result<Args, (ErrorKind, String)> {
         scenarios,
         store: f.store,
         shards: f.shards,
+        streams: f.streams,
         workers: f.workers,
         policies,
         seed: f.seed,
@@ -359,6 +382,7 @@ mod tests {
         let a = args(BASE).unwrap();
         assert_eq!(a.scenarios, vec![Scenario::Startup]);
         assert_eq!((a.shards, a.workers), (8, 2));
+        assert_eq!(a.streams, 1, "one stream unless asked");
         assert_eq!(a.policies, vec![Policy::Greedy]);
         assert_eq!(a.timings.heartbeat, Duration::from_millis(100));
         assert_eq!(a.timings.balance, Duration::from_millis(250));
@@ -404,6 +428,8 @@ mod tests {
         };
         assert_eq!(a.skew, quiet);
         assert!(!Scenario::ALL.contains(&Scenario::Skew), "`all` stays quick");
+        assert_eq!(args(&format!("{BASE} --streams 3")).unwrap().streams, 3);
+        assert_eq!(args(&format!("{BASE} --streams=8")).unwrap().streams, 8);
     }
 
     #[test]
@@ -428,6 +454,13 @@ mod tests {
         assert!(message(&format!("{BASE} --noise 1")).contains("below 1"));
         assert!(message(&format!("{BASE} --zipf 0")).contains("above 0"));
         assert!(message(&format!("{BASE} --zipf-max 0")).contains("--zipf-max"));
+        let m = message(&format!("{BASE} --streams 0"));
+        assert!(m.contains("--streams") && m.contains("at least 1"), "{m}");
+        let m = message(&format!("{BASE} --streams 9"));
+        assert!(m.contains("`--streams` 9 is more than `--shards` 8"), "{m}");
+        assert!(message(&format!("{BASE} --streams two")).contains("--streams"));
+        let m = message("--scenario skew --store memory:// --shards 8 --workers 2 --streams 2");
+        assert!(m.contains("skew") && m.contains("`--streams` must be 1"), "{m}");
         assert_eq!(args("--help").unwrap_err().kind(), ErrorKind::DisplayHelp);
     }
 
@@ -445,6 +478,7 @@ mod tests {
             "--scenario",
             "--store",
             "--shards",
+            "--streams",
             "--workers",
             "--policy",
             "--seed",

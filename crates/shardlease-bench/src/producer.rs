@@ -1,12 +1,14 @@
-//! A background producer writing records to the in-memory stream at a steady rate, with random
-//! partition keys (so records spread over every shard), while join, leave and crash are measured.
+//! A background producer writing records to the in-memory stream(s) at a steady rate, with random
+//! partition keys (so records spread over every shard of every stream), while join, leave and
+//! crash are measured.
 
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use shardlease::MemorySource;
+use rand::SeedableRng;
 use tokio::task::JoinHandle;
+
+use crate::streams::BenchStreams;
 
 /// A running producer; [`stop`](Producer::stop) it before counting deliveries.
 #[derive(Debug)]
@@ -15,8 +17,9 @@ pub struct Producer {
 }
 
 impl Producer {
-    /// Starts writing `rate` records per second to `source`.
-    pub fn start(source: MemorySource, rate: u64, seed: Option<u64>) -> Self {
+    /// Starts writing `rate` records per second to `streams` (a stream's share of the rate is its
+    /// share of the shards).
+    pub fn start(streams: BenchStreams, rate: u64, seed: Option<u64>) -> Self {
         let mut rng = match seed {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::from_os_rng(),
@@ -29,8 +32,7 @@ impl Producer {
                 tick.tick().await;
                 let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
                 while written < due {
-                    let key = format!("pk-{:016x}", rng.random::<u64>());
-                    source.put(&key, format!("record {written}").into_bytes());
+                    streams.put_random(&mut rng, format!("record {written}").into_bytes());
                     written += 1;
                 }
             }

@@ -141,6 +141,30 @@ fn throughput_processes_every_record_once() {
 }
 
 #[test]
+fn streams_spread_the_shards_over_a_multi_stream_source() {
+    let out = lines("--scenario startup --store memory:// --shards 8 --workers 1 --streams 3");
+    let r = &out[0];
+    assert_eq!((r["streams"].as_u64(), r["shards"].as_u64()), (Some(3), Some(8)), "{r}");
+    assert_eq!(r["passes_to_full_coverage"], 1, "{r}");
+    assert_eq!((r["max_share"].as_u64(), r["active_leases"].as_u64()), (Some(8), Some(8)), "{r}");
+    assert_eq!(
+        lines("--scenario startup --store memory:// --shards 2 --workers 1")[0]["streams"],
+        1
+    );
+    // Records written to every stream reach the fleet, none twice in a graceful leave.
+    let out = lines(
+        "--scenario leave --store memory:// --shards 6 --workers 2 --streams 3 --rate 500 --seed 1",
+    );
+    let r = &out[0];
+    assert_eq!(r["records_processed_twice"], 0, "{r}");
+    assert!(r["records_produced"].as_u64().is_some_and(|n| n > 0), "{r}");
+    let out = lines(
+        "--scenario throughput --store memory:// --shards 4 --workers 2 --records 1000 --streams 2",
+    );
+    assert_eq!(out[0]["records_delivered"], 1000, "{}", out[0]);
+}
+
+#[test]
 fn skew_runs_both_modes_in_one_line() {
     let lines = lines(
         "--scenario skew --store memory:// --shards 8 --workers 2 --seed 3 --duration-s 0.5 \
@@ -183,6 +207,7 @@ fn bad_flags_exit_2_with_a_clear_message() {
         ),
         ("--scenario startup --store gopher://x --shards 4 --workers 1", "unknown store scheme"),
         ("--scenario leave --store memory:// --shards 4 --workers 1", "at least 2"),
+        ("--scenario startup --store memory:// --shards 2 --workers 1 --streams 3", "more than"),
     ] {
         let out = bench(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -23,6 +23,7 @@ use crate::error::BenchError;
 use crate::fleet::{Fleet, MoveCounter};
 use crate::producer::Producer;
 use crate::report::Report;
+use crate::streams::BenchStreams;
 use crate::wait::{self, Check};
 
 use super::{finish, note_health, seconds, stats_delta, Goal, Run};
@@ -42,7 +43,7 @@ pub enum Event {
 pub async fn run(run: &Run<'_>, event: Event) -> Result<Report, BenchError> {
     let recorder = Recorder::new();
     let source = run.source();
-    let mut fleet = run.fleet(source.clone(), recorder.factory())?;
+    let mut fleet = run.fleet(&source, recorder.factory())?;
     let producer = Producer::start(source.clone(), run.args.rate, run.args.seed);
     let measured = measure(run, &mut fleet, event, &recorder, producer, &source).await;
     finish(&mut fleet, measured).await
@@ -54,7 +55,7 @@ async fn measure(
     event: Event,
     recorder: &Recorder,
     producer: Producer,
-    source: &shardlease::MemorySource,
+    source: &BenchStreams,
 ) -> Result<Report, BenchError> {
     fleet.sync_shards().await?;
     fleet.start_workers(run.args.workers)?;

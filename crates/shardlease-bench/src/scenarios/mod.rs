@@ -23,12 +23,13 @@ use rand::Rng;
 use serde_json::Value;
 use shardlease::store::LeaseStore;
 use shardlease::WorkerStats;
-use shardlease::{Config, MemorySource, ProcessorFactory, WorkerId};
+use shardlease::{Config, ProcessorFactory, WorkerId};
 
 use crate::args::{Args, Policy};
 use crate::error::BenchError;
 use crate::fleet::{config_template, Coverage, Fleet, MoveCounter};
 use crate::report::{round3, Report};
+use crate::streams::BenchStreams;
 use crate::wait::{self, Check};
 
 /// A scenario of the benchmark.
@@ -117,6 +118,7 @@ impl Run<'_> {
             workers: a.workers,
             ..Report::default()
         };
+        r.set("streams", a.streams);
         r.set("namespace", self.namespace.clone());
         r.set("heartbeat_ms", millis(a.timings.heartbeat));
         r.set("balance_ms", millis(a.timings.balance));
@@ -135,18 +137,18 @@ impl Run<'_> {
         Ok(c.with_dedicated_heartbeat_thread(self.args.dedicated_heartbeat))
     }
 
-    /// An in-memory stream of `--shards` shards with the `--batch-limit`.
-    pub fn source(&self) -> MemorySource {
-        MemorySource::new(self.args.shards).with_batch_limit(self.args.batch_limit)
+    /// `--shards` shards over `--streams` in-memory streams, with the `--batch-limit`.
+    pub fn source(&self) -> BenchStreams {
+        BenchStreams::new(self.args.shards, self.args.streams, self.args.batch_limit)
     }
 
-    /// A fleet on this run's store and `source`, not started.
+    /// A fleet on this run's store reading `streams`, not started.
     pub fn fleet(
         &self,
-        source: MemorySource,
+        streams: &BenchStreams,
         factory: Arc<dyn ProcessorFactory>,
     ) -> Result<Fleet, BenchError> {
-        Ok(Fleet::new(self.store.clone(), Arc::new(source), factory, self.config()?, self.policy))
+        Ok(Fleet::new(self.store.clone(), streams.source()?, factory, self.config()?, self.policy))
     }
 
     /// How often conditions are polled: `--poll-ms`, or derived from the timings and the size.

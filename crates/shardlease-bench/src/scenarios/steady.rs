@@ -25,7 +25,7 @@ use super::{finish, note_health, seconds, Goal, Run};
 /// Runs the scenario.
 pub async fn run(run: &Run<'_>) -> Result<Report, BenchError> {
     let tally = Tally::new();
-    let mut fleet = run.fleet(run.source(), tally.factory())?;
+    let mut fleet = run.fleet(&run.source(), tally.factory())?;
     let measured = measure(run, &mut fleet).await;
     finish(&mut fleet, measured).await
 }

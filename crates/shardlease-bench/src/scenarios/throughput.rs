@@ -25,20 +25,18 @@ use super::{finish, note_health, seconds, Run};
 pub async fn run(run: &Run<'_>) -> Result<Report, BenchError> {
     let tally = Tally::new();
     let source = run.source();
-    let shards = source.shards();
+    let shards = source.keys();
     let total = run.args.records;
     for i in 0..total {
         let Some(shard) = shards.get((i % shards.len() as u64) as usize) else { break };
-        source.put_to_shard(&shard.id, format!("record {i}").into_bytes())?;
+        source.put_to_shard(shard, format!("record {i}").into_bytes())?;
     }
     // Where each lease's checkpoint stands once its shard is fully processed.
     let last: BTreeMap<String, Position> = shards
         .iter()
-        .filter_map(|s| {
-            source.records(&s.id).last().map(|r| (s.id.as_str().to_owned(), r.position()))
-        })
+        .filter_map(|k| source.records(k).last().map(|r| (k.as_str().to_owned(), r.position())))
         .collect();
-    let mut fleet = run.fleet(source, tally.factory())?;
+    let mut fleet = run.fleet(&source, tally.factory())?;
     let measured = measure(run, &mut fleet, &tally, &last).await;
     finish(&mut fleet, measured).await
 }
