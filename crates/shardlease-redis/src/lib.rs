@@ -83,7 +83,9 @@
 //! re-create, and not after the server lost writes (a restart without persistence, a failover to
 //! a lagging replica), which would roll a counter kept in Redis back with the data.
 //! `remove_worker_if` is a script too: it deletes a worker's record only while its `beat` field
-//! is still the one the caller saw.
+//! is still the one the caller saw. The batch writes (`update_leases`, `create_leases`) are one
+//! script over up to 128 leases (all in the namespace's slot), running the single write of each
+//! item in turn: one round trip per 128 items, each item's outcome its own.
 //!
 //! ## Durability
 //!

@@ -26,7 +26,7 @@ use crate::conn::{RedisConnection, StoreConn};
 use crate::errors::{backend, unexpected};
 use crate::keys::Keys;
 use crate::notify::Subscriber;
-use crate::scripts::Scripts;
+use crate::scripts::{Scripts, MAX_BATCH_ITEMS};
 use shardlease_core::store::Redactor;
 
 /// A [`LeaseStore`] on Redis, for one namespace.
@@ -240,70 +240,106 @@ impl RedisStore {
         }
     }
 
-    /// `LeaseStore::update_leases`: the `update` script of every item, sent as one pipeline
-    /// (one round trip; each script runs atomically on its own, as a single update does, so
-    /// each item's outcome is exactly its own update's). A pipeline rather than one script
-    /// over every key: the items stay independent compare-and-sets, and the script and its
-    /// replies are the ones of a single update. Each item is announced (the script publishes).
+    /// `LeaseStore::update_leases`: the batch update script over chunks of up to
+    /// [`MAX_BATCH_ITEMS`] items, one call (one round trip) per chunk. The script runs the
+    /// single update's Lua function for each item in turn, so each item is its own
+    /// compare-and-set, judged and written (index entry, announcement) as its `update_lease`
+    /// would be, and its reply is the single script's, decoded by the same code.
     async fn update_many(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
         check_distinct_keys(updates.iter().map(|u| &u.lease.key))?;
-        if updates.is_empty() {
-            return Ok(Vec::new());
-        }
-        let keys = &self.inner.keys;
-        let script = &self.inner.scripts.update;
-        let channel = self.channel().to_owned();
-        let mut pipe = redis::pipe();
+        // Every item is encoded before the first chunk goes: a lease that cannot be is refused
+        // with nothing written.
+        let mut items = Vec::with_capacity(updates.len());
         for u in updates {
-            let fields = codec::lease_fields(&u.lease).map_err(Error::InvalidInput)?;
+            let fields = flatten(codec::lease_fields(&u.lease).map_err(Error::InvalidInput)?);
             let new_version = Version::random_other_than(u.expected);
-            let cmd = pipe
-                .cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(2)
-                .arg(keys.lease(u.lease.key.as_str()))
-                .arg(keys.lease_index())
-                .arg(u.lease.key.as_str())
-                .arg(u.expected.0.to_string())
-                .arg(new_version.0.to_string())
-                .arg(&channel);
-            for f in flatten(fields) {
-                cmd.arg(f);
-            }
+            let mut args = vec![
+                u.lease.key.as_str().to_owned(),
+                u.expected.0.to_string(),
+                new_version.0.to_string(),
+                fields.len().to_string(),
+            ];
+            args.extend(fields);
+            items.push((&u.lease.key, args));
         }
-        let mut conn = self.conn.clone();
-        let mut replies: RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
-        let no_script = match &replies {
-            Err(e) => e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
-            Ok(items) => items.iter().any(|v| {
-                matches!(v, Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript))
-            }),
-        };
-        if no_script {
-            // The server does not know the script yet (a restart, a flush): load it, once.
-            script
-                .prepare_invoke()
-                .load_async(&mut conn)
-                .await
-                .map_err(|e| self.err("load the update script", e))?;
-            replies = pipe.query_async(&mut conn).await;
-        }
-        let replies = replies.map_err(|e| self.err("update leases", e))?;
-        if replies.len() != updates.len() {
-            return Err(unexpected("update leases", "a reply count unlike the batch's"));
-        }
-        Ok(updates
-            .iter()
-            .zip(replies)
-            .map(|(u, reply)| {
-                let key = &u.lease.key;
+        let mut outcomes = Vec::with_capacity(updates.len());
+        for chunk in items.chunks(MAX_BATCH_ITEMS) {
+            let script = &self.inner.scripts.update_batch;
+            let replies = self.run_batch_script("update leases", script, chunk).await?;
+            outcomes.extend(chunk.iter().zip(replies).map(|((key, _), reply)| {
                 let what = format!("update of lease {key}");
                 match parse_reply(&reply).map_err(|detail| unexpected(&what, detail))? {
                     Reply::Version(v) => Ok(v),
                     other => Err(self.conflict(key, other)),
                 }
-            })
-            .collect())
+            }));
+        }
+        Ok(outcomes)
+    }
+
+    /// `LeaseStore::create_leases`: the batch create script over chunks of up to
+    /// [`MAX_BATCH_ITEMS`] leases, the chunks one after another and the leases of a chunk in
+    /// order within one atomic script, so the leases are created in order. Each lease is
+    /// created (or found to exist, whatever the type of its key) as its `create_lease` would.
+    async fn create_many(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        check_distinct_keys(leases.iter().map(|l| &l.key))?;
+        let mut items = Vec::with_capacity(leases.len());
+        for lease in leases {
+            let fields = flatten(codec::lease_fields(lease).map_err(Error::InvalidInput)?);
+            let mut args = vec![
+                lease.key.as_str().to_owned(),
+                Version::random().0.to_string(),
+                fields.len().to_string(),
+            ];
+            args.extend(fields);
+            items.push((&lease.key, args));
+        }
+        let mut outcomes = Vec::with_capacity(leases.len());
+        for chunk in items.chunks(MAX_BATCH_ITEMS) {
+            let script = &self.inner.scripts.create_batch;
+            let replies = self.run_batch_script("create leases", script, chunk).await?;
+            for ((key, _), reply) in chunk.iter().zip(replies) {
+                let what = format!("create of lease {key}");
+                outcomes.push(match parse_reply(&reply).map_err(|d| unexpected(&what, d))? {
+                    Reply::Version(v) => CreateOutcome::Created(v),
+                    Reply::Done => CreateOutcome::AlreadyExists,
+                    _ => return Err(unexpected(&what, "unknown outcome")),
+                });
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Runs a batch script over `items` (each a lease key and its arguments after the change
+    /// channel): the lease index and every item's hash as keys, all in the namespace's slot.
+    /// Returns one reply per item, in order. The script is loaded again by itself when the
+    /// server does not know it (`NOSCRIPT`, after a restart or a flush).
+    async fn run_batch_script(
+        &self,
+        what: &str,
+        script: &redis::Script,
+        items: &[(&LeaseKey, Vec<String>)],
+    ) -> Result<Vec<Value>> {
+        let keys = &self.inner.keys;
+        let mut invocation = script.prepare_invoke();
+        invocation.key(keys.lease_index());
+        for (key, _) in items {
+            invocation.key(keys.lease(key.as_str()));
+        }
+        invocation.arg(self.channel());
+        for (_, args) in items {
+            for a in args {
+                invocation.arg(a);
+            }
+        }
+        let mut conn = self.conn.clone();
+        let reply: Value =
+            invocation.invoke_async(&mut conn).await.map_err(|e| self.err(what, e))?;
+        match reply {
+            Value::Array(replies) if replies.len() == items.len() => Ok(replies),
+            Value::Array(_) => Err(unexpected(what, "a reply count unlike the batch's")),
+            other => Err(unexpected(what, format!("{other:?}"))),
+        }
     }
 
     /// The current record of a conflict, decoded; `Error::Corrupt` when it cannot be.
@@ -510,9 +546,16 @@ impl LeaseStore for RedisStore {
         self.update(lease, expected, false).await
     }
 
-    /// One round trip: the update script of every item, pipelined (`update_many`).
+    /// One script call (one round trip, one atomic step) per chunk of up to 128 items
+    /// (`update_many`).
     async fn update_leases(&self, updates: &[LeaseUpdate]) -> Result<Vec<Result<Version>>> {
         self.update_many(updates).await
+    }
+
+    /// One script call (one round trip, one atomic step) per chunk of up to 128 leases, the
+    /// chunks in order (`create_many`).
+    async fn create_leases(&self, leases: &[Lease]) -> Result<Vec<CreateOutcome>> {
+        self.create_many(leases).await
     }
 
     async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {

@@ -11,7 +11,7 @@ mod common;
 
 use async_trait::async_trait;
 use common::RedisFactory;
-use shardlease_core::store::{CreateOutcome, Lease, LeaseStore};
+use shardlease_core::store::{CreateOutcome, Lease, LeaseStore, LeaseUpdate, Version};
 use shardlease_core::{Error, LeaseKey, Position, Result, WorkerId};
 use shardlease_redis::RedisConnection;
 use shardlease_testkit::extensions::{CorruptRecords, Corruption};
@@ -130,4 +130,78 @@ async fn index_entries_without_a_hash_and_keys_of_another_type() {
         assert_eq!(t, "string", "create never overwrites a key of another type");
     })
     .await;
+}
+
+/// A batch meets damaged records item by item, as the single writes do: an update of a key of
+/// another type, or one that conflicts with a record that does not decode, is `Corrupt` for that
+/// item only, and the items before and after it are written; a creation over a key of another
+/// type is `AlreadyExists` and leaves the key as it is, and the lease after it is created.
+async fn damaged_records_in_a_batch(f: &RedisFactory) {
+    with_scope(f, "redis_batch_damage", |scope| async move {
+        let (ns, _) = scope.fresh_store().await;
+        let store = f.open(&ns).await.unwrap();
+        let mut conn = store.connection();
+        let names = ["a", "wrong", "b", "binary", "c"];
+        let leases: Vec<Lease> =
+            names.iter().map(|k| Lease::new(*k, Position::TrimHorizon)).collect();
+        let versions: Vec<Version> = store
+            .create_leases(&leases)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| match o {
+                CreateOutcome::Created(v) => v,
+                other => panic!("expected a creation, got {other:?}"),
+            })
+            .collect();
+        let wrong = store.lease_redis_key(&"wrong".into());
+        raw(&mut conn, &[b"DEL", wrong.as_bytes()]).await.unwrap();
+        raw(&mut conn, &[b"SET", wrong.as_bytes(), b"not a hash"]).await.unwrap();
+        let binary = store.lease_redis_key(&"binary".into());
+        raw(&mut conn, &[b"HSET", binary.as_bytes(), b"owner", &[0xff, 0xfe]]).await.unwrap();
+
+        // "binary" with a stale version: its conflict carries a record that is not text.
+        let updates: Vec<LeaseUpdate> = leases
+            .iter()
+            .zip(&versions)
+            .map(|(l, v)| {
+                let expected = if l.key.as_str() == "binary" { Version(v.0 ^ 1) } else { *v };
+                LeaseUpdate::new(l.clone(), expected)
+            })
+            .collect();
+        let outcomes = store.update_leases(&updates).await.unwrap();
+        assert_eq!(outcomes.len(), names.len());
+        for (name, outcome) in names.iter().zip(&outcomes) {
+            match (*name, outcome) {
+                ("wrong", Err(Error::Corrupt { key, reason })) => {
+                    assert_eq!(key, "wrong");
+                    assert!(reason.contains("WRONGTYPE"), "{reason}");
+                }
+                ("binary", Err(Error::Corrupt { key, .. })) => assert_eq!(key, "binary"),
+                ("a" | "b" | "c", Ok(_)) => {}
+                (name, outcome) => panic!("{name}: unexpected {outcome:?}"),
+            }
+        }
+
+        let again =
+            [Lease::new("wrong", Position::TrimHorizon), Lease::new("d", Position::TrimHorizon)];
+        let outcomes = store.create_leases(&again).await.unwrap();
+        assert_eq!(outcomes[0], CreateOutcome::AlreadyExists);
+        assert!(matches!(outcomes[1], CreateOutcome::Created(_)), "{outcomes:?}");
+        let t: String = redis::cmd("TYPE").arg(&wrong).query_async(&mut conn).await.unwrap();
+        assert_eq!(t, "string", "a batch creation never overwrites a key of another type");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_records_in_a_batch_on_a_server() {
+    let Some(f) = corrupting().await else { return };
+    damaged_records_in_a_batch(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_records_in_a_batch_on_a_cluster() {
+    let Some(f) = corrupting_cluster().await else { return };
+    damaged_records_in_a_batch(&f).await;
 }
