@@ -87,15 +87,12 @@ fn simulated_fleets_keep_every_invariant() {
 /// rollback brought back unfinished after it had ended was left to its owner for a grace, and a
 /// wipe within it caught it unfinished), 38158 (no defect of the fleet: a lease restored after a
 /// wipe ran to its end and was collected with its children, and the repair check only counted a
-/// lease collected while one of its own children was listed past its start), 1287 (balancing
-/// by load with a base cost that shrank as loads grew, a variant not kept: the fleet sat outside
-/// the band with no single move qualifying until noise tipped one and its follow-up, two moves in
-/// the steady window; exchanges now even such a fleet when it forms).
+/// lease collected while one of its own children was listed past its start).
 #[test]
 fn seeds_that_once_failed_pass() {
     run_seeds(&[
         649, 2433, 3215, 3460, 452, 17414, 14453, 2800, 11369, 14432, 15795, 3669, 14424, 28549,
-        29025, 36781, 27842, 36934, 38158, 1499, 1287,
+        29025, 36781, 27842, 36934, 38158, 1499,
     ]);
 }
 

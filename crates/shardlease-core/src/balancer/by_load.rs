@@ -20,9 +20,6 @@
 //!   (most loaded to least loaded that can take a lease), each counted before the next, and claims
 //!   the ones it receives. The workers plan on the same snapshot, so their claims add up: two
 //!   light workers never both fill up from one heavy worker and leave it the lightest.
-//! - **An exchange** when no single move qualifies for the most loaded worker: a lease `a` goes to a
-//!   receiver and a lighter lease `b` comes back, planned together, claimed in two passes (see
-//!   `Pass::exchange` for the conditions that make each half a move the rules allow).
 //! - **A handoff**: the owner hands a claimed lease over when `claimant + l < owner` by its own
 //!   view, a laxer test than the claimant's, so small differences between views do not bounce
 //!   claims back.
@@ -55,13 +52,6 @@ fn sane(x: f64) -> f64 {
     } else {
         0.0
     }
-}
-
-/// An exchange (see [`Pass::exchange`]): positions in the victim's and the receiver's pools.
-pub(super) struct Exchange {
-    receiver: usize,
-    give: usize,
-    take: usize,
 }
 
 /// The load figures of one pass.
@@ -233,25 +223,7 @@ impl Pass<'_> {
                     .map(|(pos, _)| (r, pos))
             });
             let Some((receiver, pos)) = chosen else {
-                // No single lease closes the gap by the threshold: an exchange may (see
-                // `exchange`). Its first half is claimed now; the second half qualifies as a
-                // single move once the first is done, and is claimed then.
-                let Some(x) =
-                    self.exchange(victim, &pools, eff, count, costs, base, load_ceiling, &settling)
-                else {
-                    exhausted[victim] = true;
-                    continue;
-                };
-                let (a, b) = (pools[victim][x.give], pools[x.receiver][x.take]);
-                let d = costs.lease[a] - costs.lease[b];
-                eff[victim] -= d;
-                eff[x.receiver] += d;
-                // Neither lease moves again in this plan.
-                pools[victim].swap_remove(x.give);
-                pools[x.receiver].swap_remove(x.take);
-                if x.receiver == me {
-                    plan.claims.push((self.active[a].key.clone(), self.workers[victim].clone()));
-                }
+                exhausted[victim] = true;
                 continue;
             };
             let i = pools[victim].swap_remove(pos);
@@ -264,73 +236,5 @@ impl Pass<'_> {
                 plan.claims.push((self.active[i].key.clone(), self.workers[victim].clone()));
             }
         }
-    }
-    /// An exchange for a victim no single move helps: a lease `a` of the victim (cost `v`) goes
-    /// to a receiver (cost `m`) and a lighter lease `b` of the receiver comes back, net
-    /// `d = l_a − l_b`. A fleet can otherwise stay stuck outside the band: the victim's leases
-    /// are each too heavy to hand over alone (`m + l_a + threshold ≥ v`), yet handing one over
-    /// and taking a light one back evens the pair. Stuck there, noise on the figures tips the
-    /// borderline single move sooner or later, long after the fleet looked settled.
-    ///
-    /// The exchange is made of two moves the rules already allow, in order, so every worker
-    /// can carry out its half with the figures it will see:
-    /// 1. `a` to the receiver lowers the pair's peak (`m + l_a < v`: the owner hands it over);
-    /// 2. then `b` back qualifies as a single move, threshold included
-    ///    (`v − l_a + l_b + threshold < m + l_a`), so the next pass plans and claims it;
-    /// 3. and the exchange as a whole lowers the pair's peak by more than the threshold
-    ///    (`max(v − d, m + d) + threshold < v`), the receiver's load staying within the
-    ///    ceiling, as for a single move.
-    ///
-    /// Each exchange lowers the sum of squared costs by more than `2 × l_b × threshold` (the
-    /// second move's bound; the first lowers it too), so exchanges end as single moves do.
-    /// Among the qualifying pairs it picks the one that best evens the pair (ties: the lowest
-    /// receiver by cost, then the lowest indices). Counts do not change.
-    #[allow(clippy::too_many_arguments)]
-    fn exchange(
-        &self,
-        victim: usize,
-        pools: &[Vec<usize>],
-        eff: &[f64],
-        count: &[usize],
-        costs: &Costs,
-        base: f64,
-        load_ceiling: f64,
-        settling: &[bool],
-    ) -> Option<Exchange> {
-        let v = eff[victim];
-        let thr = costs.threshold;
-        let mut receivers: Vec<usize> =
-            (0..eff.len()).filter(|&w| w != victim && !settling[w]).collect();
-        receivers.sort_by(|&a, &b| eff[a].total_cmp(&eff[b]).then(a.cmp(&b)));
-        for r in receivers {
-            let m = eff[r];
-            let receiver_load = m - base * count[r] as f64;
-            let mut best: Option<(f64, Exchange)> = None;
-            for (give, &a) in pools[victim].iter().enumerate() {
-                let la = costs.lease[a];
-                if m + la >= v {
-                    continue;
-                }
-                for (take, &b) in pools[r].iter().enumerate() {
-                    let lb = costs.lease[b];
-                    let d = la - lb;
-                    let qualifies = d > 0.0
-                        && v - la + lb + thr < m + la
-                        && (v - d).max(m + d) + thr < v
-                        && receiver_load + d <= load_ceiling;
-                    if !qualifies {
-                        continue;
-                    }
-                    let gap = (v - m - 2.0 * d).abs();
-                    if best.as_ref().is_none_or(|(g, _)| gap < *g) {
-                        best = Some((gap, Exchange { receiver: r, give, take }));
-                    }
-                }
-            }
-            if let Some((_, x)) = best {
-                return Some(x);
-            }
-        }
-        None
     }
 }
