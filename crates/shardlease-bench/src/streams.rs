@@ -22,8 +22,6 @@ pub struct BenchStreams {
     /// Shards in each stream, as created (the bench never splits or merges), so the producer
     /// picks a stream without listing shards per record.
     sizes: Vec<usize>,
-    /// Whether the streams are read through a [`MultiSource`] (`--streams` above 1).
-    multi: bool,
 }
 
 impl BenchStreams {
@@ -39,23 +37,18 @@ impl BenchStreams {
             .enumerate()
             .map(|(i, &n)| (format!("s{i}"), MemorySource::new(n).with_batch_limit(batch_limit)))
             .collect();
-        BenchStreams { streams, sizes, multi: k > 1 }
+        BenchStreams { streams, sizes }
     }
 
-    /// How many streams.
-    pub fn count(&self) -> usize {
-        self.streams.len()
-    }
-
-    /// Shards in each stream, in order.
-    pub fn shards_per_stream(&self) -> Vec<usize> {
-        self.sizes.clone()
+    /// Whether the streams are read through a [`MultiSource`] (`--streams` above 1).
+    fn multi(&self) -> bool {
+        self.streams.len() > 1
     }
 
     /// The source the workers read: the single stream itself, or every stream behind one
     /// [`MultiSource`].
     pub fn source(&self) -> Result<Arc<dyn ShardSource>, BenchError> {
-        match (self.multi, self.streams.first()) {
+        match (self.multi(), self.streams.first()) {
             (false, Some((_, single))) => Ok(Arc::new(single.clone())),
             _ => {
                 let mut builder = MultiSource::builder();
@@ -76,7 +69,7 @@ impl BenchStreams {
     }
 
     fn key(&self, stream: &str, shard: &LeaseKey) -> LeaseKey {
-        if self.multi {
+        if self.multi() {
             qualify(stream, shard)
         } else {
             shard.clone()
@@ -85,7 +78,7 @@ impl BenchStreams {
 
     /// The stream of a lease key and the shard's own id in it.
     fn locate(&self, key: &LeaseKey) -> Result<(&MemorySource, LeaseKey), BenchError> {
-        let found = if self.multi {
+        let found = if self.multi() {
             split_key(key).and_then(|(stream, id)| {
                 self.streams.iter().find(|(n, _)| n == stream).map(|(_, s)| (s, id))
             })
@@ -106,7 +99,7 @@ impl BenchStreams {
     /// its shards (so every shard of every stream gets the same rate on average); with one stream
     /// the draw is the single stream's partition key alone, as before `--streams`.
     pub fn put_random(&self, rng: &mut impl Rng, data: Vec<u8>) {
-        let stream = if self.streams.len() > 1 {
+        let stream = if self.multi() {
             let total: usize = self.sizes.iter().sum();
             let mut pick = rng.random_range(0..total.max(1));
             self.streams.iter().zip(&self.sizes).find_map(|(s, &n)| {
@@ -146,8 +139,8 @@ mod tests {
     #[test]
     fn shards_are_spread_with_the_remainder_first() {
         let s = BenchStreams::new(10, 3, 100);
-        assert_eq!(s.count(), 3);
-        assert_eq!(s.shards_per_stream(), [4, 3, 3]);
+        assert_eq!(s.streams.len(), 3);
+        assert_eq!(s.sizes, [4, 3, 3]);
         let listed: Vec<usize> = s.streams.iter().map(|(_, m)| m.shards().len()).collect();
         assert_eq!(listed, [4, 3, 3]);
         let keys = s.keys();

@@ -262,19 +262,16 @@ impl RedisStore {
             args.extend(fields);
             items.push((&u.lease.key, args));
         }
-        let mut outcomes = Vec::with_capacity(updates.len());
-        for chunk in items.chunks(MAX_BATCH_ITEMS) {
-            let script = &self.inner.scripts.update_batch;
-            let replies = self.run_batch_script("update leases", script, chunk).await?;
-            outcomes.extend(chunk.iter().zip(replies).map(|((key, _), reply)| {
-                let what = format!("update of lease {key}");
-                match parse_reply(&reply).map_err(|detail| unexpected(&what, detail))? {
-                    Reply::Version(v) => Ok(v),
-                    other => Err(self.conflict(key, other)),
-                }
-            }));
-        }
-        Ok(outcomes)
+        let script = &self.inner.scripts.update_batch;
+        // An undecodable reply is that item's error, not the batch's.
+        self.run_batches("update leases", script, &items, |key, reply| {
+            Ok(match parse_reply(&reply) {
+                Ok(Reply::Version(v)) => Ok(v),
+                Ok(other) => Err(self.conflict(key, other)),
+                Err(detail) => Err(unexpected(&format!("update of lease {key}"), detail)),
+            })
+        })
+        .await
     }
 
     /// `LeaseStore::create_leases`: the batch create script over chunks of up to
@@ -294,17 +291,33 @@ impl RedisStore {
             args.extend(fields);
             items.push((&lease.key, args));
         }
-        let mut outcomes = Vec::with_capacity(leases.len());
+        let script = &self.inner.scripts.create_batch;
+        self.run_batches("create leases", script, &items, |key, reply| {
+            let what = || format!("create of lease {key}");
+            match parse_reply(&reply).map_err(|d| unexpected(&what(), d))? {
+                Reply::Version(v) => Ok(CreateOutcome::Created(v)),
+                Reply::Done => Ok(CreateOutcome::AlreadyExists),
+                _ => Err(unexpected(&what(), "unknown outcome")),
+            }
+        })
+        .await
+    }
+
+    /// Runs a batch script over `items` in chunks of up to [`MAX_BATCH_ITEMS`], one call after
+    /// another, and decodes each item's reply with `decode`; the first error that `decode`
+    /// returns ends the batch.
+    async fn run_batches<T>(
+        &self,
+        what: &str,
+        script: &redis::Script,
+        items: &[(&LeaseKey, Vec<String>)],
+        decode: impl Fn(&LeaseKey, Value) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let mut outcomes = Vec::with_capacity(items.len());
         for chunk in items.chunks(MAX_BATCH_ITEMS) {
-            let script = &self.inner.scripts.create_batch;
-            let replies = self.run_batch_script("create leases", script, chunk).await?;
+            let replies = self.run_batch_script(what, script, chunk).await?;
             for ((key, _), reply) in chunk.iter().zip(replies) {
-                let what = format!("create of lease {key}");
-                outcomes.push(match parse_reply(&reply).map_err(|d| unexpected(&what, d))? {
-                    Reply::Version(v) => CreateOutcome::Created(v),
-                    Reply::Done => CreateOutcome::AlreadyExists,
-                    _ => return Err(unexpected(&what, "unknown outcome")),
-                });
+                outcomes.push(decode(key, reply)?);
             }
         }
         Ok(outcomes)
