@@ -22,11 +22,18 @@ cargo clippy --workspace --all-targets --locked --all-features -- -D warnings
 echo "== services"
 eval "$(scripts/services.sh)"
 # TLS-only servers (own ports, test CA) for each store's TLS tests (docs/tls.md).
-if [ "${SHARDLEASE_SERVICES-x}" != "" ]; then eval "$(scripts/tls-services.sh)"; fi
+# They are stopped when this script exits (only the PIDs this checkout started): they trust this
+# checkout's test CA, so left running they would fail the TLS tests of the next checkout.
+tls_stop=:
+if [ "${SHARDLEASE_SERVICES-x}" != "" ]; then
+  tls_stop="scripts/tls-services.sh stop"
+  trap '$tls_stop' EXIT
+  eval "$(scripts/tls-services.sh)"
+fi
 
 echo "== cargo test"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log"; $tls_stop' EXIT
 cargo test --workspace --locked --all-targets --all-features 2>&1 | tee "$log"
 cargo test --workspace --locked --doc --all-features 2>&1 | tee -a "$log"
 # One closing line for the whole run (cargo prints one per test binary).

@@ -87,12 +87,15 @@ fn simulated_fleets_keep_every_invariant() {
 /// rollback brought back unfinished after it had ended was left to its owner for a grace, and a
 /// wipe within it caught it unfinished), 38158 (no defect of the fleet: a lease restored after a
 /// wipe ran to its end and was collected with its children, and the repair check only counted a
-/// lease collected while one of its own children was listed past its start).
+/// lease collected while one of its own children was listed past its start), 6916 (a worker
+/// re-took a lease whose checkpoint a rollback had moved back, kept the later checkpoint in its
+/// memory, and restored it under its own running task, whose next checkpoints were then refused
+/// as moves backwards: the lease stopped for good).
 #[test]
 fn seeds_that_once_failed_pass() {
     run_seeds(&[
         649, 2433, 3215, 3460, 452, 17414, 14453, 2800, 11369, 14432, 15795, 3669, 14424, 28549,
-        29025, 36781, 27842, 36934, 38158, 1499,
+        29025, 36781, 27842, 36934, 38158, 1499, 6916,
     ]);
 }
 

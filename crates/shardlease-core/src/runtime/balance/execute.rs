@@ -277,7 +277,7 @@ async fn took(shared: &Arc<Shared>, owner: &mut Owner, outcome: TakeWrite) -> bo
     match outcome {
         TakeWrite::Won(next, v) => {
             owner.granted.insert(next.key.clone(), next.epoch);
-            owner.remember(&next, Instant::now());
+            owner.remember_taken(&next, Instant::now());
             owner.changed(shared, 1);
             if !lease_task::spawn(shared, owner, next.clone(), v) {
                 if shared.stop_taking.is_cancelled() {

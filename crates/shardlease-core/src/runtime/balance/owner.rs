@@ -512,6 +512,21 @@ impl Owner {
         }
     }
 
+    /// Records a lease this worker has just taken: [`Owner::remember`], except that the memory
+    /// then holds the checkpoint the take wrote, which is where the new task starts, even when
+    /// it remembered a later one from an earlier epoch. (The store lost that later checkpoint:
+    /// a rollback, or a late write that fenced the old task. The new task reads those records
+    /// again either way, and a restore of the later checkpoint under it would make each of the
+    /// task's next checkpoints look like a move backwards, so the lease would stop for good.)
+    pub(crate) fn remember_taken(&mut self, lease: &Lease, at: Instant) {
+        self.remember(lease, at);
+        if let Some(entry) = self.memory.get_mut(&lease.key) {
+            if entry.lease.epoch == lease.epoch {
+                entry.lease.checkpoint = lease.checkpoint.clone();
+            }
+        }
+    }
+
     /// Keeps the memory of this worker's own leases' checkpoints current without a listing (a
     /// quiet fleet does not list), so a store that loses writes is repaired to the latest one.
     /// (Lease tasks send these only when positions live in the lease record: a custom
