@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use shardlease_core::store::{LeaseStore, MemoryBackend};
 use shardlease_core::{
-    processor_fn, Config, LeaseKey, Position, SequenceNumber, ShardSource, Worker, WorkerHandle,
+    processor_fn, Batch, Config, LeaseContext, LeaseKey, Position, SequenceNumber, ShardSource,
+    Worker, WorkerHandle,
 };
 
 use super::{eventually, Emulator};
@@ -35,16 +36,21 @@ impl Log {
         self.events().into_iter().map(|(id, _)| id).collect()
     }
 
+    /// Records the deliveries of `batch` to the processor of `ctx`'s lease.
+    pub fn record(&self, ctx: &LeaseContext, batch: &Batch) {
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        for r in batch.records.iter() {
+            let id = (ctx.key().as_str().to_owned(), r.seq.clone(), r.sub);
+            events.push((id, String::from_utf8_lossy(&r.data).into_owned()));
+        }
+    }
+
     pub fn factory(&self) -> Arc<dyn shardlease_core::ProcessorFactory> {
         let log = self.clone();
         processor_fn(move |ctx, batch| {
             let log = log.clone();
             async move {
-                let mut events = log.events.lock().unwrap_or_else(|p| p.into_inner());
-                for r in batch.records.iter() {
-                    let id = (ctx.key().as_str().to_owned(), r.seq.clone(), r.sub);
-                    events.push((id, String::from_utf8_lossy(&r.data).into_owned()));
-                }
+                log.record(&ctx, &batch);
                 Ok(())
             }
         })
