@@ -32,6 +32,19 @@ async fn put(k: &Emulator, stream: &str, n: usize, tag: &str) -> Vec<Id> {
     ids
 }
 
+/// An in-memory lease store and a fast fleet configuration (heartbeat 100 ms, shard sync
+/// 300 ms, `TRIM_HORIZON` unless a stream says otherwise) for the namespace `name`.
+fn fleet(name: &str) -> (Arc<dyn LeaseStore>, Config) {
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(MemoryBackend::new().store(name.parse().unwrap_or_else(|e| panic!("{e}"))));
+    let config = Config::new(name)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_heartbeat(Duration::from_millis(100))
+        .with_shard_sync_interval(Duration::from_millis(300))
+        .with_initial_position(Position::TrimHorizon);
+    (store, config)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_reads_several_streams_added_and_removed_while_it_runs() {
     let Some(k) = emulator() else { return };
@@ -56,13 +69,7 @@ async fn a_fleet_reads_several_streams_added_and_removed_while_it_runs() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let source: Arc<dyn ShardSource> = Arc::new(multi.clone());
-    let store: Arc<dyn LeaseStore> =
-        Arc::new(MemoryBackend::new().store("multi".parse().unwrap_or_else(|e| panic!("{e}"))));
-    let config = Config::new("multi")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_heartbeat(Duration::from_millis(100))
-        .with_shard_sync_interval(Duration::from_millis(300))
-        .with_initial_position(Position::TrimHorizon);
+    let (store, config) = fleet("multi");
     let log = Log::default();
     let mut expected: BTreeMap<String, BTreeSet<Id>> = BTreeMap::new();
     for s in [&a, &b, &c] {
@@ -194,13 +201,7 @@ async fn a_latest_stream_skips_what_came_before_its_open_and_nothing_after_it() 
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let source: Arc<dyn ShardSource> = Arc::new(multi);
-    let store: Arc<dyn LeaseStore> =
-        Arc::new(MemoryBackend::new().store("latest".parse().unwrap_or_else(|e| panic!("{e}"))));
-    let config = Config::new("latest")
-        .unwrap_or_else(|e| panic!("{e}"))
-        .with_heartbeat(Duration::from_millis(100))
-        .with_shard_sync_interval(Duration::from_millis(300))
-        .with_initial_position(Position::TrimHorizon);
+    let (store, config) = fleet("latest");
     let log = Log::default();
     let mut expected: BTreeMap<String, BTreeSet<Id>> = BTreeMap::new();
     for s in [&a, &c] {
