@@ -13,6 +13,10 @@
 //! `lease_loads` (the published lease loads as one text, a line `<load> <lease key>` per lease,
 //! see `shardlease_core::store::encode_lease_loads`; absent when there are none, and in records
 //! written before it existed). Unknown fields are ignored, so later versions may add some.
+//!
+//! A record is decoded from a [`FieldSource`]: the whole hash of an `HGETALL` ([`Fields`]), or
+//! the row of an `HMGET` of the fields the decoder reads ([`Row`], what listings read: half the
+//! reply of an `HGETALL`, without the field names, and no map built per record).
 
 use shardlease_core::Epoch;
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +30,93 @@ use shardlease_core::{LeaseKey, Position};
 
 /// The fields of one hash, as read.
 pub(crate) type Fields = HashMap<String, String>;
+
+/// A record's fields by name, whatever command read them.
+pub(crate) trait FieldSource {
+    /// The value of field `name`, `None` when the record has no such field.
+    fn field(&self, name: &str) -> Option<&str>;
+}
+
+impl FieldSource for Fields {
+    fn field(&self, name: &str) -> Option<&str> {
+        self.get(name).map(String::as_str)
+    }
+}
+
+/// The values of the fields `names` of one hash, in that order, as an `HMGET` replied them
+/// (`None` for a field the hash lacks).
+pub(crate) struct Row<'a> {
+    names: &'static [&'static str],
+    values: Vec<Option<&'a str>>,
+}
+
+impl FieldSource for Row<'_> {
+    fn field(&self, name: &str) -> Option<&str> {
+        let i = self.names.iter().position(|n| *n == name)?;
+        self.values.get(i).copied().flatten()
+    }
+}
+
+/// The row of fields `names` in an `HMGET` reply; `None` when the reply has none of them (no
+/// such hash, or a hash without any field the decoder reads, which only an `HGETALL` can tell
+/// apart).
+pub(crate) fn row_of<'a>(
+    names: &'static [&'static str],
+    v: &'a Value,
+) -> Result<Option<Row<'a>>, String> {
+    let Value::Array(items) = v else {
+        return Err(format!("unexpected reply to a hash read: {v:?}"));
+    };
+    if items.len() != names.len() {
+        return Err(format!(
+            "the hash reply has {} values for {} fields",
+            items.len(),
+            names.len()
+        ));
+    }
+    let mut values = Vec::with_capacity(names.len());
+    for (name, item) in names.iter().zip(items) {
+        values.push(match item {
+            Value::Nil => None,
+            other => Some(
+                text(other)
+                    .ok_or_else(|| format!("the value of field `{name}` is not UTF-8 text"))?,
+            ),
+        });
+    }
+    Ok(values.iter().any(Option::is_some).then_some(Row { names, values }))
+}
+
+/// Whether an `HMGET` reply of the fields `names` has none of them (what [`row_of`] answers with
+/// `None`), without building the row.
+pub(crate) fn lacks_every_field(names: &[&str], v: &Value) -> bool {
+    matches!(v, Value::Array(items)
+        if items.len() == names.len() && items.iter().all(|i| matches!(i, Value::Nil)))
+}
+
+/// Every field [`decode_lease`] reads, for an `HMGET`.
+pub(crate) const LEASE_FIELDS: &[&str] = &[
+    lease_field::KEY,
+    lease_field::OWNER,
+    lease_field::EPOCH,
+    lease_field::CHECKPOINT,
+    lease_field::PARENTS,
+    lease_field::CLAIM,
+    lease_field::ATTRIBUTES,
+    lease_field::VERSION,
+];
+
+/// Every field [`decode_worker`] reads, for an `HMGET`.
+pub(crate) const WORKER_FIELDS: &[&str] = &[
+    worker_field::ID,
+    worker_field::BEAT,
+    worker_field::UPDATED_AT_MILLIS,
+    worker_field::LEASE_COUNT,
+    worker_field::CHANGES,
+    worker_field::LOAD,
+    worker_field::CAPACITY,
+    worker_field::LEASE_LOADS,
+];
 
 /// Field names of a lease hash.
 pub(crate) mod lease_field {
@@ -112,17 +203,20 @@ pub(crate) fn worker_fields(record: &WorkerRecord) -> Vec<(&'static str, String)
     out
 }
 
-fn required<'a>(fields: &'a Fields, name: &str) -> Result<&'a str, String> {
-    fields.get(name).map(String::as_str).ok_or_else(|| format!("field `{name}` is missing"))
+fn required<'a, F: FieldSource + ?Sized>(fields: &'a F, name: &str) -> Result<&'a str, String> {
+    fields.field(name).ok_or_else(|| format!("field `{name}` is missing"))
 }
 
-fn number<T: FromStr>(fields: &Fields, name: &str) -> Result<T, String> {
+fn number<T: FromStr, F: FieldSource + ?Sized>(fields: &F, name: &str) -> Result<T, String> {
     let raw = required(fields, name)?;
     raw.parse().map_err(|_| format!("field `{name}` is not a valid number: {}", excerpt(raw)))
 }
 
-fn optional_number<T: FromStr>(fields: &Fields, name: &str) -> Result<Option<T>, String> {
-    match fields.get(name) {
+fn optional_number<T: FromStr, F: FieldSource + ?Sized>(
+    fields: &F,
+    name: &str,
+) -> Result<Option<T>, String> {
+    match fields.field(name) {
         None => Ok(None),
         Some(_) => number(fields, name).map(Some),
     }
@@ -143,18 +237,21 @@ fn excerpt(raw: &str) -> String {
 }
 
 /// Decodes the lease stored under `key`.
-pub(crate) fn decode_lease(key: &str, fields: &Fields) -> Result<VersionedLease, String> {
+pub(crate) fn decode_lease<F: FieldSource + ?Sized>(
+    key: &str,
+    fields: &F,
+) -> Result<VersionedLease, String> {
     use lease_field::*;
     let stored_key = required(fields, KEY)?;
     if stored_key != key {
         return Err(format!("field `key` says {} but the record is {key:?}", excerpt(stored_key)));
     }
-    let owner = match fields.get(OWNER) {
+    let owner = match fields.field(OWNER) {
         None => None,
-        Some(o) if o.is_empty() => return Err("field `owner` is empty".to_owned()),
-        Some(o) => Some(o.as_str().into()),
+        Some("") => return Err("field `owner` is empty".to_owned()),
+        Some(o) => Some(o.into()),
     };
-    let claim: Option<Claim> = match fields.get(CLAIM) {
+    let claim: Option<Claim> = match fields.field(CLAIM) {
         None => None,
         Some(raw) => Some(json(raw, CLAIM)?),
     };
@@ -174,13 +271,16 @@ pub(crate) fn decode_lease(key: &str, fields: &Fields) -> Result<VersionedLease,
 }
 
 /// Decodes the worker record stored under `id`.
-pub(crate) fn decode_worker(id: &str, fields: &Fields) -> Result<WorkerRecord, String> {
+pub(crate) fn decode_worker<F: FieldSource + ?Sized>(
+    id: &str,
+    fields: &F,
+) -> Result<WorkerRecord, String> {
     use worker_field::*;
     let stored = required(fields, ID)?;
     if stored != id {
         return Err(format!("field `id` says {} but the record is {id:?}", excerpt(stored)));
     }
-    let lease_loads = match fields.get(LEASE_LOADS) {
+    let lease_loads = match fields.field(LEASE_LOADS) {
         // Absent when there are none, and in records written before the field existed.
         None => Vec::new(),
         Some(raw) => decode_lease_loads(raw).map_err(|e| {
@@ -353,6 +453,31 @@ mod tests {
             let err = decode_worker("w-1", &garbled).unwrap_err();
             assert!(err.contains("`lease_loads`"), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn hmget_rows_decode_like_whole_hashes() {
+        let lease = full_lease();
+        let fields = as_fields(lease_fields(&lease).unwrap(), 5);
+        let reply = Value::Array(
+            LEASE_FIELDS
+                .iter()
+                .map(|n| fields.get(*n).map_or(Value::Nil, |v| Value::BulkString(v.clone().into())))
+                .collect(),
+        );
+        let row = row_of(LEASE_FIELDS, &reply).unwrap().unwrap();
+        let key = lease.key.as_str();
+        assert_eq!(decode_lease(key, &row).unwrap(), decode_lease(key, &fields).unwrap());
+        assert!(!lacks_every_field(LEASE_FIELDS, &reply));
+        let none = Value::Array(vec![Value::Nil; LEASE_FIELDS.len()]);
+        assert!(lacks_every_field(LEASE_FIELDS, &none));
+        assert!(row_of(LEASE_FIELDS, &none).unwrap().is_none());
+        let mut binary = vec![Value::Nil; LEASE_FIELDS.len()];
+        binary[1] = Value::BulkString(vec![0xff]);
+        let err = row_of(LEASE_FIELDS, &Value::Array(binary)).err().unwrap();
+        assert!(err.contains("`owner` is not UTF-8"), "{err}");
+        assert!(row_of(LEASE_FIELDS, &Value::Array(vec![Value::Nil])).is_err());
+        assert!(row_of(LEASE_FIELDS, &Value::Int(1)).is_err());
     }
 
     #[test]

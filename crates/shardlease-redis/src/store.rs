@@ -21,7 +21,7 @@ use shardlease_core::store::{
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
 use crate::builder::RedisStoreBuilder;
-use crate::codec::{self, Fields};
+use crate::codec::{self, FieldSource, Fields};
 use crate::conn::{RedisConnection, StoreConn};
 use crate::errors::{backend, unexpected};
 use crate::keys::Keys;
@@ -377,36 +377,38 @@ impl RedisStore {
     }
 
     /// Lists an index page by page: `ZRANGE … BYLEX` after the last member seen, then one
-    /// pipelined `HGETALL` per member. Members added or removed meanwhile may or may not be
-    /// listed; every member present throughout is listed exactly once. A member whose hash has
-    /// vanished is skipped; one that cannot be decoded is reported as corrupt.
+    /// pipelined `HMGET` of the fields `names` per member, the pipeline ending with the next
+    /// page's `ZRANGE` (one round trip per page). Members added or removed meanwhile may or may
+    /// not be listed; every member present throughout is listed exactly once. A member whose
+    /// hash has vanished is skipped; one that cannot be decoded is reported as corrupt. A row
+    /// with none of the fields (rare: a vanished hash, or one holding none of them) is read again
+    /// with `HGETALL`, so a hash without any known field is reported as corrupt, not skipped.
     async fn list_index<T>(
         &self,
         what: &str,
         index: String,
         hash_key: impl Fn(&str) -> String,
-        decode: impl Fn(&str, &Fields) -> std::result::Result<T, String>,
+        names: &'static [&'static str],
+        decode: impl Fn(&str, &dyn FieldSource) -> std::result::Result<T, String>,
     ) -> Result<Listing<T>> {
         let mut conn = self.conn.clone();
         let mut listing = Listing { items: Vec::new(), corrupt: Vec::new() };
-        let mut start: Vec<u8> = b"-".to_vec();
         let page = self.inner.page_size;
-        loop {
-            let members: Vec<Vec<u8>> = redis::cmd("ZRANGEBYLEX")
-                .arg(&index)
-                .arg(&start)
-                .arg("+")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(page)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.err(&format!("listing {what}"), e))?;
-            let Some(last) = members.last() else { break };
-            let mut next = Vec::with_capacity(last.len() + 1);
-            next.push(b'(');
-            next.extend_from_slice(last);
-            let names: Vec<std::result::Result<&str, String>> = members
+        let range = |after: Option<&[u8]>| {
+            let mut cmd = redis::cmd("ZRANGEBYLEX");
+            match after {
+                Some(last) => cmd.arg(&index).arg([b"(".as_slice(), last].concat()),
+                None => cmd.arg(&index).arg("-"),
+            };
+            cmd.arg("+").arg("LIMIT").arg(0).arg(page);
+            cmd
+        };
+        let mut members: Vec<Vec<u8>> = range(None)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err(&format!("listing {what}"), e))?;
+        while !members.is_empty() {
+            let names_read: Vec<std::result::Result<&str, String>> = members
                 .iter()
                 .map(|m| {
                     std::str::from_utf8(m).map_err(|_| String::from_utf8_lossy(m).into_owned())
@@ -414,18 +416,63 @@ impl RedisStore {
                 .collect();
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
-            for name in names.iter().flatten() {
-                pipe.cmd("HGETALL").arg(hash_key(name));
+            for name in names_read.iter().flatten() {
+                pipe.cmd("HMGET").arg(hash_key(name)).arg(names);
             }
-            let replies: Vec<RedisResult<Value>> = if pipe.is_empty() {
-                Vec::new()
+            let more = members.len() >= page;
+            if more {
+                pipe.add_command(range(members.last().map(Vec::as_slice)));
+            }
+            let mut replies: Vec<RedisResult<Value>> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err(&format!("reading a page of {what}"), e))?;
+            let next: Vec<Vec<u8>> = if more {
+                let reply = replies.pop().ok_or_else(|| {
+                    unexpected(&format!("reading a page of {what}"), "fewer replies than commands")
+                })?;
+                let reply = reply.map_err(|e| self.err(&format!("listing {what}"), e))?;
+                redis::from_redis_value(reply)
+                    .map_err(|e| self.err(&format!("listing {what}"), e.into()))?
             } else {
-                pipe.query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.err(&format!("reading a page of {what}"), e))?
+                Vec::new()
             };
+            if replies.len() != names_read.iter().flatten().count() {
+                return Err(unexpected(
+                    &format!("reading a page of {what}"),
+                    "a reply count unlike the commands'",
+                ));
+            }
+            // Rows with none of the fields, read again whole (rare).
+            let mut whole: Vec<Option<RedisResult<Value>>> = Vec::new();
+            let empty: Vec<&str> = names_read
+                .iter()
+                .flatten()
+                .zip(&replies)
+                .filter(|(_, r)| matches!(r, Ok(v) if codec::lacks_every_field(names, v)))
+                .map(|(n, _)| *n)
+                .collect();
+            if !empty.is_empty() {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for name in &empty {
+                    pipe.cmd("HGETALL").arg(hash_key(name));
+                }
+                let again: Vec<RedisResult<Value>> = pipe
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.err(&format!("reading a page of {what}"), e))?;
+                if again.len() != empty.len() {
+                    return Err(unexpected(
+                        &format!("reading a page of {what}"),
+                        "a reply count unlike the commands'",
+                    ));
+                }
+                whole = again.into_iter().map(Some).collect();
+            }
+            let mut whole = whole.into_iter();
             let mut replies = replies.into_iter();
-            for name in names {
+            for name in names_read {
                 let name = match name {
                     Ok(n) => n,
                     Err(lossy) => {
@@ -440,25 +487,42 @@ impl RedisStore {
                     unexpected(&format!("reading a page of {what}"), "fewer replies than commands")
                 })?;
                 let corrupt = |reason: String| CorruptRecord { key: name.to_owned(), reason };
-                match reply {
+                let decoded = match reply {
                     Err(e) if e.code() == Some("WRONGTYPE") => {
                         listing.corrupt.push(corrupt(wrong_type(&hash_key(name), "another type")));
+                        continue;
                     }
                     Err(e) => return Err(self.err(&format!("reading {what} {name}"), e)),
-                    Ok(v) => match codec::fields_of(&v) {
-                        Ok(fields) if fields.is_empty() => {} // deleted since the index was read
-                        Ok(fields) => match decode(name, &fields) {
-                            Ok(item) => listing.items.push(item),
-                            Err(reason) => listing.corrupt.push(corrupt(reason)),
+                    Ok(v) => match codec::row_of(names, &v) {
+                        Ok(Some(row)) => decode(name, &row),
+                        Ok(None) => match whole.next().flatten() {
+                            Some(Err(e)) if e.code() == Some("WRONGTYPE") => {
+                                Err(wrong_type(&hash_key(name), "another type"))
+                            }
+                            Some(Err(e)) => {
+                                return Err(self.err(&format!("reading {what} {name}"), e))
+                            }
+                            Some(Ok(v)) => match codec::fields_of(&v) {
+                                Ok(fields) if fields.is_empty() => continue, // deleted meanwhile
+                                Ok(fields) => decode(name, &fields),
+                                Err(reason) => Err(reason),
+                            },
+                            None => {
+                                return Err(unexpected(
+                                    &format!("reading a page of {what}"),
+                                    "fewer replies than commands",
+                                ))
+                            }
                         },
-                        Err(reason) => listing.corrupt.push(corrupt(reason)),
+                        Err(reason) => Err(reason),
                     },
+                };
+                match decoded {
+                    Ok(item) => listing.items.push(item),
+                    Err(reason) => listing.corrupt.push(corrupt(reason)),
                 }
             }
-            if members.len() < page {
-                break;
-            }
-            start = next;
+            members = next;
         }
         Ok(listing)
     }
@@ -547,7 +611,15 @@ impl LeaseStore for RedisStore {
 
     async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
         let keys = &self.inner.keys;
-        self.list_index("leases", keys.lease_index(), |k| keys.lease(k), codec::decode_lease).await
+        let decode = |k: &str, f: &dyn FieldSource| codec::decode_lease(k, f);
+        self.list_index(
+            "leases",
+            keys.lease_index(),
+            |k| keys.lease(k),
+            codec::LEASE_FIELDS,
+            decode,
+        )
+        .await
     }
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
@@ -603,8 +675,9 @@ impl LeaseStore for RedisStore {
 
     async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
         let keys = &self.inner.keys;
-        self.list_index("workers", keys.worker_index(), |id| keys.worker(id), codec::decode_worker)
-            .await
+        let decode = |id: &str, f: &dyn FieldSource| codec::decode_worker(id, f);
+        let index = keys.worker_index();
+        self.list_index("workers", index, |id| keys.worker(id), codec::WORKER_FIELDS, decode).await
     }
 
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {

@@ -116,12 +116,18 @@ async fn index_entries_without_a_hash_and_keys_of_another_type() {
         let wrong = store.lease_redis_key(&"wrongtype".into());
         raw(&mut conn, &[b"SET", wrong.as_bytes(), b"not a hash"]).await.unwrap();
         raw(&mut conn, &[b"ZADD", index.as_bytes(), b"0", b"wrongtype"]).await.unwrap();
+        // A hash holding none of a lease's fields: a listing reads only those (`HMGET`), so it
+        // must tell this one from a vanished hash.
+        let stranger = store.lease_redis_key(&"stranger".into());
+        raw(&mut conn, &[b"HSET", stranger.as_bytes(), b"foo", b"bar"]).await.unwrap();
+        raw(&mut conn, &[b"ZADD", index.as_bytes(), b"0", b"stranger"]).await.unwrap();
 
         assert_eq!(store.get_lease(&"ghost".into()).await.unwrap(), None);
         let listing = store.list_leases().await.unwrap();
         assert!(listing.items.is_empty(), "{:?}", listing.items);
         let corrupt: Vec<&str> = listing.corrupt.iter().map(|c| c.key.as_str()).collect();
-        assert_eq!(corrupt, ["wrongtype"], "the ghost is not listed at all");
+        assert_eq!(corrupt, ["stranger", "wrongtype"], "the ghost is not listed at all");
+        assert!(listing.corrupt[0].reason.contains("`key` is missing"), "{:?}", listing.corrupt);
         assert_eq!(
             store.create_lease(&Lease::new("wrongtype", Position::TrimHorizon)).await.unwrap(),
             CreateOutcome::AlreadyExists

@@ -28,6 +28,8 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
     let mut timing = Timing::new(&shared.cfg, shared.rng(3));
     let mut beat: u64 = WorkerRecord::first_beat();
     let mut changes = shared.changes.subscribe();
+    // When the first heartbeat that succeeded was sent.
+    let mut first_ok: Option<Instant> = None;
     loop {
         beat += 1;
         let sent = Instant::now();
@@ -54,6 +56,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                         }
                     }
                 }
+                first_ok.get_or_insert(sent);
                 shared.heartbeat_ok.send_replace(Some(sent));
             }
             Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), beat, "heartbeat failed"),
@@ -78,7 +81,16 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
         shared.metrics.leases_held(running);
         let now = Instant::now();
         held.iter().for_each(|t| t.metrics.refresh_checkpoint_age(now));
-        let next = sent + timing.jittered(hb);
+        let mut next = sent + timing.jittered(hb);
+        // Until one interval after the first successful beat, the next beat waits for that
+        // moment even when jittered shorter, so the listing of the workers that follows it is
+        // the full view that ends the start hold (`balance::wait_for_first_view`); a beat
+        // jittered earlier left the hold to the beat after, one more interval.
+        if let Some(due) = first_ok.map(|first| first + hb) {
+            if sent < due {
+                next = next.max(due);
+            }
+        }
         tokio::select! {
             biased;
             _ = tokio::time::sleep_until(next) => {}

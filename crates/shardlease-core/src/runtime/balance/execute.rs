@@ -176,38 +176,66 @@ pub(super) async fn take_share(
     // The untried candidates, each with the record the plan decided on.
     let mut candidates: VecDeque<&VersionedLease> =
         plan.take_candidates.iter().filter_map(|k| by_key.get(k).copied()).collect();
-    while taken < plan.take_count && !shared.stop_taking.is_cancelled() {
-        let missing = plan.take_count - taken;
-        if conflicts >= missing.max(shared.cfg.take_concurrency()) && !candidates.is_empty() {
-            if refreshes == MAX_CANDIDATE_REFRESHES {
-                debug!(taken, missing, "take candidates keep going stale; the next pass goes on");
-                break;
+    // The chunk whose writes are on their way. While the chunks come back without a conflict,
+    // the next chunk is sent before this one's outcomes are applied (its lease tasks started),
+    // so the store writes one while this worker starts the tasks of the other; chosen as if the
+    // chunk on its way were all won, so no more than the plan's count is ever sent. After a
+    // conflict the chunks go one at a time again, so a stale candidate list costs at most one
+    // chunk sent ahead before the refresh (docs/algorithm.md, "Stale take candidates").
+    let mut in_flight: Option<(Vec<&VersionedLease>, tokio::task::JoinHandle<Vec<TakeWrite>>)> =
+        None;
+    let mut last_clean = false;
+    loop {
+        let on_the_way = in_flight.as_ref().map_or(0, |(chunk, _)| chunk.len());
+        let mut next = None;
+        let stopped = shared.stop_taking.is_cancelled() || shared.is_fenced();
+        let may_send = in_flight.is_none() || last_clean;
+        if taken + on_the_way < plan.take_count && !stopped && may_send {
+            let missing = plan.take_count - taken;
+            if conflicts >= missing.max(shared.cfg.take_concurrency()) && !candidates.is_empty() {
+                // The refresh decides on every outcome so far.
+                if let Some((chunk, writes)) = in_flight.take() {
+                    let (won, tried) = took_chunk(shared, owner, &chunk, writes).await;
+                    taken += won;
+                    conflicts += tried - won;
+                    last_clean = won == tried;
+                    continue;
+                }
+                if refreshes == MAX_CANDIDATE_REFRESHES {
+                    debug!(
+                        taken,
+                        missing, "take candidates keep going stale; the next pass goes on"
+                    );
+                    break;
+                }
+                refreshes += 1;
+                conflicts = 0;
+                let Some(fresh) = refresh_candidates(shared, owner, &mut candidates).await else {
+                    break;
+                };
+                debug!(taken, missing, candidates = fresh, "take candidates refreshed");
+                continue;
             }
-            refreshes += 1;
-            conflicts = 0;
-            let Some(fresh) = refresh_candidates(shared, owner, &mut candidates).await else {
-                break;
-            };
-            debug!(taken, missing, candidates = fresh, "take candidates refreshed");
-            continue;
-        }
-        // One store batch (`update_leases`) per chunk: `take_concurrency` leases, or more up to
-        // `TAKE_BATCH`, since a batch costs about one round trip whatever its length.
-        let want = missing.min(shared.cfg.take_concurrency().max(TAKE_BATCH));
-        let chunk: Vec<&VersionedLease> = candidates.drain(..want.min(candidates.len())).collect();
-        if chunk.is_empty() {
-            break;
-        }
-        let tried = chunk.len();
-        let results = take_all(shared, owner, &chunk).await;
-        for (v, ok) in chunk.iter().zip(&results) {
-            if *ok {
-                shared.metrics.taken(&v.lease.key);
+            // One store batch (`update_leases`) per chunk: `take_concurrency` leases, or more up
+            // to `TAKE_BATCH`, since a batch costs about one round trip whatever its length.
+            let want = (missing - on_the_way).min(shared.cfg.take_concurrency().max(TAKE_BATCH));
+            let chunk: Vec<&VersionedLease> =
+                candidates.drain(..want.min(candidates.len())).collect();
+            if !chunk.is_empty() {
+                let writes = send_takes(shared, &chunk);
+                next = Some((chunk, writes));
             }
         }
-        let won = results.into_iter().filter(|ok| *ok).count();
-        taken += won;
-        conflicts += tried - won;
+        match std::mem::replace(&mut in_flight, next) {
+            Some((chunk, writes)) => {
+                let (won, tried) = took_chunk(shared, owner, &chunk, writes).await;
+                taken += won;
+                conflicts += tried - won;
+                last_clean = won == tried;
+            }
+            None if in_flight.is_none() => break,
+            None => {}
+        }
     }
     // Published once for the whole share (the pass publishes again at its end): once per chunk
     // cost a copy of the growing map per 16 takes, a tenth of a second at 10,000 leases.
@@ -298,6 +326,44 @@ async fn took(shared: &Arc<Shared>, owner: &mut Owner, outcome: TakeWrite) -> bo
             false
         }
     }
+}
+
+/// Sends the take writes of `chunk` (`take_writes`) as a task of their own, so they go on while
+/// the balance loop applies the chunk before.
+fn send_takes(
+    shared: &Arc<Shared>,
+    chunk: &[&VersionedLease],
+) -> tokio::task::JoinHandle<Vec<TakeWrite>> {
+    let shared = shared.clone();
+    let listed: Vec<VersionedLease> = chunk.iter().map(|v| (*v).clone()).collect();
+    let writes = async move {
+        let listed: Vec<&VersionedLease> = listed.iter().collect();
+        take_writes(&shared, &listed).await
+    };
+    tokio::spawn(tracing::Instrument::in_current_span(writes))
+}
+
+/// Applies the take writes of `chunk` sent by [`send_takes`] (`took`): how many leases were won,
+/// and how many were tried. Writes whose task failed count as uncertain (looked at again by the
+/// next pass).
+async fn took_chunk(
+    shared: &Arc<Shared>,
+    owner: &mut Owner,
+    chunk: &[&VersionedLease],
+    writes: tokio::task::JoinHandle<Vec<TakeWrite>>,
+) -> (usize, usize) {
+    let outcomes = match writes.await {
+        Ok(outcomes) if outcomes.len() == chunk.len() => outcomes,
+        _ => std::iter::repeat_with(|| TakeWrite::Uncertain).take(chunk.len()).collect(),
+    };
+    let mut won = 0;
+    for (v, outcome) in chunk.iter().zip(outcomes) {
+        if took(shared, owner, outcome).await {
+            shared.metrics.taken(&v.lease.key);
+            won += 1;
+        }
+    }
+    (won, chunk.len())
 }
 
 /// Takes `listed` leases by compare-and-set, the writes in one batch, and starts their tasks.
