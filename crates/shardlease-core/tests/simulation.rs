@@ -90,12 +90,15 @@ fn simulated_fleets_keep_every_invariant() {
 /// lease collected while one of its own children was listed past its start), 6916 (a worker
 /// re-took a lease whose checkpoint a rollback had moved back, kept the later checkpoint in its
 /// memory, and restored it under its own running task, whose next checkpoints were then refused
-/// as moves backwards: the lease stopped for good).
+/// as moves backwards: the lease stopped for good), 5613 (no defect of the fleet: after a
+/// rollback the periodic shard sync created a collected lease again, which a worker restored
+/// finished, within the quiet window; that window now starts one shard-sync interval after an
+/// accident).
 #[test]
 fn seeds_that_once_failed_pass() {
     run_seeds(&[
         649, 2433, 3215, 3460, 452, 17414, 14453, 2800, 11369, 14432, 15795, 3669, 14424, 28549,
-        29025, 36781, 27842, 36934, 38158, 1499, 6916,
+        29025, 36781, 27842, 36934, 38158, 1499, 6916, 5613,
     ]);
 }
 
@@ -587,6 +590,14 @@ async fn simulate(seed: u64) -> Result<String, String> {
     )
     .await
     .map_err(|e| format!("{e}; events {events:?}"))?;
+    if events.iter().any(|e| matches!(e, Event::Wipe | Event::Rollback)) {
+        // A store that lost writes may have lost the leases of shards the fleet had finished
+        // and collected; the periodic shard sync (every 30 heartbeats) creates those again and
+        // the workers that remember them restore them as finished, work that may fall after the
+        // fleet looks balanced (seed 5613). The quiet window below starts after one shard-sync
+        // interval, so it still fails a fleet that goes round creating and collecting them.
+        tokio::time::sleep(HEARTBEAT * 30).await;
+    }
     let cov = cluster
         .wait_balanced(Duration::from_secs(120), HEARTBEAT)
         .await
