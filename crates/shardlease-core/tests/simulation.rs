@@ -314,6 +314,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
         Some(l) => cfg.with_balance(Balance::ByLoad(LoadBalance::default().with_cores(l.cores))),
         None => cfg,
     };
+    let shard_sync = cfg.shard_sync_interval();
     let src: Arc<dyn ShardSource> = Arc::new(source.clone());
     let mut cluster =
         Cluster::with_store_per_worker(base.clone(), store_for, src, rec.factory(), cfg);
@@ -592,11 +593,11 @@ async fn simulate(seed: u64) -> Result<String, String> {
     .map_err(|e| format!("{e}; events {events:?}"))?;
     if events.iter().any(|e| matches!(e, Event::Wipe | Event::Rollback)) {
         // A store that lost writes may have lost the leases of shards the fleet had finished
-        // and collected; the periodic shard sync (every 30 heartbeats) creates those again and
+        // and collected; the periodic shard sync creates those again and
         // the workers that remember them restore them as finished, work that may fall after the
         // fleet looks balanced (seed 5613). The quiet window below starts after one shard-sync
         // interval, so it still fails a fleet that goes round creating and collecting them.
-        tokio::time::sleep(HEARTBEAT * 30).await;
+        tokio::time::sleep(shard_sync).await;
     }
     let cov = cluster
         .wait_balanced(Duration::from_secs(120), HEARTBEAT)
