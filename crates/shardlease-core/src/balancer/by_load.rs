@@ -24,6 +24,11 @@
 //!   view, a laxer test than the claimant's, so small differences between views do not bounce
 //!   claims back.
 //!
+//! - **A trigger.** A fleet in which no lease cools (none changed owner within the cooldown)
+//!   starts moving only for a move that lowers the pair's peak by `1.5 × threshold`; the moves
+//!   after it (in the plan, and while a lease cools) need the threshold. A fleet that cannot get
+//!   inside the band would otherwise sit just short of a move's line until noise crossed it.
+//!
 //! Why nothing flaps: every move lowers the sum of squared costs by more than
 //! `2 × l × threshold` with `l ≥ 2 × floor`, so with steady loads the moves end; the same lease cannot come straight
 //! back (the reverse move would need `v < m + l`); a load difference below the floor moves
@@ -53,6 +58,10 @@ fn sane(x: f64) -> f64 {
         0.0
     }
 }
+
+/// How much more than the threshold a move must lower the peak by to start moving a fleet in
+/// which nothing cools (see `load_claims`).
+const START: f64 = 1.5;
 
 /// The load figures of one pass.
 pub(super) struct Costs {
@@ -183,6 +192,15 @@ impl Pass<'_> {
                 }
             }
         }
+        // A Schmitt trigger on the moves themselves: a fleet with nothing cooling (no lease moved
+        // within the cooldown) starts moving only for a move that lowers the pair's peak by
+        // `START × threshold`; the moves after it, in this plan and while any lease cools, need
+        // the threshold only. A fleet that cannot get inside the band (leases too coarse, a
+        // receiver at its ceiling) otherwise sits with a pair just short of the line, and noise
+        // crosses it sooner or later (simulation seed 4795). Below `2 × floor` so a quiet stream
+        // still balances exactly by count (a count move lowers the peak by `2 × floor`).
+        let mut margin =
+            if view.cooling.is_empty() { START * costs.threshold } else { costs.threshold };
         let mut exhausted = vec![false; n];
         // Workers whose figures still settle after a move neither give nor take (see
         // `LoadView::settling`); they still count in the mean.
@@ -214,7 +232,7 @@ impl Pass<'_> {
                     .filter(|(_, &i)| {
                         let l = costs.lease[i];
                         let receiver_load = m - base * count[r] as f64;
-                        m + l + costs.threshold < v && receiver_load + l - base <= load_ceiling
+                        m + l + margin < v && receiver_load + l - base <= load_ceiling
                     })
                     .min_by(|(_, &a), (_, &b)| {
                         let gap = |i: usize| (v - m - 2.0 * costs.lease[i]).abs();
@@ -226,6 +244,7 @@ impl Pass<'_> {
                 exhausted[victim] = true;
                 continue;
             };
+            margin = costs.threshold;
             let i = pools[victim].swap_remove(pos);
             let l = costs.lease[i];
             eff[victim] -= l;

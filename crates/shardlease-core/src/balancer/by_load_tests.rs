@@ -268,3 +268,18 @@ fn a_worker_far_below_the_mean_still_gets_its_share_on_a_quiet_stream() {
         assert!(plan(&snapshot(me, &fleet, &[])).claims.is_empty(), "{me}");
     }
 }
+
+#[test]
+fn a_fleet_with_nothing_cooling_starts_moving_only_for_a_clear_gain() {
+    // Costs a 0.505, b 0.40 (mean 0.4525, threshold 0.0499): a is outside the band, and a3
+    // (cost 0.045) to b lowers the pair's peak by 0.060, more than the threshold but less than
+    // 1.5 thresholds. Noise on figures sitting at that line made simulation seed 4795 move
+    // leases in a steady fleet, so a settled fleet does not start on it.
+    let fleet = [
+        Holds("a", &[("a1", 0.32), ("a2", 0.06), ("a3", 0.005)]),
+        Holds("b", &[("b1", 0.22), ("b2", 0.06), ("b3", 0.0)]),
+    ];
+    assert!(plan(&snapshot("b", &fleet, &[])).is_empty());
+    // While a lease cools from a move (a round of moves under way) the threshold is enough.
+    assert_eq!(claimed(&plan(&snapshot("b", &fleet, &["b1"]))), ["a3"]);
+}
