@@ -202,7 +202,7 @@ struct Flags {
     worker_cores: usize,
     /// skew: the floor of the by-load run, busy seconds per second (each lease also costs twice
     /// it); default LoadBalance's.
-    #[arg(long, value_name = "F", default_value_t = 0.02, value_parser = positive)]
+    #[arg(long, value_name = "F", default_value_t = shardlease::LoadBalance::default().floor, value_parser = positive)]
     load_floor: f64,
 }
 
@@ -411,7 +411,7 @@ mod tests {
                 record_cost: Duration::from_millis(1),
                 noise: 0.2,
                 worker_cores: 1,
-                floor: 0.02,
+                floor: shardlease::LoadBalance::default().floor,
             }
         );
         let a = args(&format!(
@@ -424,7 +424,7 @@ mod tests {
             record_cost: Duration::ZERO,
             noise: 0.0,
             worker_cores: 0,
-            floor: 0.02,
+            floor: shardlease::LoadBalance::default().floor,
         };
         assert_eq!(a.skew, quiet);
         assert!(!Scenario::ALL.contains(&Scenario::Skew), "`all` stays quick");

@@ -141,3 +141,35 @@ async fn a_worker_warns_of_a_peer_balancing_by_another_mode() {
         w.shutdown().await.unwrap();
     }
 }
+
+/// A fleet that starts together balances by load as soon as the loads are measured. The leases
+/// of its first pass were taken while free with no figure seen, so they do not cool: cooling
+/// them (a cooldown is six balance intervals) held every load move off for the whole cooldown.
+#[tokio::test(start_paused = true)]
+async fn a_fleet_starting_together_moves_by_load_before_a_cooldown_has_passed() {
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("load".parse().unwrap()));
+    let source = MemorySource::new(SHARDS);
+    let hot = source.shards()[0].id.clone();
+    let producer = produce(&source, &hot, false);
+    let a = start(&base, &source, "a", by_load());
+    let b = start(&base, &source, "b", by_load());
+    let every = Duration::from_millis(100);
+    wait_until("both run shards", HB * 10, every, || async {
+        a.held_leases().len() + b.held_leases().len() == SHARDS
+    })
+    .await
+    .unwrap();
+    let started = tokio::time::Instant::now();
+    let cooldown = Config::new("load").unwrap().with_heartbeat(HB).balance_interval() * 6;
+    let balanced =
+        wait_until("the hot shard's worker holds at most 2", cooldown, every, || async {
+            let holder = if a.held_leases().contains(&hot) { &a } else { &b };
+            holder.held_leases().len() <= 2
+        })
+        .await;
+    println!("balanced by load {:?} after coverage", started.elapsed());
+    producer.abort();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+    balanced.unwrap();
+}

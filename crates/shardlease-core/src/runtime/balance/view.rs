@@ -432,6 +432,11 @@ fn load_view(
         let key = &lease.key;
         let (moved_at, before_move) = match owner.owner_seen.remove(key) {
             Some(seen) if seen.owner == lease.owner => (seen.moved_at, seen.load),
+            // Taken while free with no figure ever seen (a fleet's first pass, a new child): no
+            // figure to pin and no load move to damp, so it does not cool. Cooling every lease
+            // of a starting fleet held off every load move for a whole cooldown (the `skew`
+            // bench settled 6 intervals late).
+            Some(seen) if seen.owner.is_none() && seen.load.is_none() => (None, None),
             Some(seen) => {
                 // From one worker to another (a claim, a failover): both sides' figures shift.
                 // A lease taken while free (a start, a release) changes no figure that counted.
