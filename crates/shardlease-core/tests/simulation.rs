@@ -18,8 +18,8 @@
 //! tens of seconds, so the loads are skewed and moving. Once the events are over those seeds keep
 //! the stream skewed but steady and check that the leases settle: over 30 heartbeats, at most two
 //! rounds of moves (changes of owner no more than a balance interval apart) in one direction: no
-//! lease moving twice and no worker both giving and receiving (unless the seed also draws stuck processors, whose hangs and catch-ups are real
-//! load swings).
+//! lease moving twice and no worker both giving and receiving (unless the seed also draws stuck
+//! processors, whose hangs and catch-ups are real load swings).
 //!
 //! Two checks are relaxed after a store accident (a wipe or a rollback): two owners for a pass
 //! and a parent read again after its children started are limits docs/algorithm.md documents
