@@ -432,11 +432,16 @@ fn load_view(
         let key = &lease.key;
         let (moved_at, before_move) = match owner.owner_seen.remove(key) {
             Some(seen) if seen.owner == lease.owner => (seen.moved_at, seen.load),
-            // Taken while free with no figure ever seen (a fleet's first pass, a new child): no
-            // figure to pin and no load move to damp, so it does not cool. Cooling every lease
-            // of a starting fleet held off every load move for a whole cooldown (the `skew`
-            // bench settled 6 intervals late).
-            Some(seen) if seen.owner.is_none() && seen.load.is_none() => (None, None),
+            // Taken while free, never seen owned and with no figure ever seen (a fleet's first
+            // pass, a new child): no figure to pin and no load move to damp, so it does not
+            // cool. Cooling every lease of a starting fleet held off every load move for a whole
+            // cooldown (the `skew` bench settled 6 intervals late). A lease released since this
+            // worker saw it owned (`moved_at` set) still cools, figure or not.
+            Some(seen)
+                if seen.owner.is_none() && seen.load.is_none() && seen.moved_at.is_none() =>
+            {
+                (None, None)
+            }
             Some(seen) => {
                 // From one worker to another (a claim, a failover): both sides' figures shift.
                 // A lease taken while free (a start, a release) changes no figure that counted.
