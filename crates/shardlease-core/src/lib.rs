@@ -32,6 +32,7 @@ mod instrumented;
 mod lease;
 mod liveness;
 mod load;
+mod load_meter;
 mod memory;
 mod multi_source;
 mod notify;

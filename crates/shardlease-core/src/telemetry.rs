@@ -12,7 +12,7 @@
 //! the same (a test checks that it names each one), and [`describe`] hands the descriptions to the
 //! installed recorder (the Prometheus exporter prints them as `# HELP`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -297,7 +297,8 @@ impl WorkerMetrics {
             labels: self.for_shard(shard),
             last_checkpoint: Mutex::new(Instant::now()),
             busy_nanos: std::sync::atomic::AtomicU64::new(0),
-            load: Mutex::new((0, Instant::now(), None)),
+            load: Mutex::new(crate::load_meter::LoadMeter::new(0, Instant::now())),
+            at_tip: AtomicBool::new(false),
         }
     }
 
@@ -373,8 +374,10 @@ pub(crate) struct LeaseMetrics {
     last_checkpoint: Mutex<Instant>,
     /// Nanoseconds spent in the processor, in all.
     busy_nanos: std::sync::atomic::AtomicU64,
-    /// The load meter: the busy total and time of the last sample, and the smoothed load.
-    load: Mutex<(u64, Instant, Option<f64>)>,
+    /// The load meter (`load_meter.rs`).
+    load: Mutex<crate::load_meter::LoadMeter>,
+    /// The task has processed a batch at the tip of its shard since it started.
+    at_tip: AtomicBool,
 }
 
 impl LeaseMetrics {
@@ -397,29 +400,28 @@ impl LeaseMetrics {
         self.busy_nanos.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The lease's load as of `now`: busy seconds per second since the last sample, smoothed
-    /// exponentially with time constant `tau` (the first sample, one heartbeat after the task
-    /// started, is taken as it is). The heartbeat loop calls this every beat when balancing by
-    /// load.
+    /// The lease's load as of `now`: busy seconds per second, each sample weighed by the time it
+    /// covers and smoothed exponentially with time constant `tau` (`load_meter.rs`: until `tau`
+    /// has passed, the plain average since the task started). The heartbeat loop calls this every
+    /// beat when balancing by load.
     pub(crate) fn sample_load(&self, now: Instant, tau: Duration) -> f64 {
         let busy = self.busy_nanos.load(std::sync::atomic::Ordering::Relaxed);
-        let mut meter = lock(&self.load);
-        let (busy_before, at, smoothed) = *meter;
-        let dt = now.saturating_duration_since(at).as_secs_f64();
-        if dt <= 0.0 {
-            return smoothed.unwrap_or(0.0);
-        }
-        let sample = busy.saturating_sub(busy_before) as f64 / 1e9 / dt;
-        let load = match smoothed {
-            None => sample,
-            Some(before) => {
-                let alpha = 1.0 - (-dt / tau.as_secs_f64().max(1e-3)).exp();
-                before + alpha * (sample - before)
-            }
-        };
-        *meter = (busy, now, Some(load));
+        let load = lock(&self.load).sample(busy, now, tau);
         metrics::gauge!(LEASE_LOAD, self.labels.clone()).set(load);
         load
+    }
+
+    /// A batch was read and, if it had records, processed by `now`. The first one at the tip of
+    /// the shard (empty, or with no lag) starts the load meter afresh: until then the task was
+    /// catching up on the records that waited while the lease had no owner, at whatever share
+    /// of the cores it could get, which says nothing of the lease's steady load (a starting
+    /// fleet's figures came out at twice their level).
+    pub(crate) fn handled(&self, batch: &Batch, now: Instant) {
+        let at_tip = batch.records.is_empty() || batch.millis_behind == Some(0);
+        if at_tip && !self.at_tip.swap(true, Ordering::Relaxed) {
+            let busy = self.busy_nanos.load(Ordering::Relaxed);
+            *lock(&self.load) = crate::load_meter::LoadMeter::new(busy, now);
+        }
     }
 
     pub(crate) fn processor_error(&self) {

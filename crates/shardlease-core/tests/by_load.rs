@@ -173,3 +173,51 @@ async fn a_fleet_starting_together_moves_by_load_before_a_cooldown_has_passed() 
     b.shutdown().await.unwrap();
     balanced.unwrap();
 }
+
+/// A fleet starting on a backlog: half the shards hold half a minute of records, every shard
+/// then gets the same rate. The leases with the backlog spend their first second catching up at
+/// a whole core each, which says nothing of their steady load; counted as their load, their
+/// worker looked overloaded and gave leases away, and took them back once caught up. The load
+/// figure starts afresh once a lease reaches the tip of its shard, and a worker sits out load
+/// moves while the leases it took have been measured for less than the smoothing time.
+#[tokio::test(start_paused = true)]
+async fn a_fleet_starting_on_a_backlog_does_not_move_leases_for_its_catch_up() {
+    let base: Arc<dyn LeaseStore> = Arc::new(MemoryBackend::new().store("load".parse().unwrap()));
+    let source = MemorySource::new(SHARDS);
+    let keys: Vec<LeaseKey> = source.shards().into_iter().map(|s| s.id).collect();
+    for k in &keys[..SHARDS / 2] {
+        for _ in 0..480 {
+            source.put_to_shard(k, "x").unwrap();
+        }
+    }
+    let producer = {
+        let (source, keys) = (source.clone(), keys.clone());
+        tokio::spawn(async move {
+            loop {
+                for k in &keys {
+                    for _ in 0..4 {
+                        source.put_to_shard(k, "x").unwrap();
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    let a = start(&base, &source, "a", by_load());
+    let b = start(&base, &source, "b", by_load());
+    let every = Duration::from_millis(100);
+    wait_until("both run shards", HB * 10, every, || async {
+        a.held_leases().len() + b.held_leases().len() == SHARDS
+    })
+    .await
+    .unwrap();
+    let held = (a.held_leases().len(), b.held_leases().len());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let moves = a.stats().handoffs + b.stats().handoffs;
+    let after = (a.held_leases().len(), b.held_leases().len());
+    producer.abort();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+    assert_eq!(after.0 + after.1, SHARDS, "every shard runs");
+    assert_eq!((moves, after), (0, held), "equal loads: no lease moves for the catch-up");
+}

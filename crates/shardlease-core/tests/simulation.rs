@@ -15,7 +15,8 @@
 //!
 //! A third of the seeds balance by load (`Balance::ByLoad`): their processors pay a cost per record
 //! and most records go to a few hot partition keys, a set that drifts (is drawn again) every few
-//! tens of seconds, so the loads are skewed and moving. Once the events are over those seeds keep
+//! tens of seconds, so the loads are skewed and moving; half of them start on a backlog, which the
+//! first leases spend their first seconds catching up on. Once the events are over those seeds keep
 //! the stream skewed but steady and check that the leases settle: over 30 heartbeats, at most two
 //! rounds of moves (changes of owner no more than a balance interval apart) in one direction: no
 //! lease moving twice and no worker both giving and receiving (unless the seed also draws stuck
@@ -235,6 +236,10 @@ struct LoadDraw {
     /// The cores each worker's load is counted on (`LoadBalance::cores`): the processors sleep,
     /// so they never wait for one another, and 1 or 2 cores count their overlaps as shared.
     cores: usize,
+    /// Records waiting, with the same skew, before the first workers start (a fleet starting on
+    /// a backlog, unless it starts at LATEST): its leases spend their first seconds catching up,
+    /// which is no measure of their load.
+    backlog: u32,
 }
 
 /// Balancing by load for a third of the seeds: 100 to 300 records a second at 2 to 6 ms each
@@ -249,6 +254,14 @@ fn draw_load(seed: u64) -> Option<LoadDraw> {
         hot_share: rng.random_range(0.5..0.9),
         drift: rng.random_bool(2.0 / 3.0).then(|| Duration::from_secs(rng.random_range(10..=60))),
         cores: StdRng::seed_from_u64(seed ^ 0xc0de5).random_range(1..=4),
+        backlog: {
+            let mut b = StdRng::seed_from_u64(seed ^ 0xbac_100c);
+            if b.random_bool(0.5) {
+                b.random_range(50..=2_000)
+            } else {
+                0
+            }
+        },
     })
 }
 
@@ -328,6 +341,17 @@ async fn simulate(seed: u64) -> Result<String, String> {
     // The initial shard sync goes through the fault-free view; the workers' own syncs face faults.
     cluster.sync_shards().await.map_err(|e| e.to_string())?;
 
+    if let Some(l) = d.load.as_ref().filter(|l| l.backlog > 0 && d.start != Position::Latest) {
+        let mut brng = StdRng::seed_from_u64(seed ^ 0xbac_10c5);
+        for i in 0..l.backlog {
+            let key = if brng.random_bool(l.hot_share) {
+                format!("hot-1-{}", brng.random_range(0..l.hot_keys))
+            } else {
+                format!("pk-{}", brng.random_range(0..10_000))
+            };
+            source.put(&key, format!("b{i}"));
+        }
+    }
     let first_workers = rng.random_range(1..=4);
     cluster.start_workers(first_workers).map_err(|e| e.to_string())?;
     if d.start == Position::Latest {

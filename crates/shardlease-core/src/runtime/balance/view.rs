@@ -436,10 +436,16 @@ fn load_view(
             // pass, a new child): no figure to pin and no load move to damp, so it does not
             // cool. Cooling every lease of a starting fleet held off every load move for a whole
             // cooldown (the `skew` bench settled 6 intervals late). A lease released since this
-            // worker saw it owned (`moved_at` set) still cools, figure or not.
+            // worker saw it owned (`moved_at` set) still cools, figure or not. Its new owner's
+            // figures are still the catch-up of what waited while it had no owner (a starting
+            // fleet's came out at twice their steady level), so that owner sits out load moves
+            // for the smoothing time, as after a move.
             Some(seen)
                 if seen.owner.is_none() && seen.load.is_none() && seen.moved_at.is_none() =>
             {
+                if let Some(to) = &lease.owner {
+                    owner.worker_moved.insert(to.clone(), now);
+                }
                 (None, None)
             }
             Some(seen) => {

@@ -268,6 +268,7 @@ impl Task {
                 self.metrics.processed(&batch, took, busy);
                 position = last;
             }
+            self.metrics.handled(&batch, tokio::time::Instant::now());
             if let Some(children) = batch.end {
                 return self.shard_end(children).await;
             }
