@@ -24,10 +24,11 @@
 //!   view, a laxer test than the claimant's, so small differences between views do not bounce
 //!   claims back.
 //!
-//! - **A trigger.** A fleet in which no lease cools (none changed owner within the cooldown)
-//!   starts moving only for a move that lowers the pair's peak by `1.5 × threshold`; the moves
-//!   after it (in the plan, and while a lease cools) need the threshold. A fleet that cannot get
-//!   inside the band would otherwise sit just short of a move's line until noise crossed it.
+//! - **A trigger.** A round of moves starts only for a move that lowers the pair's peak by
+//!   `1.5 × threshold`; the moves after it (in the plan, and while the round is under way: a claim
+//!   pending, or a lease that changed owner within about a balance interval) need the threshold.
+//!   A fleet that cannot get inside the band would otherwise sit just short of a move's line until
+//!   noise crossed it.
 //!
 //! Why nothing flaps: every move lowers the sum of squared costs by more than
 //! `2 × l × threshold` with `l ≥ 2 × floor`, so with steady loads the moves end; the same lease cannot come straight
@@ -192,15 +193,19 @@ impl Pass<'_> {
                 }
             }
         }
-        // A Schmitt trigger on the moves themselves: a fleet with nothing cooling (no lease moved
-        // within the cooldown) starts moving only for a move that lowers the pair's peak by
-        // `START × threshold`; the moves after it, in this plan and while any lease cools, need
-        // the threshold only. A fleet that cannot get inside the band (leases too coarse, a
-        // receiver at its ceiling) otherwise sits with a pair just short of the line, and noise
-        // crosses it sooner or later (simulation seed 4795). Below `2 × floor` so a quiet stream
-        // still balances exactly by count (a count move lowers the peak by `2 × floor`).
-        let mut margin =
-            if view.cooling.is_empty() { START * costs.threshold } else { costs.threshold };
+        // A Schmitt trigger on the moves themselves: a round of moves starts only for a move that
+        // lowers the pair's peak by `START × threshold`; the moves after it, in this plan and
+        // while the round is under way (a claim pending, or an owner changed within about a
+        // balance interval: the other receivers of the plan claim at their own passes), need the
+        // threshold only. A fleet that cannot get inside the band (leases too coarse, a receiver
+        // at its ceiling) otherwise sits with a pair just short of the line, and noise crosses it
+        // sooner or later (simulation seed 4795). The round ends with its last move: keyed to
+        // the cooldown instead, one move for noise let the next pair across the tight line for
+        // the whole cooldown (the `skew` bench: two moves 7 s apart in its steady state). Below
+        // `2 × floor` so a quiet stream still balances exactly by count (a count move lowers the
+        // peak by `2 × floor`).
+        let round = view.round_in_progress || self.claimant.iter().any(Option::is_some);
+        let mut margin = if round { costs.threshold } else { START * costs.threshold };
         let mut exhausted = vec![false; n];
         // Workers whose figures still settle after a move neither give nor take (see
         // `LoadView::settling`); they still count in the mean.

@@ -72,6 +72,10 @@ pub struct LoadView {
     /// receiver's wait while it catches up on the moved lease's backlog. Planning on those
     /// figures sent leases back and forth.
     pub settling: BTreeSet<WorkerId>,
+    /// A round of load moves is under way: a lease changed owner within about a balance
+    /// interval (a claim pending is seen in the snapshot itself). The moves after a round's first
+    /// need only the threshold; a round starts only for a clear gain (see `by_load`).
+    pub round_in_progress: bool,
     /// The relative margin: a worker is overloaded when its load exceeds the fleet's mean load
     /// by more than `margin × mean` (and by more than `floor`).
     pub margin: f64,
@@ -101,6 +105,12 @@ impl LoadView {
     /// Sets the workers whose figures are settling after a move (see [`LoadView::settling`]).
     pub fn with_settling(mut self, settling: BTreeSet<WorkerId>) -> Self {
         self.settling = settling;
+        self
+    }
+
+    /// Sets whether a round of load moves is under way (see [`LoadView::round_in_progress`]).
+    pub fn with_round_in_progress(mut self, round: bool) -> Self {
+        self.round_in_progress = round;
         self
     }
 

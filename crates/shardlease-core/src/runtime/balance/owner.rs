@@ -124,9 +124,9 @@ pub(crate) struct Owner {
     /// for one seen once) and its last load figure from before any move in progress: a lease that
     /// moved waits out the load cooldown, counted at that figure.
     pub owner_seen: BTreeMap<LeaseKey, SeenOwner>,
-    /// Balancing by load: when this worker last saw each worker give or receive a lease (an owner
-    /// changing from one worker to another), to leave it out of load moves while its figures
-    /// settle (see [`crate::balancer::LoadView::settling`]).
+    /// Balancing by load: until when each worker sits out load moves while its figures settle
+    /// (see [`crate::balancer::LoadView::settling`]): it gave or received a lease (an owner
+    /// changing from one worker to another), or took one never seen owned.
     pub worker_moved: BTreeMap<WorkerId, Instant>,
     /// Balancing by load: the snapshot of the last listing, which a quiet pass plans on again
     /// with newer loads to see whether a listing is due.

@@ -428,6 +428,17 @@ fn load_view(
     let mut cooling = BTreeSet::new();
     let mut pinned = BTreeMap::new();
     let mut seen = BTreeMap::new();
+    // A worker's figures show a move after the load's smoothing time (two balance intervals); a
+    // lease it took while free has been measured at the tip of its shard a balance interval
+    // after it was taken (its catch-up is not counted, see `LeaseMetrics::handled`).
+    let interval = shared.cfg.balance_interval();
+    let settle = interval.saturating_mul(2);
+    let sit_out =
+        |moved: &mut BTreeMap<crate::ids::WorkerId, Instant>, w: &crate::ids::WorkerId, d| {
+            let until = now + d;
+            let at = moved.entry(w.clone()).or_insert(until);
+            *at = (*at).max(until);
+        };
     for lease in leases {
         let key = &lease.key;
         let (moved_at, before_move) = match owner.owner_seen.remove(key) {
@@ -439,12 +450,12 @@ fn load_view(
             // worker saw it owned (`moved_at` set) still cools, figure or not. Its new owner's
             // figures are still the catch-up of what waited while it had no owner (a starting
             // fleet's came out at twice their steady level), so that owner sits out load moves
-            // for the smoothing time, as after a move.
+            // until the lease has been measured at the tip of its shard for a while.
             Some(seen)
                 if seen.owner.is_none() && seen.load.is_none() && seen.moved_at.is_none() =>
             {
                 if let Some(to) = &lease.owner {
-                    owner.worker_moved.insert(to.clone(), now);
+                    sit_out(&mut owner.worker_moved, to, interval);
                 }
                 (None, None)
             }
@@ -452,8 +463,8 @@ fn load_view(
                 // From one worker to another (a claim, a failover): both sides' figures shift.
                 // A lease taken while free (a start, a release) changes no figure that counted.
                 if let (Some(from), Some(to)) = (&seen.owner, &lease.owner) {
-                    owner.worker_moved.insert(from.clone(), now);
-                    owner.worker_moved.insert(to.clone(), now);
+                    sit_out(&mut owner.worker_moved, from, settle);
+                    sit_out(&mut owner.worker_moved, to, settle);
                 }
                 (Some(now), seen.load)
             }
@@ -472,15 +483,21 @@ fn load_view(
         seen.insert(key.clone(), SeenOwner { owner: lease.owner.clone(), moved_at, load });
     }
     owner.owner_seen = seen;
-    // A worker's figures show a move after the load's smoothing time (two balance intervals).
-    let settle = shared.cfg.balance_interval().saturating_mul(2);
-    owner.worker_moved.retain(|_, at| now.saturating_duration_since(*at) < settle);
+    owner.worker_moved.retain(|_, until| now < *until);
+    // The other receivers of a plan claim at their own passes, within a balance interval (and
+    // its jitter) of the first; the round of moves is under way until then.
+    let round_window = interval + interval / 2;
+    let round = owner
+        .owner_seen
+        .values()
+        .any(|s| s.moved_at.is_some_and(|at| now.saturating_duration_since(at) < round_window));
     let settling: BTreeSet<crate::ids::WorkerId> = owner.worker_moved.keys().cloned().collect();
     let total: f64 = owner.my_loads.iter().map(|l| l.load).sum();
     let mut view = crate::balancer::LoadView::new(settings.margin, settings.floor)
         .with_cooling(cooling)
         .with_pinned(pinned)
         .with_settling(settling)
+        .with_round_in_progress(round)
         .with_worker(
             me.clone(),
             crate::balancer::PublishedLoad::new(total, owner.my_loads.clone()),
