@@ -31,7 +31,9 @@ impl Balance {
 /// its load exceeds the fleet's mean by more than `max(floor, margin × mean)`; a lease moves
 /// only by claim and graceful handoff, only when the move lowers the pair's peak by more than the
 /// floor, and not again within the cooldown. So a quiet stream (every load near 0) balances by
-/// count and never moves a lease for its noise.
+/// count and never moves a lease for its noise. Each lease's load is smoothed over six balance
+/// intervals (30 s at the default heartbeat), so a shift of load is acted on within about that
+/// time, and a burst shorter than it is not.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct LoadBalance {

@@ -611,9 +611,9 @@ async fn simulate(seed: u64) -> Result<String, String> {
         )
     })?;
     if d.load.is_some() {
-        // The loads fade out (smoothed over two balance intervals) and the leases go back to a
-        // balance by count; the quiet window below starts after that.
-        tokio::time::sleep(HEARTBEAT * 60).await;
+        // The loads fade out (smoothed over six balance intervals, 15 heartbeats) and the leases
+        // go back to a balance by count; the quiet window below starts after that.
+        tokio::time::sleep(HEARTBEAT * 90).await;
     }
     // A dead peer's record is removed once it has been dead long enough: a change every worker
     // notices (and lists for), so the quiet window below starts after it.

@@ -24,8 +24,9 @@
 //!   view, a laxer test than the claimant's, so small differences between views do not bounce
 //!   claims back.
 //!
-//! - **A trigger.** A round of moves starts only for a move that lowers the pair's peak by
-//!   `1.5 × threshold`; the moves after it (in the plan, and while the round is under way: a claim
+//! - **A trigger.** A round of moves starts only for a move that lowers the pair's peak by the
+//!   threshold plus its relative part again (about `2 × threshold` on a busy stream; `1.5 ×
+//!   floor` on a quiet one); the moves after it (in the plan, and while the round is under way: a claim
 //!   pending, or a lease that changed owner within about a balance interval) need the threshold.
 //!   A fleet that cannot get inside the band would otherwise sit just short of a move's line until
 //!   noise crossed it.
@@ -60,9 +61,14 @@ fn sane(x: f64) -> f64 {
     }
 }
 
-/// How much more than the threshold a move must lower the peak by to start moving a fleet in
-/// which nothing cools (see `load_claims`).
-const START: f64 = 1.5;
+/// The least a move must lower the pair's peak by to start a round of moves (see
+/// `load_claims`): the threshold, plus its relative part again (noise on the figures grows with
+/// the load), and never less than half the floor more (a quiet stream's count moves, which lower
+/// the peak by `2 × floor` against a threshold of `floor`, still qualify).
+fn start_margin(costs: &Costs) -> f64 {
+    let relative = costs.threshold - costs.floor;
+    costs.threshold + relative.max(0.5 * costs.floor)
+}
 
 /// The load figures of one pass.
 pub(super) struct Costs {
@@ -194,18 +200,19 @@ impl Pass<'_> {
             }
         }
         // A Schmitt trigger on the moves themselves: a round of moves starts only for a move that
-        // lowers the pair's peak by `START × threshold`; the moves after it, in this plan and
+        // lowers the pair's peak by `start_margin` (about two thresholds on a busy stream, 1.5
+        // on a quiet one); the moves after it, in this plan and
         // while the round is under way (a claim pending, or an owner changed within about a
         // balance interval: the other receivers of the plan claim at their own passes), need the
         // threshold only. A fleet that cannot get inside the band (leases too coarse, a receiver
         // at its ceiling) otherwise sits with a pair just short of the line, and noise crosses it
         // sooner or later (simulation seed 4795). The round ends with its last move: keyed to
         // the cooldown instead, one move for noise let the next pair across the tight line for
-        // the whole cooldown (the `skew` bench: two moves 7 s apart in its steady state). Below
-        // `2 × floor` so a quiet stream still balances exactly by count (a count move lowers the
-        // peak by `2 × floor`).
+        // the whole cooldown (the `skew` bench: two moves 7 s apart in its steady state). On a
+        // quiet stream the start stays below `2 × floor`, so it still balances exactly by count (a
+        // count move lowers the peak by `2 × floor`).
         let round = view.round_in_progress || self.claimant.iter().any(Option::is_some);
-        let mut margin = if round { costs.threshold } else { START * costs.threshold };
+        let mut margin = if round { costs.threshold } else { start_margin(costs) };
         let mut exhausted = vec![false; n];
         // Workers whose figures still settle after a move neither give nor take (see
         // `LoadView::settling`); they still count in the mean.

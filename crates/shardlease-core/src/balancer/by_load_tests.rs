@@ -302,3 +302,22 @@ fn a_fleet_with_nothing_cooling_starts_moving_only_for_a_clear_gain() {
     let (before, during) = (claimed(&plan(&quiet)), claimed(&plan(&claimed_elsewhere)));
     assert!(before.is_empty() && during == ["a3"], "{before:?} {during:?}");
 }
+
+#[test]
+fn on_a_busy_stream_a_round_starts_only_for_a_gain_of_about_two_thresholds() {
+    // Loads a 0.54, b 0.36, c 0.56 (mean 0.487, threshold 0.073); a is outside the band. a2 to b
+    // lowers the pair's peak by 0.12 (cost 0.10), more than 1.5 thresholds (0.11) but less than
+    // the threshold plus its relative part again (0.126). Figures smoothed over a few seconds
+    // wander by more than half a threshold on a stream whose rates wander by ±20%, and the
+    // `skew` bench started a round for that noise about once in five minutes.
+    let fleet = [
+        Holds("a", &[("a1", 0.48), ("a2", 0.06)]),
+        Holds("b", &[("b1", 0.36)]),
+        Holds("c", &[("c1", 0.56)]),
+    ];
+    assert!(plan(&snapshot("b", &fleet, &[])).is_empty());
+    // Within a round the threshold is enough.
+    let mut s = snapshot("b", &fleet, &[]);
+    s.loads = s.loads.map(|v| v.with_round_in_progress(true));
+    assert_eq!(claimed(&plan(&s)), ["a2"]);
+}

@@ -66,8 +66,9 @@ pub struct LoadView {
     /// times the lease's steady load), which would make the receiver look overloaded and send
     /// other leases back.
     pub pinned: BTreeMap<LeaseKey, f64>,
-    /// Workers that gave or received a lease within the load's smoothing time: they neither give
-    /// nor receive a lease for load until their figures show the move. A move shifts more than
+    /// Workers that gave or received a lease a moment ago (two balance intervals, at run time),
+    /// or took a lease never seen owned (one interval): they neither give nor receive a lease for
+    /// load until their figures show the move. A move shifts more than
     /// the moved lease's load: the giver's other leases stop waiting for a shared core, and the
     /// receiver's wait while it catches up on the moved lease's backlog. Planning on those
     /// figures sent leases back and forth.

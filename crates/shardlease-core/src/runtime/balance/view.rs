@@ -428,9 +428,11 @@ fn load_view(
     let mut cooling = BTreeSet::new();
     let mut pinned = BTreeMap::new();
     let mut seen = BTreeMap::new();
-    // A worker's figures show a move after the load's smoothing time (two balance intervals); a
-    // lease it took while free has been measured at the tip of its shard a balance interval
-    // after it was taken (its catch-up is not counted, see `LeaseMetrics::handled`).
+    // A worker that gave or received a lease sits out load moves for two balance intervals, the
+    // time the receiver's catch-up on the moved lease takes to pass (while it lasts the two ends'
+    // other leases share their cores differently); a lease it took while free has been measured
+    // at the tip of its shard a balance interval after it was taken (its catch-up is not counted,
+    // see `LeaseMetrics::handled`).
     let interval = shared.cfg.balance_interval();
     let settle = interval.saturating_mul(2);
     let sit_out =
