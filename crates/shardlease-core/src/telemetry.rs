@@ -402,8 +402,8 @@ impl LeaseMetrics {
 
     /// The lease's load as of `now`: busy seconds per second, each sample weighed by the time it
     /// covers and smoothed exponentially with time constant `tau` (`load_meter.rs`: until `tau`
-    /// has passed, the plain average since the task started). The heartbeat loop calls this every
-    /// beat when balancing by load.
+    /// has passed, the plain average since the task first reached the tip of its shard, see
+    /// [`LeaseMetrics::handled`]). The heartbeat loop calls this every beat when balancing by load.
     pub(crate) fn sample_load(&self, now: Instant, tau: Duration) -> f64 {
         let busy = self.busy_nanos.load(std::sync::atomic::Ordering::Relaxed);
         let load = lock(&self.load).sample(busy, now, tau);
