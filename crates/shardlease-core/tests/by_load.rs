@@ -46,6 +46,21 @@ fn start(
     Worker::builder(cfg, store.clone(), src, factory).build().unwrap().start()
 }
 
+/// Workers "a" and "b", balancing by load, started together; returns once they run every shard.
+async fn start_pair(
+    store: &Arc<dyn LeaseStore>,
+    source: &MemorySource,
+) -> (WorkerHandle, WorkerHandle) {
+    let a = start(store, source, "a", by_load());
+    let b = start(store, source, "b", by_load());
+    wait_until("both run shards", HB * 10, Duration::from_millis(100), || async {
+        a.held_leases().len() + b.held_leases().len() == SHARDS
+    })
+    .await
+    .unwrap();
+    (a, b)
+}
+
 /// Every 250 ms: 40 records on the hot shard, 4 on each other (160/s against 16/s), each count
 /// drawn within ±20% with `noise`.
 fn produce(source: &MemorySource, hot: &LeaseKey, noise: bool) -> tokio::task::JoinHandle<()> {
@@ -151,14 +166,8 @@ async fn a_fleet_starting_together_moves_by_load_before_a_cooldown_has_passed() 
     let source = MemorySource::new(SHARDS);
     let hot = source.shards()[0].id.clone();
     let producer = produce(&source, &hot, false);
-    let a = start(&base, &source, "a", by_load());
-    let b = start(&base, &source, "b", by_load());
+    let (a, b) = start_pair(&base, &source).await;
     let every = Duration::from_millis(100);
-    wait_until("both run shards", HB * 10, every, || async {
-        a.held_leases().len() + b.held_leases().len() == SHARDS
-    })
-    .await
-    .unwrap();
     let started = tokio::time::Instant::now();
     let cooldown = Config::new("load").unwrap().with_heartbeat(HB).balance_interval() * 6;
     let balanced =
@@ -203,14 +212,7 @@ async fn a_fleet_starting_on_a_backlog_does_not_move_leases_for_its_catch_up() {
             }
         })
     };
-    let a = start(&base, &source, "a", by_load());
-    let b = start(&base, &source, "b", by_load());
-    let every = Duration::from_millis(100);
-    wait_until("both run shards", HB * 10, every, || async {
-        a.held_leases().len() + b.held_leases().len() == SHARDS
-    })
-    .await
-    .unwrap();
+    let (a, b) = start_pair(&base, &source).await;
     let held = (a.held_leases().len(), b.held_leases().len());
     tokio::time::sleep(Duration::from_secs(60)).await;
     let moves = a.stats().handoffs + b.stats().handoffs;
