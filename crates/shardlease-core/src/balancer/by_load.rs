@@ -25,11 +25,11 @@
 //!   claims back.
 //!
 //! - **A trigger.** A round of moves starts only for a move that lowers the pair's peak by the
-//!   threshold plus its relative part again (about `2 × threshold` on a busy stream; `1.5 ×
-//!   floor` on a quiet one); the moves after it (in the plan, and while the round is under way: a claim
-//!   pending, or a lease that changed owner within about a balance interval) need the threshold.
-//!   A fleet that cannot get inside the band would otherwise sit just short of a move's line until
-//!   noise crossed it.
+//!   threshold plus its relative part again (about `2 × threshold` on a busy stream, `1.5 ×
+//!   floor` on a quiet one); the moves after it (in the plan, and while the round is under way:
+//!   a claim pending, or a lease that changed owner within about a balance interval) need the
+//!   threshold. A fleet that cannot get inside the band would otherwise sit just short of a
+//!   move's line until noise crossed it.
 //!
 //! Why nothing flaps: every move lowers the sum of squared costs by more than
 //! `2 × l × threshold` with `l ≥ 2 × floor`, so with steady loads the moves end; the same lease cannot come straight
@@ -201,10 +201,9 @@ impl Pass<'_> {
         }
         // A Schmitt trigger on the moves themselves: a round of moves starts only for a move that
         // lowers the pair's peak by `start_margin` (about two thresholds on a busy stream, 1.5
-        // on a quiet one); the moves after it, in this plan and
-        // while the round is under way (a claim pending, or an owner changed within about a
-        // balance interval: the other receivers of the plan claim at their own passes), need the
-        // threshold only. A fleet that cannot get inside the band (leases too coarse, a receiver
+        // floors on a quiet one); the moves after it, in this plan and while the round is under
+        // way (a claim pending, or an owner changed within about a balance interval: the other
+        // receivers of the plan claim at their own passes), need the threshold only. A fleet that cannot get inside the band (leases too coarse, a receiver
         // at its ceiling) otherwise sits with a pair just short of the line, and noise crosses it
         // sooner or later (simulation seed 4795). The round ends with its last move: keyed to
         // the cooldown instead, one move for noise let the next pair across the tight line for
