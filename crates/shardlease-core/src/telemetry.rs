@@ -417,6 +417,10 @@ impl LeaseMetrics {
     /// of the cores it could get, which says nothing of the lease's steady load (a starting
     /// fleet's figures came out at twice their level).
     pub(crate) fn handled(&self, batch: &Batch, now: Instant) {
+        // Read first: a steady task is at the tip on every batch, and needs no write for it.
+        if self.at_tip.load(Ordering::Relaxed) {
+            return;
+        }
         let at_tip = batch.records.is_empty() || batch.millis_behind == Some(0);
         if at_tip && !self.at_tip.swap(true, Ordering::Relaxed) {
             let busy = self.busy_nanos.load(Ordering::Relaxed);

@@ -113,7 +113,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
 }
 
 /// The loads' smoothing time, in balance intervals.
-pub(crate) const LOAD_SMOOTHING_INTERVALS: u32 = 6;
+const LOAD_SMOOTHING_INTERVALS: u32 = 6;
 
 /// Measures the running leases' loads, puts the heaviest and the total in `record`, and hands
 /// them all to the balance loop (docs/algorithm.md, "Balancing by load"). The loads are smoothed

@@ -441,6 +441,10 @@ fn load_view(
             let at = moved.entry(w.clone()).or_insert(until);
             *at = (*at).max(until);
         };
+    // The other receivers of a plan claim at their own passes, within a balance interval (and
+    // its jitter) of the first; the round of moves is under way until then.
+    let round_window = interval + interval / 2;
+    let mut round = false;
     for lease in leases {
         let key = &lease.key;
         let (moved_at, before_move) = match owner.owner_seen.remove(key) {
@@ -472,7 +476,9 @@ fn load_view(
             }
             None => (None, None),
         };
-        let in_cooldown = moved_at.is_some_and(|at| now.saturating_duration_since(at) < cooldown);
+        let since_move = moved_at.map(|at| now.saturating_duration_since(at));
+        round |= since_move.is_some_and(|d| d < round_window);
+        let in_cooldown = since_move.is_some_and(|d| d < cooldown);
         // While it cools, a lease keeps the figure it had before it moved; afterwards its new
         // owner's figure counts (and is remembered for its next move).
         let load = if in_cooldown { before_move } else { latest.get(key).copied().or(before_move) };
@@ -486,13 +492,6 @@ fn load_view(
     }
     owner.owner_seen = seen;
     owner.worker_moved.retain(|_, until| now < *until);
-    // The other receivers of a plan claim at their own passes, within a balance interval (and
-    // its jitter) of the first; the round of moves is under way until then.
-    let round_window = interval + interval / 2;
-    let round = owner
-        .owner_seen
-        .values()
-        .any(|s| s.moved_at.is_some_and(|at| now.saturating_duration_since(at) < round_window));
     let settling: BTreeSet<crate::ids::WorkerId> = owner.worker_moved.keys().cloned().collect();
     let total: f64 = owner.my_loads.iter().map(|l| l.load).sum();
     let mut view = crate::balancer::LoadView::new(settings.margin, settings.floor)
