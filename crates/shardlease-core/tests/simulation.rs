@@ -566,8 +566,8 @@ async fn simulate(seed: u64) -> Result<String, String> {
         // One round of moves is a figure crossing a boundary once (a late heartbeat, a burst,
         // the end of a cooldown showing a moved lease's new figure), acted on by one plan whose
         // moves can take a balance interval or two to be claimed and handed over, and the rest
-        // of a plan can wait a settling time more (both ends of a move sit out load moves until
-        // their figures show it): so two rounds at most, in one direction. A third round, a
+        // of a plan can wait a settling time more (the receiver of a move sits out load moves
+        // until its figures show it): so two rounds at most, in one direction. A third round, a
         // lease moving twice, or a worker that both gives and receives is the start of a flap.
         let moves = moves_over(&base, HEARTBEAT, 30).await?;
         let polls_per_round = balance_interval.as_millis().div_ceil(HEARTBEAT.as_millis()) + 1;

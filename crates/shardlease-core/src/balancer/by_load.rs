@@ -231,6 +231,9 @@ impl Pass<'_> {
         // Workers whose figures still settle after a move neither give nor take (see
         // `LoadView::settling`); they still count in the mean.
         let settling: Vec<bool> = self.workers.iter().map(|w| view.settling.contains(*w)).collect();
+        // Workers that gave a lease a moment ago may give again but not take (see
+        // `LoadView::gave`).
+        let gave: Vec<bool> = self.workers.iter().map(|w| view.gave.contains(*w)).collect();
         // Every move lowers the sum of squared costs, so the moves end; the bound is a backstop.
         for _ in 0..=self.active.len() {
             if plan.claims.len() >= claim_cap {
@@ -247,8 +250,9 @@ impl Pass<'_> {
             let v = eff[victim];
             // Receivers from the least loaded up (ties: lowest id); the first that can take one
             // of the victim's leases gets the one that best evens the pair (ties: lowest key).
-            let mut receivers: Vec<usize> =
-                (0..n).filter(|&w| w != victim && !settling[w] && count[w] < lease_cap).collect();
+            let mut receivers: Vec<usize> = (0..n)
+                .filter(|&w| w != victim && !settling[w] && !gave[w] && count[w] < lease_cap)
+                .collect();
             receivers.sort_by(|&a, &b| eff[a].total_cmp(&eff[b]).then(a.cmp(&b)));
             let chosen = receivers.into_iter().find_map(|r| {
                 let m = eff[r];

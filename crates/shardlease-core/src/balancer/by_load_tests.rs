@@ -225,8 +225,39 @@ fn a_worker_whose_figures_settle_after_a_move_neither_gives_nor_takes() {
     // b just moved a lease: its figures are not yet to be trusted, so c takes instead.
     assert_eq!(settling("b", &["b"]), 0);
     assert_eq!(settling("c", &["b"]), 1);
-    // a just moved one: nothing moves until its figures show it.
+    // a just received one: nothing moves until its figures show it.
     assert_eq!(settling("b", &["a"]) + settling("c", &["a"]), 0);
+}
+
+#[test]
+fn a_worker_that_just_gave_a_lease_gives_the_next_but_takes_none() {
+    // a gave one of its leases to c a moment ago (c: 0.3, settling); the plan every worker made
+    // then also had a give one to b. The giver's figures are right at once (the moved lease left
+    // its list), so b still claims it; when a sat out like a receiver, b waited two balance
+    // intervals more (the `skew` bench settled in five intervals instead of two).
+    let fleet = [
+        Holds("a", &[("a1", 0.3), ("a2", 0.3), ("a3", 0.3)]),
+        Holds("b", &[("b1", 0.1)]),
+        Holds("c", &[("c1", 0.2), ("c2", 0.3)]),
+    ];
+    let view = |me: &str, settling: &[&str], gave: &[&str]| {
+        let mut s = snapshot(me, &fleet, &["c2"]);
+        let ids = |w: &[&str]| w.iter().map(|w| WorkerId::from(*w)).collect();
+        s.loads = s.loads.map(|v| v.with_settling(ids(settling)).with_gave(ids(gave)));
+        claimed(&plan(&s))
+    };
+    assert_eq!(view("b", &["c"], &["a"]).len(), 1);
+    assert!(view("b", &["a", "c"], &[]).is_empty(), "a giver sitting out gives nothing");
+    // Nor does the giver take a lease back in the same round: a light giver takes nothing.
+    let fleet = [
+        Holds("a", &[("a1", 0.05)]),
+        Holds("b", &[("b1", 0.3), ("b2", 0.3), ("b3", 0.3)]),
+        Holds("c", &[("c1", 0.4)]),
+    ];
+    let mut s = snapshot("a", &fleet, &[]);
+    assert_eq!(claimed(&plan(&s)).len(), 1);
+    s.loads = s.loads.map(|v| v.with_gave([WorkerId::from("a")].into()));
+    assert!(claimed(&plan(&s)).is_empty());
 }
 
 #[test]

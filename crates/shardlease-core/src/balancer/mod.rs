@@ -66,13 +66,20 @@ pub struct LoadView {
     /// times the lease's steady load), which would make the receiver look overloaded and send
     /// other leases back.
     pub pinned: BTreeMap<LeaseKey, f64>,
-    /// Workers that gave or received a lease a moment ago (two balance intervals, at run time),
-    /// or took a lease never seen owned (one interval): they neither give nor receive a lease for
+    /// Workers that received a lease a moment ago (two balance intervals, at run time), or took
+    /// a lease never seen owned (one interval): they neither give nor receive a lease for
     /// load until their figures show the move. A move shifts more than
     /// the moved lease's load: the giver's other leases stop waiting for a shared core, and the
     /// receiver's wait while it catches up on the moved lease's backlog. Planning on those
     /// figures sent leases back and forth.
     pub settling: BTreeSet<WorkerId>,
+    /// Workers that gave a lease a moment ago (two balance intervals, at run time): they may
+    /// give again, since their figures are right at once (the moved lease leaves their list, and
+    /// their other leases' figures are shares of their cores, which a queue does not inflate),
+    /// but receive nothing until their figures show the move. When a giver sat out as a receiver
+    /// does, the second receiver of a plan found it sitting out and the plan's other moves waited
+    /// two intervals more; when it could receive, it took a lease back in the same round.
+    pub gave: BTreeSet<WorkerId>,
     /// A round of load moves is under way: a lease changed owner within about a balance
     /// interval (a claim pending is seen in the snapshot itself). The moves after a round's first
     /// need only the threshold; a round starts only for a clear gain (see `by_load`).
@@ -106,6 +113,12 @@ impl LoadView {
     /// Sets the workers whose figures are settling after a move (see [`LoadView::settling`]).
     pub fn with_settling(mut self, settling: BTreeSet<WorkerId>) -> Self {
         self.settling = settling;
+        self
+    }
+
+    /// Sets the workers that gave a lease a moment ago (see [`LoadView::gave`]).
+    pub fn with_gave(mut self, gave: BTreeSet<WorkerId>) -> Self {
+        self.gave = gave;
         self
     }
 

@@ -125,9 +125,12 @@ pub(crate) struct Owner {
     /// moved waits out the load cooldown, counted at that figure.
     pub owner_seen: BTreeMap<LeaseKey, SeenOwner>,
     /// Balancing by load: until when each worker sits out load moves while its figures settle
-    /// (see [`crate::balancer::LoadView::settling`]): it gave or received a lease (an owner
-    /// changing from one worker to another), or took one never seen owned.
+    /// (see [`crate::balancer::LoadView::settling`]): it received a lease (an owner changing
+    /// from one worker to another), or took one never seen owned.
     pub worker_moved: BTreeMap<WorkerId, Instant>,
+    /// Until when each worker that gave a lease for load may give but not receive
+    /// (`LoadView::gave`).
+    pub worker_gave: BTreeMap<WorkerId, Instant>,
     /// Balancing by load: the snapshot of the last listing, which a quiet pass plans on again
     /// with newer loads to see whether a listing is due.
     pub load_snapshot: Option<crate::balancer::Snapshot>,
@@ -191,6 +194,7 @@ impl Owner {
             peer_loads: BTreeMap::new(),
             owner_seen: BTreeMap::new(),
             worker_moved: BTreeMap::new(),
+            worker_gave: BTreeMap::new(),
             other_mode_warned: std::collections::BTreeSet::new(),
             load_snapshot: None,
             changes: 0,
