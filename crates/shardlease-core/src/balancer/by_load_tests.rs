@@ -314,7 +314,7 @@ fn a_fleet_with_nothing_cooling_starts_moving_only_for_a_clear_gain() {
     // A lease cooling from an earlier round does not lower the line: one move for noise would
     // let the next pair across the tight line for the whole cooldown.
     assert!(plan(&snapshot("b", &fleet, &["b1"])).is_empty());
-    // While a round is under way (an owner changed a moment ago) the threshold is enough.
+    // While a round is under way (an owner changed a moment ago) the round's line is enough.
     let mut s = snapshot("b", &fleet, &["b1"]);
     s.loads = s.loads.map(|v| v.with_round_in_progress(true));
     assert_eq!(claimed(&plan(&s)), ["a3"]);
@@ -347,7 +347,7 @@ fn on_a_busy_stream_a_round_starts_only_for_a_gain_of_about_two_thresholds() {
         Holds("c", &[("c1", 0.56)]),
     ];
     assert!(plan(&snapshot("b", &fleet, &[])).is_empty());
-    // Within a round the threshold is enough.
+    // Within a round the round's line (half the threshold) is enough.
     let mut s = snapshot("b", &fleet, &[]);
     s.loads = s.loads.map(|v| v.with_round_in_progress(true));
     assert_eq!(claimed(&plan(&s)), ["a2"]);

@@ -80,9 +80,10 @@ pub struct LoadView {
     /// does, the second receiver of a plan found it sitting out and the plan's other moves waited
     /// two intervals more; when it could receive, it took a lease back in the same round.
     pub gave: BTreeSet<WorkerId>,
-    /// A round of load moves is under way: a lease changed owner within about a balance
-    /// interval (a claim pending is seen in the snapshot itself). The moves after a round's first
-    /// need only the threshold; a round starts only for a clear gain (see `by_load`).
+    /// A round of load moves is under way: a lease changed owner within about three and a half
+    /// balance intervals, long enough for the receivers of a move to have sat out and planned
+    /// again (a claim pending is seen in the snapshot itself). The moves after a round's first
+    /// need only half the threshold; a round starts only for a clear gain (see `by_load`).
     pub round_in_progress: bool,
     /// The relative margin: a worker is overloaded when its load exceeds the fleet's mean load
     /// by more than `margin × mean` (and by more than `floor`).

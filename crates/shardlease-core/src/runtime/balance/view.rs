@@ -408,12 +408,12 @@ pub(super) fn reconcile(
     (resume, retake, stopped)
 }
 
-/// How long the two ends of a load move sit out load moves (see `load_view`), and how long a
-/// round of load moves stays under way after a lease changed owner (`LoadView::round_in_progress`),
-/// for a balance interval and its jitter (a fraction).
+/// How long the receiver of a load move sits out load moves and its giver takes none (see
+/// `load_view`), and how long a round of load moves stays under way after a lease changed owner
+/// (`LoadView::round_in_progress`), for a balance interval and its jitter (a fraction).
 ///
-/// A round must outlast the sit-out of its moves by a pass (an interval and its jitter): a giver
-/// still above the band once its figures show the move then gives again at the round's line. A
+/// A round must outlast the sit-out of its moves by a pass (an interval and its jitter): a worker
+/// still outside the band once the figures show the move then moves again at the round's line. A
 /// round that ended first (1.5 intervals, against a sit-out of 2) left such a worker short of the
 /// start line: the `skew` bench's seed 7 sat at 1.21 of the mean for 23 intervals before noise
 /// crossed the line.
