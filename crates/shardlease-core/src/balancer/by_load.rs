@@ -27,15 +27,16 @@
 //! - **A trigger.** A round of moves starts only for a move that lowers the pair's peak by the
 //!   threshold plus its relative part again (about `2 × threshold` on a busy stream, `1.5 ×
 //!   floor` on a quiet one); the moves after it (in the plan, and while the round is under way:
-//!   a claim pending, or a lease that changed owner within about a balance interval) need half
-//!   the threshold (at least the floor), so a round ends well inside the band. A fleet that
+//!   a claim pending, or a lease that changed owner within about three and a half balance
+//!   intervals) need half the threshold (at least the floor), so a round ends well inside the
+//!   band. A fleet that
 //!   cannot get inside the band would otherwise sit just short of a move's line until noise
 //!   crossed it.
 //!
 //! Why nothing flaps: every move lowers the sum of squared costs by more than `2 × l × floor`
 //! (the margin a move clears is at least the floor) with `l ≥ 2 × floor`, so with steady loads
-//! the moves end; the same lease cannot come straight back (the reverse move would need `v < m + l`); a load difference below the floor moves
-//! nothing; and a lease that moved waits out its cooldown before it can move again. On a quiet
+//! the moves end; the same lease cannot come straight back (the reverse move would need
+//! `v < m + l`); a load difference below the floor moves nothing; and a lease that moved waits out its cooldown before it can move again. On a quiet
 //! stream (loads near 0) every lease costs `2 × floor`, so the rules are exactly the count rules:
 //! a claim when the owner holds two more than the claimant.
 //!
@@ -216,8 +217,9 @@ impl Pass<'_> {
         // A Schmitt trigger on the moves themselves: a round of moves starts only for a move that
         // lowers the pair's peak by `start_margin` (about two thresholds on a busy stream, 1.5
         // floors on a quiet one); the moves after it, in this plan and while the round is under
-        // way (a claim pending, or an owner changed within about a balance interval: the other
-        // receivers of the plan claim at their own passes), need `round_margin` only, half the
+        // way (a claim pending, or an owner changed within about three and a half balance
+        // intervals: the other receivers of the plan claim at their own passes, and the receivers
+        // of its moves plan again once they have sat out), need `round_margin` only, half the
         // threshold, and the band is that wide too while a round is under way. A fleet that
         // cannot get inside the band (leases too coarse, a receiver at its ceiling) otherwise
         // sits with a pair just short of the line, and noise crosses it sooner or later

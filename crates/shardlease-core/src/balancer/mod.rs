@@ -68,10 +68,9 @@ pub struct LoadView {
     pub pinned: BTreeMap<LeaseKey, f64>,
     /// Workers that received a lease a moment ago (two balance intervals, at run time), or took
     /// a lease never seen owned (one interval): they neither give nor receive a lease for
-    /// load until their figures show the move. A move shifts more than
-    /// the moved lease's load: the giver's other leases stop waiting for a shared core, and the
-    /// receiver's wait while it catches up on the moved lease's backlog. Planning on those
-    /// figures sent leases back and forth.
+    /// load until their figures show the move. A move shifts more than the moved lease's load:
+    /// the receiver's other leases wait while it catches up on the moved lease's backlog.
+    /// Planning on those figures sent leases back and forth.
     pub settling: BTreeSet<WorkerId>,
     /// Workers that gave a lease a moment ago (two balance intervals, at run time): they may
     /// give again, since their figures are right at once (the moved lease leaves their list, and

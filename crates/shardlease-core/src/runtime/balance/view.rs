@@ -485,7 +485,9 @@ fn load_view(
                 (None, None)
             }
             Some(seen) => {
-                // From one worker to another (a claim, a failover): both sides' figures shift.
+                // From one worker to another (a claim, a failover): the receiver's figures shift
+                // while it catches up; the giver's are right at once, but it takes nothing back
+                // for as long.
                 // A lease taken while free (a start, a release) changes no figure that counted.
                 if let (Some(from), Some(to)) = (&seen.owner, &lease.owner) {
                     sit_out(&mut owner.worker_gave, from, settle);
@@ -558,7 +560,7 @@ mod tests {
             for jitter in [0.0, 0.1, 0.5] {
                 let (settle, round) = move_windows(interval, jitter);
                 assert_eq!(settle, interval * 2);
-                // The last pass of a giver whose sit-out just ended still falls in the round.
+                // The next pass of a receiver whose sit-out just ended still falls in the round.
                 assert!(settle + interval.mul_f64(1.0 + jitter) < round, "{ms} ms, {jitter}");
                 // And the round ends: a settled fleet is back on the start line soon after.
                 assert!(round <= interval * 5, "{ms} ms, {jitter}");
