@@ -418,12 +418,9 @@ pub(super) fn reconcile(
 /// start line: the `skew` bench's seed 7 sat at 1.21 of the mean for 23 intervals before noise
 /// crossed the line.
 fn move_windows(interval: Duration, jitter: f64) -> (Duration, Duration) {
-    let settle = interval.saturating_mul(2);
-    let jitter = if jitter.is_finite() { jitter.clamp(0.0, 1.0) } else { 0.0 };
-    let pass = Duration::try_from_secs_f64(interval.as_secs_f64() * (1.0 + jitter))
-        .unwrap_or(interval)
-        .max(interval);
-    (settle, settle.saturating_add(pass).saturating_add(interval / 2))
+    // `Config` bounds the interval and the jitter, as for the other jittered waits.
+    let settle = interval * 2;
+    (settle, settle + interval.mul_f64(1.0 + jitter) + interval / 2)
 }
 
 /// What the balancer knows of the loads when the fleet balances by load: each live peer's
