@@ -201,7 +201,7 @@ async fn run(args: Args) -> Result<(), String> {
     )
     .await?;
     for w in &workers {
-        w.shutdown().await.map_err(|e| e.to_string())?;
+        w.shutdown().await.record_error.map_or(Ok(()), Err)?;
     }
     let rows = count("SELECT COUNT(*) FROM shardlease_demo_events WHERE run = $1")
         .await

@@ -100,8 +100,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     shutdown_signal().await;
     info!("leaving: checkpointing and releasing leases");
     for h in &handles {
-        if let Err(e) = h.shutdown().await {
-            warn!(error = %e, "shutdown did not finish cleanly");
+        let report = h.shutdown().await;
+        if !report.is_clean() {
+            warn!(?report, "shutdown did not finish cleanly");
         }
     }
     Ok(())

@@ -25,7 +25,7 @@ async fn main() -> shardlease::Result<()> {
         .with_heartbeat(Duration::from_millis(200));
     let worker = Worker::builder(config, store, stream, processor).build()?.start();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let report = worker.shutdown().await?;
+    let report = worker.shutdown().await;
     println!(
         "released {} leases, processed {} records",
         report.released.len(),

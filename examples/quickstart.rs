@@ -279,7 +279,7 @@ impl Demo {
                 format!("stop {} gracefully", h.id()),
                 "it checkpoints and releases its leases; peers take them at their next pass",
                 || async move {
-                    let report = h.shutdown().await?;
+                    let report = h.shutdown().await;
                     if !report.is_clean() {
                         return Err(
                             format!("the graceful stop cut processors short: {report:?}").into()
@@ -412,7 +412,8 @@ impl Demo {
         }
         let mut first_error = None;
         while let Some(joined) = set.join_next().await {
-            let r = joined.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string()));
+            let r =
+                joined.map_err(|e| e.to_string()).and_then(|r| r.record_error.map_or(Ok(()), Err));
             if let Err(e) = r {
                 first_error.get_or_insert(e);
             }

@@ -114,7 +114,9 @@ impl Fleet {
         let _ = self.stop_producer.send(());
         let _ = self.producer.await;
         for w in &self.workers {
-            w.shutdown().await?;
+            if let Some(e) = w.shutdown().await.record_error {
+                return Err(shardlease::Error::retryable(e));
+            }
         }
         Ok(())
     }

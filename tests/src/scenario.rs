@@ -221,7 +221,7 @@ impl Fleet {
     async fn shutdown_all(&self) -> Result<(), String> {
         let mut first = Ok(());
         for w in self.workers.iter().filter(|w| w.is_running()) {
-            if let Err(e) = w.shutdown().await {
+            if let Some(e) = w.shutdown().await.record_error {
                 first = first.and(Err(format!("shutting down {}: {e}", w.id())));
             }
         }
@@ -292,7 +292,9 @@ async fn steps(fleet: &mut Fleet, producer: Producer) -> Result<Report, String> 
 
     let t = Instant::now();
     let leaving = fleet.workers[0].clone();
-    leaving.shutdown().await.map_err(|e| format!("graceful leave of w1: {e}"))?;
+    if let Some(e) = leaving.shutdown().await.record_error {
+        return Err(format!("graceful leave of w1: {e}"));
+    }
     fleet.until_balanced("w1 left").await?;
     steps.push(("leave", t.elapsed()));
 

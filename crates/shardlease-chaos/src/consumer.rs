@@ -199,6 +199,9 @@ pub async fn run(args: ConsumerArgs) -> Result<(), BoxError> {
         _ = tokio::signal::ctrl_c() => {}
     }
     tracing::info!(worker = %args.worker_id, "consumer stopping");
-    handle.shutdown().await?;
+    let report = handle.shutdown().await;
+    if let Some(e) = &report.record_error {
+        tracing::warn!(error = %e, "the worker record could not be removed; peers judge it dead after the failover timeout");
+    }
     Ok(())
 }

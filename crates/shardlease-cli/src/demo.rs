@@ -79,7 +79,9 @@ pub async fn run(
     emit("leaving gracefully (checkpointing and releasing leases) ...");
     producer.abort();
     for h in &handles {
-        h.shutdown().await.map_err(CliError::Store)?;
+        if let Some(e) = h.shutdown().await.record_error {
+            emit(&format!("{}: its worker record could not be removed ({e})", h.id()));
+        }
     }
     emit("done");
     Ok(ExitCode::SUCCESS)

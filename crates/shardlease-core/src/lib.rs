@@ -65,7 +65,8 @@ pub use processor::{
     processor_fn, CheckpointHandle, LeaseContext, ProcessorFactory, RecordProcessor,
 };
 pub use runtime::{
-    ReleasedLease, ShutdownReport, Worker, WorkerBuilder, WorkerHandle, WorkerStats,
+    LoopFailure, ReleasedLease, ShutdownReport, StopCause, Worker, WorkerBuilder, WorkerHandle,
+    WorkerStats,
 };
 pub use source::{Batch, HashRange, Record, ShardInfo, ShardReader, ShardSource};
 

@@ -290,18 +290,20 @@ pub trait LeaseStore: Send + Sync + Debug {
     /// moved on (the worker heartbeat since: it is alive after all) or is missing is left alone
     /// and gives `Ok(false)`.
     ///
-    /// The default body lists the workers, compares, then calls
-    /// [`remove_worker`](LeaseStore::remove_worker). That is **racy**: a heartbeat landing
-    /// between the listing and the removal is deleted with the record. Stores override it with an
-    /// atomic conditional delete (the stores of this workspace all do); the default exists so
-    /// that a store written against an older version of this trait keeps compiling.
+    /// The check and the delete must be one atomic step (the store's native conditional delete:
+    /// `DELETE ... WHERE beat = ?`, a Lua script, a condition expression, a transaction): a
+    /// list-compare-delete is racy, since a heartbeat landing between the listing and the delete
+    /// is deleted with the record, and a live worker loses its record.
+    ///
+    /// The default body removes nothing and returns `Ok(false)`, so that a store written against
+    /// an older version of this trait keeps compiling and stays safe: a store that cannot delete
+    /// conditionally just keeps the records of long-dead workers (every worker lists them on each
+    /// heartbeat, which costs reads), but never deletes a live one. Override it with an atomic
+    /// conditional delete (the stores of this workspace all do); the conformance case
+    /// `remove_worker_if_checks_the_beat` fails on the default.
     async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
-        let listing = self.list_workers().await?;
-        let current = listing.items.iter().any(|w| &w.id == id && w.beat == beat);
-        if current {
-            self.remove_worker(id).await?;
-        }
-        Ok(current)
+        let _ = (id, beat);
+        Ok(false)
     }
 
     /// The namespace this store reads and writes, if it knows it. The runtime takes it as the
@@ -321,5 +323,56 @@ pub trait LeaseStore: Send + Sync + Debug {
     /// change made in between is never missed.
     async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Implements only the required methods: every default body of [`LeaseStore`] is its own.
+    #[derive(Debug)]
+    struct RequiredOnly(MemoryStore);
+
+    #[async_trait]
+    impl LeaseStore for RequiredOnly {
+        async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
+            self.0.create_lease(lease).await
+        }
+        async fn get_lease(&self, key: &LeaseKey) -> Result<Option<VersionedLease>> {
+            self.0.get_lease(key).await
+        }
+        async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
+            self.0.list_leases().await
+        }
+        async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
+            self.0.update_lease(lease, expected).await
+        }
+        async fn delete_lease(&self, key: &LeaseKey, expected: Version) -> Result<()> {
+            self.0.delete_lease(key, expected).await
+        }
+        async fn heartbeat(&self, record: &WorkerRecord) -> Result<()> {
+            self.0.heartbeat(record).await
+        }
+        async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
+            self.0.list_workers().await
+        }
+        async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
+            self.0.remove_worker(id).await
+        }
+    }
+
+    /// The default `remove_worker_if` cannot compare and delete in one step, so it never deletes:
+    /// not even a record whose beat matches (it could move on between a check and a delete).
+    #[tokio::test]
+    async fn the_default_remove_worker_if_removes_nothing() {
+        let store = RequiredOnly(MemoryStore::new());
+        let record = WorkerRecord::new("w".into(), 7);
+        store.heartbeat(&record).await.unwrap();
+        assert!(!store.remove_worker_if(&"w".into(), 7).await.unwrap(), "matching beat");
+        assert!(!store.remove_worker_if(&"w".into(), 6).await.unwrap(), "stale beat");
+        assert!(!store.remove_worker_if(&"never".into(), 0).await.unwrap(), "missing record");
+        assert_eq!(store.list_workers().await.unwrap().items, [record]);
     }
 }

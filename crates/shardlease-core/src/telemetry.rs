@@ -36,6 +36,12 @@ pub const OPERATION: &str = "operation";
 /// Label: the kind of a store error (`conflict`, `lease_lost`, `corrupt`, `config`,
 /// `invalid_input`, `retryable`, `permanent`).
 pub const KIND: &str = "kind";
+/// Label key: the plug-in a panic came from (`lease store`, `shard source`, `checkpointer`,
+/// `balancer`).
+pub const PLUGIN: &str = "plugin";
+/// Label key: one of a worker's loops (`heartbeat`, `watchdog`, `balance`, `shard_sync`,
+/// `notices`).
+pub const LOOP: &str = "loop";
 
 /// Gauge: leases this worker is running.
 pub const LEASES_HELD: &str = "shardlease_leases_held";
@@ -85,6 +91,13 @@ pub const PROCESSOR_PANICS: &str = "shardlease_processor_panics_total";
 pub const STORE_CALL_SECONDS: &str = "shardlease_store_call_seconds";
 /// Counter: store calls that returned an error.
 pub const STORE_ERRORS: &str = "shardlease_store_errors_total";
+
+/// Counter: panics of a plug-in (store, source, checkpointer, balancer) that were contained: the
+/// call counted as failed and the worker went on.
+pub const PLUGIN_PANICS: &str = "shardlease_plugin_panics_total";
+/// Counter: loops of a worker that failed (panicked, or ended while the worker ran): the worker
+/// fenced itself and stopped.
+pub const WORKER_LOOP_FAILURES: &str = "shardlease_worker_loop_failures_total";
 
 /// The type of a metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +161,8 @@ pub const METRICS: &[MetricInfo] = {
         info(BALANCE_MODE_MISMATCH, Counter, BY_WORKER, "Peers seen balancing by another mode than this worker (each counted once): a fleet must share one `Balance`."),
         info(PROCESSOR_ERRORS, Counter, BY_SHARD, "Errors returned by the record processor."),
         info(PROCESSOR_PANICS, Counter, BY_SHARD, "Record processor panics."),
+        info(PLUGIN_PANICS, Counter, &[NAMESPACE, WORKER, PLUGIN], "Panics of a plug-in (store, source, checkpointer, balancer) contained as a failed call."),
+        info(WORKER_LOOP_FAILURES, Counter, &[NAMESPACE, WORKER, LOOP], "Worker loops that failed (panicked or ended early): the worker fenced itself and stopped."),
         info(STORE_CALL_SECONDS, Histogram, &[NAMESPACE, OPERATION], "Seconds a store call took."),
         info(STORE_ERRORS, Counter, &[NAMESPACE, OPERATION, KIND], "Store calls that returned an error, by kind."),
     ]
@@ -330,6 +345,12 @@ impl WorkerMetrics {
     pub(crate) fn self_fenced(&self) {
         bump(&self.counters.fenced, 1);
         metrics::counter!(SELF_FENCED, self.labels.clone()).increment(1);
+    }
+
+    pub(crate) fn loop_failed(&self, which: &'static str) {
+        let mut labels = self.labels.clone();
+        labels.push(label(LOOP, which));
+        metrics::counter!(WORKER_LOOP_FAILURES, labels).increment(1);
     }
 
     pub(crate) fn namespace_vanished(&self) {

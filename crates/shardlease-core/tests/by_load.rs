@@ -105,8 +105,8 @@ async fn settle(balance: Balance, noise: bool) -> (usize, usize, u64) {
     let held = (hot_holder.held_leases().len(), other.held_leases().len());
     assert_eq!(held.0 + held.1, SHARDS, "every shard runs");
     producer.abort();
-    a.shutdown().await.unwrap();
-    b.shutdown().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
     (held.0, held.1, moves_after - moves_before)
 }
 
@@ -153,7 +153,7 @@ async fn a_worker_warns_of_a_peer_balancing_by_another_mode() {
     let count = text.lines().filter(|l| l.contains("a peer balances by another mode")).count();
     assert_eq!(count, 4, "a warns of b and c, b and c of a:\n{text}");
     for w in [a, b, c] {
-        w.shutdown().await.unwrap();
+        w.shutdown().await;
     }
 }
 
@@ -178,8 +178,8 @@ async fn a_fleet_starting_together_moves_by_load_before_a_cooldown_has_passed() 
         .await;
     println!("balanced by load {:?} after coverage", started.elapsed());
     producer.abort();
-    a.shutdown().await.unwrap();
-    b.shutdown().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
     balanced.unwrap();
 }
 
@@ -218,8 +218,8 @@ async fn a_fleet_starting_on_a_backlog_does_not_move_leases_for_its_catch_up() {
     let moves = a.stats().handoffs + b.stats().handoffs;
     let after = (a.held_leases().len(), b.held_leases().len());
     producer.abort();
-    a.shutdown().await.unwrap();
-    b.shutdown().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
     assert_eq!(after.0 + after.1, SHARDS, "every shard runs");
     assert_eq!((moves, after), (0, held), "equal loads: no lease moves for the catch-up");
 }

@@ -87,7 +87,7 @@ async fn workers_join_leave_and_crash_while_subscribed() {
         (!w3.held_leases().is_empty()).then_some(())
     })
     .await;
-    w1.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    w1.shutdown().await;
     eventually("the leaver's leases taken", || async {
         (held(&[&w0, &w2, &w3]) == n).then_some(())
     })
@@ -108,8 +108,8 @@ async fn workers_join_leave_and_crash_while_subscribed() {
     let put = producer.await.unwrap_or_else(|e| panic!("{e}"));
     eventually("every record processed", || async { put.is_subset(&log.ids()).then_some(()) })
         .await;
-    w0.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
-    w3.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    w0.shutdown().await;
+    w3.shutdown().await;
     let events = log.events();
     let mut seen: HashMap<&Id, usize> = HashMap::new();
     for (id, _) in &events {

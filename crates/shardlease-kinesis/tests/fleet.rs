@@ -70,14 +70,14 @@ async fn a_restarted_worker_resumes_inside_an_aggregate() {
         (lease.checkpoint == Position::Sequence { seq: agg.clone(), sub: 2 }).then_some(())
     })
     .await;
-    first.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    first.shutdown().await;
 
     // A new worker picks up at the checkpoint: user records 3, 4, 5 and nothing before.
     let log = Log::default();
     let second = start(&config, "second", &store, &source, &log).await;
     eventually("the rest of the aggregate", || async { (log.events().len() >= 3).then_some(()) })
         .await;
-    second.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    second.shutdown().await;
     let subs: Vec<u64> = log.events().iter().map(|((_, _, sub), _)| *sub).collect();
     assert_eq!(subs, [3, 4, 5]);
     assert_eq!(*processed.lock().unwrap_or_else(|p| p.into_inner()), [0, 1, 2]);

@@ -115,7 +115,7 @@ async fn run(k: &Emulator, shards: i32, mode: Mode, pace: Duration) -> Vec<Durat
         got_at.lock().unwrap_or_else(|p| p.into_inner()).iter().all(Option::is_some).then_some(())
     })
     .await;
-    worker.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    worker.shutdown().await;
     let put = put_at.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let got = got_at.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let mut lat: Vec<Duration> = put

@@ -100,7 +100,7 @@ async fn a_fleet_reads_several_streams_added_and_removed_while_it_runs() {
     for s in [&a, &c, &d] {
         expected.entry(s.clone()).or_default().extend(put(&k, s, 10, "after-crash").await);
     }
-    w2.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    w2.shutdown().await;
     for s in [&a, &c, &d] {
         expected.entry(s.clone()).or_default().extend(put(&k, s, 5, "after-leave").await);
     }
@@ -120,7 +120,7 @@ async fn a_fleet_reads_several_streams_added_and_removed_while_it_runs() {
         .map(|v| v.lease.key.as_str().to_owned())
         .collect();
     assert!(keys.iter().any(|key| key.starts_with(&format!("{d}/"))), "{keys:?}");
-    w3.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    w3.shutdown().await;
 
     let events = log.events();
     for (name, want) in &expected {
@@ -279,7 +279,7 @@ async fn a_latest_stream_skips_what_came_before_its_open_and_nothing_after_it() 
     // checkpoint.
     let first = LeaseKey::from(format!("{l}/shardId-000000000000"));
     let (leaving, staying) = if w2.held_leases().contains(&first) { (w2, w3) } else { (w3, w2) };
-    leaving.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    leaving.shutdown().await;
     l_after.extend(put_spread(&k, &l, 5, "after-leave").await);
     for s in [&a, &c] {
         expected.entry(s.clone()).or_default().extend(put_spread(&k, s, 5, "after-leave").await);
@@ -287,7 +287,7 @@ async fn a_latest_stream_skips_what_came_before_its_open_and_nothing_after_it() 
     let all: BTreeSet<Id> = expected.values().flatten().chain(&l_after).cloned().collect();
     eventually("every record of every stream after the open", || seen_all(all.clone())).await;
     assert!(staying.held_leases().contains(&first), "the LATEST lease moved on the leave");
-    staying.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    staying.shutdown().await;
 
     let events = log.events();
     let delivered = |want: &BTreeSet<Id>| -> (usize, usize) {

@@ -113,11 +113,6 @@ impl RedisStore {
         }
     }
 
-    /// The namespace this store reads and writes.
-    pub fn namespace(&self) -> &Namespace {
-        &self.inner.namespace
-    }
-
     /// The key prefix in every key's hash tag.
     pub fn key_prefix(&self) -> &str {
         &self.inner.key_prefix
@@ -719,6 +714,9 @@ impl LeaseStore for RedisStore {
         Ok(removed == 1)
     }
 
+    /// `Some` of the namespace this store reads and writes (the builder's, else the URL's, else
+    /// `default`), so the runtime can reject a `Config` naming another. This is the one way to
+    /// read it: `RedisStore` has no inherent `namespace()` shadowing it with another return type.
     fn namespace(&self) -> Option<Namespace> {
         Some(self.inner.namespace.clone())
     }

@@ -33,7 +33,7 @@ async fn a_connection_manager_of_ones_own_carries_the_store() {
         .connect()
         .await
         .unwrap();
-    assert_eq!(store.namespace().as_str(), ns);
+    assert_eq!(store.namespace().map(|n| n.as_str().to_owned()), Some(ns.clone()));
     assert_eq!(store.key_tag(), format!("{{{}:{ns}}}", common::TEST_PREFIX));
     for i in 0..5 {
         store.create_lease(&Lease::new(format!("k{i}"), Position::Latest)).await.unwrap();

@@ -16,6 +16,16 @@ use shardlease_core::{
     WorkerHandle, WorkerId,
 };
 
+/// A shutdown's report, or an error when it could not remove the worker record.
+fn record_removed(report: ShutdownReport) -> Result<ShutdownReport> {
+    match &report.record_error {
+        Some(e) => Err(shardlease_core::Error::retryable(format!(
+            "removing the worker record failed: {e}"
+        ))),
+        None => Ok(report),
+    }
+}
+
 /// Makes the store view a worker uses (the same store for all, or one fault-injecting view each).
 pub type StoreForWorker = Arc<dyn Fn(&WorkerId) -> Arc<dyn LeaseStore> + Send + Sync>;
 
@@ -222,13 +232,15 @@ impl Cluster {
         self.workers.get(id)
     }
 
-    /// Shuts a worker down gracefully; what became of its leases (empty for an unknown id).
+    /// Shuts a worker down gracefully; what became of its leases (empty for an unknown id). An
+    /// error when the worker record could not be removed ([`ShutdownReport::record_error`]): a
+    /// test fleet's store is expected to answer.
     pub async fn shutdown(&mut self, id: &WorkerId) -> Result<ShutdownReport> {
         match self.workers.remove(id) {
             Some(h) => {
                 let report = h.shutdown().await;
                 self.departed.insert(id.clone(), h.stats());
-                report
+                record_removed(report)
             }
             None => Ok(ShutdownReport::default()),
         }
@@ -252,7 +264,7 @@ impl Cluster {
         let all: Vec<_> = std::mem::take(&mut self.workers).into_iter().collect();
         let results = futures::future::join_all(all.iter().map(|(_, h)| h.shutdown())).await;
         self.departed.extend(all.iter().map(|(id, h)| (id.clone(), h.stats())));
-        results.into_iter().try_for_each(|r| r.map(drop))
+        results.into_iter().try_for_each(|r| record_removed(r).map(drop))
     }
 
     /// Every lease, as the store says.

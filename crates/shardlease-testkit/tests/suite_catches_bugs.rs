@@ -286,6 +286,11 @@ impl LeaseStore for CounterVersions {
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
         self.inner.remove_worker(id).await
     }
+    // Worker records are not versioned here: the inner store's atomic conditional delete, not
+    // the trait's default (which removes nothing).
+    async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
+        self.inner.remove_worker_if(id, beat).await
+    }
 }
 
 /// Stores whose versions are [`CounterVersions`], over one memory backend.

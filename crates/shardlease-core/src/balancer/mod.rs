@@ -207,7 +207,25 @@ impl Snapshot {
 }
 
 /// The actions of one pass. Each is carried out by compare-and-set; a conflict skips that action.
+///
+/// `#[non_exhaustive]`, like [`Snapshot`], so that a new kind of action can be added without
+/// breaking balancers written outside this crate: those build a plan with [`Plan::new`] and the
+/// `with_*` methods, not a struct literal. The fields stay public for reading and for changing a
+/// plan in place.
+///
+/// ```
+/// use shardlease_core::balancer::Plan;
+/// use shardlease_core::{LeaseKey, WorkerId};
+///
+/// let plan = Plan::new()
+///     .with_takes(vec![LeaseKey::from("shard-1"), LeaseKey::from("shard-2")], 1)
+///     .with_claims(vec![(LeaseKey::from("shard-3"), WorkerId::from("busy-worker"))]);
+/// assert_eq!(plan.take_count, 1);
+/// assert!(!plan.is_empty());
+/// assert!(Plan::new().is_empty());
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Plan {
     /// Available leases to try, in order, until `take_count` of them were taken.
     pub take_candidates: Vec<LeaseKey>,
@@ -224,6 +242,45 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// A plan that does nothing (the same as `Plan::default()`); add its actions with the
+    /// `with_*` methods.
+    pub fn new() -> Self {
+        Plan::default()
+    }
+
+    /// Sets the takes: try the available leases of `candidates`, in order, until `count` of them
+    /// were taken (more candidates than `count` leave room for conflicts).
+    pub fn with_takes(mut self, candidates: Vec<LeaseKey>, count: usize) -> Self {
+        self.take_candidates = candidates;
+        self.take_count = count;
+        self
+    }
+
+    /// Sets the handoff requests to write: `(lease, its current owner)`.
+    pub fn with_claims(mut self, claims: Vec<(LeaseKey, WorkerId)>) -> Self {
+        self.claims = claims;
+        self
+    }
+
+    /// Sets the leases `me` owns to hand over: `(lease, claimant)`.
+    pub fn with_handoffs(mut self, handoffs: Vec<(LeaseKey, WorkerId)>) -> Self {
+        self.handoffs = handoffs;
+        self
+    }
+
+    /// Sets the claims on `me`'s leases to clear (not worth honouring, or the claimant is dead).
+    pub fn with_clear_claims(mut self, clear_claims: Vec<LeaseKey>) -> Self {
+        self.clear_claims = clear_claims;
+        self
+    }
+
+    /// Sets the leases `me` claimed whose owner did not answer in time, to take by
+    /// compare-and-set.
+    pub fn with_take_over(mut self, take_over: Vec<LeaseKey>) -> Self {
+        self.take_over = take_over;
+        self
+    }
+
     /// Whether the plan does nothing.
     pub fn is_empty(&self) -> bool {
         self.take_count == 0

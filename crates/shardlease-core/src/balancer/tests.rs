@@ -453,6 +453,29 @@ fn leases_of_dead_owners_are_available() {
 // Claims
 
 #[test]
+fn plan_builders_set_each_action() {
+    // A balancer outside the crate cannot write a `Plan` literal (`#[non_exhaustive]`): the
+    // builders must reach every field.
+    assert_eq!(Plan::new(), Plan::default());
+    let plan = Plan::new()
+        .with_takes(vec![k("s1"), k("s2")], 1)
+        .with_claims(vec![(k("s3"), w("a"))])
+        .with_handoffs(vec![(k("s4"), w("b"))])
+        .with_clear_claims(vec![k("s5")])
+        .with_take_over(vec![k("s6")]);
+    let expected = Plan {
+        take_candidates: vec![k("s1"), k("s2")],
+        take_count: 1,
+        claims: vec![(k("s3"), w("a"))],
+        handoffs: vec![(k("s4"), w("b"))],
+        clear_claims: vec![k("s5")],
+        take_over: vec![k("s6")],
+    };
+    assert_eq!(plan, expected);
+    assert!(!plan.is_empty());
+}
+
+#[test]
 fn at_target_without_imbalance_of_two_the_plan_is_empty() {
     let table: [(&str, &[(&str, usize)]); 4] = [
         ("equal shares", &[("a", 3), ("b", 3), ("me", 3)]),

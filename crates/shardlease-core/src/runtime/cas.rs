@@ -51,11 +51,37 @@ impl Policy {
 pub(crate) enum Outcome {
     /// Written: the record as written and its new version.
     Written(Lease, Version),
-    /// Nothing written, and nothing that may land later: the lease is gone, the decision declined
-    /// (it moved on), or conflicts outlasted the policy (others keep writing the record).
-    Declined,
+    /// Nothing written, and nothing that may land later; why.
+    Declined(Declined),
     /// Store errors outlasted the policy: the last write may have landed all the same.
     GaveUp,
+}
+
+/// Why a write was declined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Declined {
+    /// The lease record does not exist (any more).
+    Gone,
+    /// The transition refused the current record (it moved on, the claim was answered, ...).
+    Refused(crate::lease::transition::Refusal),
+    /// The record kept changing: conflicts outlasted the policy (after this many decisions), or,
+    /// for a single attempt, someone else wrote first.
+    Contended {
+        /// Compare-and-sets that lost to another write.
+        conflicts: usize,
+    },
+}
+
+impl std::fmt::Display for Declined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Declined::Gone => f.write_str("the lease record is gone"),
+            Declined::Refused(r) => write!(f, "refused: {r}"),
+            Declined::Contended { conflicts } => {
+                write!(f, "the record kept changing ({conflicts} lost compare-and-sets)")
+            }
+        }
+    }
 }
 
 /// Writes `decide(current)` over the current record of `key` by compare-and-set, starting from
@@ -84,7 +110,7 @@ where
             Some(v) => v,
             None => match shared.store.get_lease(key).await {
                 Ok(Some(v)) => v,
-                Ok(None) => return Outcome::Declined,
+                Ok(None) => return Outcome::Declined(Declined::Gone),
                 Err(e) => {
                     warn!(shard = %key, error = %crate::error::ErrorChain(&e), "could not {what}: reading the lease failed");
                     if !retry_error(timing, policy, &mut backoff).await {
@@ -98,16 +124,16 @@ where
             Ok(next) => next,
             Err(refusal) => {
                 debug!(shard = %key, %refusal, "not writing ({what})");
-                return Outcome::Declined;
+                return Outcome::Declined(Declined::Refused(refusal));
             }
         };
         match crate::notify::update_lease(&*shared.store, &lease, &next, version).await {
             Ok(v) => return Outcome::Written(next, v),
             Err(Error::Conflict { current: now, .. }) => {
-                if conflicts >= policy.conflicts {
-                    return Outcome::Declined;
-                }
                 conflicts += 1;
+                if conflicts > policy.conflicts {
+                    return Outcome::Declined(Declined::Contended { conflicts });
+                }
                 match now {
                     Some(now) => current = Some(*now),
                     // The record is gone (or the store did not say): read it again.
@@ -182,7 +208,7 @@ where
             }
             Err(refusal) => {
                 debug!(shard = %v.lease.key, %refusal, "not writing ({what})");
-                outcomes.push(Some(Outcome::Declined));
+                outcomes.push(Some(Outcome::Declined(Declined::Refused(refusal))));
             }
         }
     }
@@ -211,7 +237,7 @@ where
     let mut batch_failed = 0u64;
     let mut settle = |next: Lease, written: Result<Version, Error>| match written {
         Ok(v) => Outcome::Written(next, v),
-        Err(Error::Conflict { .. }) => Outcome::Declined,
+        Err(Error::Conflict { .. }) => Outcome::Declined(Declined::Contended { conflicts: 1 }),
         Err(e) => {
             warn!(shard = %next.key, error = %crate::error::ErrorChain(&e), "could not {what}");
             uncertain += 1;

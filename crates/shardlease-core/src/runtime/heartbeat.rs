@@ -49,12 +49,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 if resume(&shared) {
                     info!(worker = %record.id, "heartbeat succeeded again; resuming as a new incarnation");
                     shared.tell(Event::Resumed);
-                    let former = shared.incarnation.borrow().former.clone();
-                    for old in former.iter() {
-                        if let Err(e) = shared.store.remove_worker(old).await {
-                            debug!(error = %crate::error::ErrorChain(&e), worker = %old, "removing the record of an earlier incarnation failed");
-                        }
-                    }
+                    remove_former_records(&shared);
                 }
                 first_ok.get_or_insert(sent);
                 shared.heartbeat_ok.send_replace(Some(sent));
@@ -155,6 +150,32 @@ fn publish_loads(
     record.lease_loads = top;
     shared.metrics.worker_load(total);
     shared.tell(Event::Loads(loads));
+}
+
+/// Removes the records of this process's earlier incarnations, from a task of its own and each
+/// removal bounded by a heartbeat interval: the beat that resumed counts at once, and a slow store
+/// delays no later beat. A record left behind (a removal that failed) is judged dead by peers and
+/// collected as a long-dead record.
+fn remove_former_records(shared: &Arc<Shared>) {
+    let former = shared.incarnation.borrow().former.clone();
+    if former.is_empty() {
+        return;
+    }
+    let store = shared.store.clone();
+    let limit = shared.cfg.heartbeat_interval();
+    tokio::spawn(async move {
+        for old in former.iter() {
+            match timeout(limit, store.remove_worker(old)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    debug!(error = %crate::error::ErrorChain(&e), worker = %old, "removing the record of an earlier incarnation failed")
+                }
+                Err(_) => {
+                    debug!(worker = %old, "removing the record of an earlier incarnation timed out")
+                }
+            }
+        }
+    });
 }
 
 /// Makes a fenced incarnation live again after a successful heartbeat; true when it was fenced.

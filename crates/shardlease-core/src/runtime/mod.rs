@@ -8,6 +8,7 @@
 
 mod balance;
 mod cas;
+mod contain;
 mod core_share;
 mod events;
 mod heartbeat;
@@ -19,9 +20,11 @@ mod retire;
 mod shard_sync;
 mod shared;
 mod shutdown_report;
+mod supervise;
 
 use std::sync::{Arc, Mutex};
 
+use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn, Instrument};
 
@@ -37,6 +40,8 @@ use crate::store::LeaseStore;
 pub use shared::INCARNATION_SEPARATOR;
 use shared::{Receivers, Shared};
 pub use shutdown_report::{ReleasedLease, ShutdownReport};
+use supervise::{supervised, Loop};
+pub use supervise::{LoopFailure, StopCause};
 
 /// A configured worker, ready to [`start`](Worker::start).
 pub struct Worker {
@@ -102,23 +107,32 @@ impl WorkerBuilder {
                 )));
             }
         }
+        // Every plug-in is wrapped once, here, so that its panics cost the call they happen in
+        // and not the loop that made it (see `contain`).
+        let panics = contain::PanicLog::new(
+            self.config.namespace().as_str(),
+            self.config.worker_id().as_str(),
+        );
+        let store = contain::ContainedStore::wrap(self.store, panics.clone());
+        let source = contain::ContainedSource::wrap(self.source, panics.clone());
         // The default checkpointer is kept by its type too, to feed its cache with what the
         // runtime reads and writes; a custom one gets nothing but the `Checkpointer` calls.
         let (checkpointer, default_checkpointer) = match self.checkpointer {
-            Some(c) => (c, None),
+            Some(c) => (contain::ContainedCheckpointer::wrap(c, panics.clone()), None),
             None => {
-                let d = Arc::new(StoreCheckpointer::new(self.store.clone()));
+                let d = Arc::new(StoreCheckpointer::new(store.clone()));
                 (d.clone() as Arc<dyn Checkpointer>, Some(d))
             }
         };
         let (shared, receivers) = Shared::new(
             self.config,
-            self.store,
-            self.source,
+            store,
+            source,
             self.factory,
             checkpointer,
             default_checkpointer,
             self.balancer,
+            panics,
         );
         Ok(Worker { shared: Arc::new(shared), receivers })
     }
@@ -162,20 +176,25 @@ impl Worker {
         let span = tracing::info_span!("worker", worker = %shared.cfg.worker_id(), namespace = %shared.cfg.namespace());
         info!(parent: &span, "worker starting");
         let dedicated = shared.cfg.dedicated_heartbeat_thread();
+        // Every loop runs supervised: one that fails stops the worker (see `supervise`).
+        let run = |which: Loop, body: futures::future::BoxFuture<'static, ()>| {
+            supervised(shared.clone(), which, body).instrument(span.clone())
+        };
         let loops = vec![
             heartbeat_thread::spawn(
                 dedicated,
-                heartbeat::heartbeat_loop(shared.clone()).instrument(span.clone()),
+                run(Loop::Heartbeat, heartbeat::heartbeat_loop(shared.clone()).boxed()),
             ),
             heartbeat_thread::spawn(
                 dedicated,
-                heartbeat::watchdog(shared.clone()).instrument(span.clone()),
+                run(Loop::Watchdog, heartbeat::watchdog(shared.clone()).boxed()),
             ),
-            tokio::spawn(balance::balance_loop(shared.clone(), events).instrument(span.clone())),
-            tokio::spawn(
-                shard_sync::shard_sync_loop(shared.clone(), sync).instrument(span.clone()),
-            ),
-            tokio::spawn(notices::notice_loop(shared.clone()).instrument(span.clone())),
+            tokio::spawn(run(Loop::Balance, balance::balance_loop(shared.clone(), events).boxed())),
+            tokio::spawn(run(
+                Loop::ShardSync,
+                shard_sync::shard_sync_loop(shared.clone(), sync).boxed(),
+            )),
+            tokio::spawn(run(Loop::Notices, notices::notice_loop(shared.clone()).boxed())),
         ];
         WorkerHandle { shared, loops: Mutex::new(loops), shutdown: tokio::sync::Mutex::new(false) }
     }
@@ -249,9 +268,43 @@ impl WorkerHandle {
         self.shared.is_fenced()
     }
 
-    /// Whether the worker is still running (not shut down or crashed).
+    /// Whether the worker is still running: not shut down, crashed, or stopped by a failed loop
+    /// (see [`stop_cause`](Self::stop_cause)).
     pub fn is_running(&self) -> bool {
         !self.shared.cancel.is_cancelled()
+    }
+
+    /// Why the worker stopped, once it has: a shutdown, an abrupt stop, or one of its loops
+    /// failing ([`StopCause::LoopFailed`]: the worker fenced itself, and its peers take its leases
+    /// after the failover timeout). `None` while it runs.
+    pub fn stop_cause(&self) -> Option<StopCause> {
+        self.shared.stop_cause.borrow().clone()
+    }
+
+    /// Waits until the worker stops, however it stops, and says why. An application that runs a
+    /// worker for the life of its process selects on this beside its termination signal: a worker
+    /// whose loop failed has stopped reading, and the process should exit (or start a new
+    /// worker) rather than carry on without it.
+    pub async fn stopped(&self) -> StopCause {
+        let mut rx = self.shared.stop_cause.subscribe();
+        loop {
+            if let Some(cause) = rx.borrow_and_update().clone() {
+                return cause;
+            }
+            if rx.changed().await.is_err() {
+                return StopCause::Abrupt;
+            }
+        }
+    }
+
+    /// Test hook (feature `test-util`): makes one of the worker's loops panic, as a bug in it
+    /// would. `name` is one of `heartbeat`, `watchdog`, `balance`, `shard_sync`, `notices`;
+    /// false for another name.
+    #[cfg(feature = "test-util")]
+    pub fn fail_loop(&self, name: &str) -> bool {
+        let Some(which) = Loop::from_name(name) else { return false };
+        self.shared.inject_failure.send_replace(Some(which));
+        true
     }
 
     /// What the worker has done so far.
@@ -297,21 +350,30 @@ impl WorkerHandle {
     /// Graceful shutdown: stop taking, stop readers, let every processor checkpoint
     /// (`shutdown_requested`), release every lease (epoch + 1, checkpoint kept) and remove the
     /// worker record, all within `shutdown_timeout` (plus at most a heartbeat interval for
-    /// processors cut short at the deadline, which hear `lease_lost` first). Idempotent: a second call returns an empty
-    /// report.
+    /// processors cut short at the deadline, which hear `lease_lost` first, and a few heartbeat
+    /// intervals for the record's removal). Idempotent: a second call returns an empty report.
     ///
     /// The report says what became of each lease, and in particular which processors had to be
     /// cut short ([`ShutdownReport::abandoned`]: their next owner processes again what followed
-    /// the last checkpoint). An error means the worker record could not be removed; the worker
-    /// has stopped all the same, and its peers treat it as dead after the failover timeout.
-    pub async fn shutdown(&self) -> Result<ShutdownReport> {
+    /// the last checkpoint). It is returned whatever happened: a record that could not be
+    /// removed is [`ShutdownReport::record_error`] (the worker has stopped all the same, and its
+    /// peers treat it as dead after the failover timeout), and a worker that had stopped before
+    /// the call (a loop failed) says so in [`ShutdownReport::cause`], with no lease listed: its
+    /// tasks were fenced, not released.
+    pub async fn shutdown(&self) -> ShutdownReport {
         let mut done = self.shutdown.lock().await;
-        if *done || self.shared.cancel.is_cancelled() {
+        if *done {
+            return ShutdownReport::default();
+        }
+        if self.shared.cancel.is_cancelled() {
             *done = true;
-            return Ok(ShutdownReport::default());
+            let cause = self.stop_cause();
+            info!(worker = %self.shared.id(), ?cause, "shutdown of a worker that had stopped already");
+            return ShutdownReport { cause, ..Default::default() };
         }
         let shared = &self.shared;
         info!(worker = %shared.id(), "shutting down");
+        supervise::set_cause(shared, StopCause::Shutdown);
         shared.stop_taking.cancel();
         let deadline = tokio::time::Instant::now() + shared.cfg.shutdown_timeout();
         // Every lease task sees this at once and stops gracefully, whatever the balance loop is
@@ -320,10 +382,11 @@ impl WorkerHandle {
         shared.shutdown.send_replace(Some(deadline));
         let (reply, answer) = tokio::sync::oneshot::channel();
         shared.tell(events::Event::Request(events::Request::Shutdown { deadline, reply }));
-        let report = match answer.await {
+        let mut report = match answer.await {
             Ok(report) => report,
             Err(_) => {
-                // The balance loop is gone (it panicked): nobody can say how the tasks ended.
+                // The balance loop is gone (it failed during the shutdown, and supervision logged
+                // why): nobody can say how the tasks ended.
                 error!("the balance loop ended before the shutdown; stopping the lease tasks as they are");
                 let held = shared.held.borrow().clone();
                 for t in held.iter() {
@@ -338,7 +401,12 @@ impl WorkerHandle {
         for l in loops {
             let _ = l.await;
         }
-        let removed = remove_record(shared).await;
+        if let Err(e) = remove_record(shared).await {
+            let e = crate::error::ErrorChain(&e).to_string();
+            warn!(error = %e, "removing the worker record failed; peers judge this worker dead after the failover timeout");
+            report.record_error = Some(e);
+        }
+        report.cause = self.stop_cause();
         *done = true;
         info!(
             released = report.released.len(),
@@ -346,7 +414,7 @@ impl WorkerHandle {
             not_released = report.not_released.len(),
             "shut down"
         );
-        removed.map(|()| report)
+        report
     }
 
     /// Stops everything at once without releasing leases or removing the worker record, as if the
@@ -359,6 +427,7 @@ impl WorkerHandle {
     /// Stops every loop and task at once, releasing nothing (a crash, or a handle dropped
     /// without `shutdown()`).
     fn stop_abruptly(&self) {
+        supervise::set_cause(&self.shared, StopCause::Abrupt);
         self.shared.stop_taking.cancel();
         self.shared.cancel.cancel();
         for l in lock(&self.loops).drain(..) {
@@ -374,12 +443,16 @@ impl WorkerHandle {
 /// still land on the server after the removal and bring the record back.
 async fn remove_record(shared: &Shared) -> Result<()> {
     let me = shared.id();
+    let limit = shared.cfg.heartbeat_interval();
+    let timed_out = || crate::error::Error::retryable("removing the worker record timed out");
     let mut result = Ok(());
     for attempt in 0..3 {
-        result = shared.store.remove_worker(&me).await;
-        let back = match shared.store.list_workers().await {
-            Ok(l) => l.items.iter().any(|r| r.id == me),
-            Err(_) => false,
+        result = tokio::time::timeout(limit, shared.store.remove_worker(&me))
+            .await
+            .unwrap_or_else(|_| Err(timed_out()));
+        let back = match tokio::time::timeout(limit, shared.store.list_workers()).await {
+            Ok(Ok(l)) => l.items.iter().any(|r| r.id == me),
+            _ => false,
         };
         if !back {
             break;

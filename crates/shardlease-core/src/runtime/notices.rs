@@ -27,7 +27,9 @@ pub(crate) async fn notice_loop(shared: Arc<Shared>) {
             _ = shared.cancel.cancelled() => return,
         };
         match subscribed {
-            Ok(None) => return,
+            // No change stream: nothing to do until the worker stops (a loop that returned
+            // early would look like a failed one to supervision).
+            Ok(None) => return shared.cancel.cancelled().await,
             Ok(Some(mut stream)) => {
                 debug!("subscribed to the store's change notices");
                 shared.notified.send_replace(true);

@@ -162,6 +162,13 @@ pub(crate) struct Shared {
     /// Balancing by load: the share-out of the worker's cores among the batches in progress,
     /// which credits each batch's busy time (see `core_share`). `None` balancing by count.
     pub core_share: Option<Arc<super::core_share::CoreShare>>,
+    /// Why the worker stopped, once it did (the first cause stands; see `supervise`).
+    pub stop_cause: watch::Sender<Option<super::supervise::StopCause>>,
+    /// Counts and logs the plug-ins' contained panics (see `contain`).
+    pub panics: Arc<super::contain::PanicLog>,
+    /// Test hook: the loop a test asked to fail (see `supervise`).
+    #[cfg(feature = "test-util")]
+    pub inject_failure: watch::Sender<Option<super::supervise::Loop>>,
 }
 
 /// Separates a configured worker id from the suffix a worker takes when it comes back after
@@ -186,6 +193,7 @@ impl Shared {
         checkpointer: Arc<dyn Checkpointer>,
         default_checkpointer: Option<Arc<crate::checkpointer::StoreCheckpointer>>,
         balancer: Arc<dyn Balancer>,
+        panics: Arc<super::contain::PanicLog>,
     ) -> (Self, Receivers) {
         let (events, events_rx) = tokio::sync::mpsc::unbounded_channel();
         let (sync, sync_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -228,6 +236,10 @@ impl Shared {
             notified: watch::channel(false).0,
             metrics,
             core_share,
+            stop_cause: watch::channel(None).0,
+            panics,
+            #[cfg(feature = "test-util")]
+            inject_failure: watch::channel(None).0,
         };
         (shared, Receivers { events: events_rx, sync: sync_rx })
     }
@@ -242,7 +254,9 @@ impl Shared {
         !self.incarnation.borrow().live
     }
 
-    /// Tells the balance loop something (an error means it has ended: nobody left to tell).
+    /// Tells the balance loop something. An error means the loop has ended: the worker is
+    /// stopping (a loop never ends while the worker runs: `supervise` stops the worker when one
+    /// does), so there is nobody left to tell.
     pub(crate) fn tell(&self, event: Event) {
         let _ = self.events.send(event);
     }

@@ -5,6 +5,7 @@
 //! must be able to see: the records after the lease's last checkpoint are processed again by
 //! the next owner. A `WARN` line alone is not enough for a deploy script or a test to act on.
 
+use super::supervise::StopCause;
 use crate::lease::LeaseKey;
 use crate::position::Position;
 
@@ -37,13 +38,23 @@ pub struct ShutdownReport {
     /// Leases whose task ended on its own while stopping: a shard that reached its end, or a
     /// lease another worker had taken (a refused fenced write).
     pub ended: Vec<LeaseKey>,
+    /// What stopped the worker: [`StopCause::Shutdown`] for this shutdown, or the failure that
+    /// had stopped it before the call (its leases are then in none of the lists: their tasks were
+    /// fenced, and peers take them after the failover timeout). `None` in a second call's report.
+    pub cause: Option<StopCause>,
+    /// Why the worker record could not be removed, if it could not: its peers then judge the
+    /// worker dead after the failover timeout instead of at once. The leases' fate above stands.
+    pub record_error: Option<String>,
 }
 
 impl ShutdownReport {
-    /// Whether every lease was handed back after its processor stopped in time: nothing
-    /// abandoned, nothing left to expire.
+    /// Whether every lease was handed back after its processor stopped in time and the worker
+    /// record removed: nothing abandoned, nothing left to expire, no loop failure before.
     pub fn is_clean(&self) -> bool {
-        self.abandoned.is_empty() && self.not_released.is_empty()
+        self.abandoned.is_empty()
+            && self.not_released.is_empty()
+            && self.record_error.is_none()
+            && !matches!(self.cause, Some(StopCause::LoopFailed(_)))
     }
 
     /// How many leases the worker held when the shutdown began.

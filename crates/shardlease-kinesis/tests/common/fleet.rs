@@ -153,9 +153,9 @@ pub async fn reshard_fleet(k: &Emulator, stream: &str, source: Arc<dyn ShardSour
         .await;
     let handoffs: u64 = [&a, &b, &c].iter().map(|w| w.stats().handoffs).sum();
     assert!(handoffs >= 1, "the join moved a lease by handoff");
-    a.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
-    b.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
-    c.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+    a.shutdown().await;
+    b.shutdown().await;
+    c.shutdown().await;
 
     let events = log.events();
     // Exactly once per shard, with the data that was put.

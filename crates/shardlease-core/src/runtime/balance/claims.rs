@@ -158,7 +158,7 @@ pub(super) async fn clear_claim(
             owner.changed(shared, 1);
             true
         }
-        cas::Outcome::Declined | cas::Outcome::GaveUp => false,
+        cas::Outcome::Declined(_) | cas::Outcome::GaveUp => false,
     }
 }
 
@@ -194,9 +194,14 @@ pub(super) async fn acknowledge_claim(
     .await;
     // Why a claim stays unanswered shows in the log: `last_standing` with many decisions means
     // the owner's own checkpoints kept moving the record under the acknowledgement.
-    if let cas::Outcome::Declined | cas::Outcome::GaveUp = outcome {
-        let gave_up = matches!(outcome, cas::Outcome::GaveUp);
-        debug!(shard = %key, to = %to, decisions, last_standing, gave_up, "claim not acknowledged");
+    match &outcome {
+        cas::Outcome::Declined(why) => {
+            debug!(shard = %key, to = %to, decisions, last_standing, %why, "claim not acknowledged")
+        }
+        cas::Outcome::GaveUp => {
+            debug!(shard = %key, to = %to, decisions, "claim not acknowledged: the store kept failing")
+        }
+        cas::Outcome::Written(..) => {}
     }
     match outcome {
         cas::Outcome::Written(lease, v) => {
@@ -204,6 +209,6 @@ pub(super) async fn acknowledge_claim(
             debug!(shard = %key, to = %to, "claim acknowledged; handing over");
             true
         }
-        cas::Outcome::Declined | cas::Outcome::GaveUp => false,
+        cas::Outcome::Declined(_) | cas::Outcome::GaveUp => false,
     }
 }

@@ -71,7 +71,7 @@ pub(super) async fn execute(
                 .await;
                 match outcome {
                     cas::Outcome::Written(_, v) => Some((lease.key.clone(), v, current)),
-                    cas::Outcome::Declined | cas::Outcome::GaveUp => None,
+                    cas::Outcome::Declined(_) | cas::Outcome::GaveUp => None,
                 }
             }
         })
@@ -293,7 +293,7 @@ pub(super) async fn take_writes(shared: &Shared, listed: &[&VersionedLease]) -> 
         .into_iter()
         .map(|outcome| match outcome {
             cas::Outcome::Written(next, v) => TakeWrite::Won(next, v),
-            cas::Outcome::Declined => TakeWrite::Lost,
+            cas::Outcome::Declined(_) => TakeWrite::Lost,
             cas::Outcome::GaveUp => TakeWrite::Uncertain,
         })
         .collect()
@@ -322,7 +322,7 @@ async fn took(shared: &Arc<Shared>, owner: &mut Owner, outcome: TakeWrite) -> bo
         TakeWrite::Lost => false,
         TakeWrite::Uncertain => {
             // The write may have landed all the same: look again at the next pass.
-            owner.listing_wanted += 1;
+            owner.schedule.want_listing();
             false
         }
     }

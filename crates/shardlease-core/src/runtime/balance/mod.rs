@@ -21,11 +21,13 @@ mod claims;
 mod execute;
 mod owner;
 mod recover;
+mod schedule;
 mod view;
 
 pub(crate) use owner::{LeaseTask, MyClaim, Owner};
 
 use claims::next_unanswered_deadline;
+use schedule::PassKind;
 use view::pass;
 
 use std::collections::BTreeMap;
@@ -113,45 +115,34 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
     if !wait_for_first_view(shared, events, owner).await {
         return;
     }
-    let mut listed_at: Option<(u64, Instant)> = None;
-    let mut settled = false;
-    let mut safety_net = shared.cfg.shard_sync_interval();
     loop {
         // Callers waiting now are answered after the coming pass; one asking during it waits for
         // the next.
         let answering = std::mem::take(&mut owner.answering);
         owner.drain(shared, events);
-        owner.pass_now = false;
-        owner.peer_moved = false;
-        if let Some(at) = owner.notice_pass_at {
-            if at <= Instant::now() {
-                owner.notice_pass_at = None;
-                owner.noticed_listing = Some(Instant::now());
-            }
-        }
+        let kind = owner.schedule.begin(Instant::now());
         if shared.stop_taking.is_cancelled() {
             owner.answering.extend(answering);
             return;
         }
         if !shared.is_fenced() {
-            // Read before listing: a reason to list that arrives during the pass is kept for the
-            // next one.
-            let wanted = owner.listing_wanted;
-            let quiet = settled
-                && listed_at.is_some_and(|(seen, at)| seen == wanted && at.elapsed() < safety_net)
-                && !view::load_moves_due(shared, owner);
-            if quiet {
-                shared.metrics.balance_pass_quiet();
-            } else {
-                let started = Instant::now();
-                match pass(shared, events, owner).await {
-                    Some(outcome) => {
-                        listed_at = Some((wanted, started));
-                        settled = outcome.settled;
+            // Balancing by load, a quiet pass plans again on the last listing's snapshot with the
+            // newer loads: a move due lists after all.
+            let listing = match kind {
+                PassKind::List(token) => Some(token),
+                PassKind::Quiet if view::load_moves_due(shared, owner) => {
+                    Some(owner.schedule.listing_now(Instant::now()))
+                }
+                PassKind::Quiet => None,
+            };
+            match listing {
+                None => shared.metrics.balance_pass_quiet(),
+                Some(token) => {
+                    let outcome = pass(shared, events, owner).await.map(|outcome| {
                         let net = safety_net_interval(&shared.cfg, outcome.leases);
-                        safety_net = owner.timing.jittered(net);
-                    }
-                    None => settled = false,
+                        (outcome.settled, owner.timing.jittered(net))
+                    });
+                    owner.schedule.listed(token, outcome);
                 }
             }
         }
@@ -167,25 +158,14 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
         // While it waits, the loop applies what the other tasks tell it, so its state stays
         // current between passes (a task that ended is removed within moments, not at the next
         // pass).
+        let half_interval = shared.cfg.balance_interval() / 2;
         loop {
-            if owner.pass_now || !owner.answering.is_empty() {
+            if !owner.answering.is_empty() {
                 break;
             }
-            if let Some(at) = owner.notice_pass_at {
-                wake = wake.min(at);
-            }
-            if owner.peer_moved {
-                owner.peer_moved = false;
-                // A peer's change (a claim on a lease of mine, a lease handed to me) is answered
-                // at once rather than at the regular pass, but no sooner than half an interval
-                // after the last listing, so a fleet changing owners together does not list back
-                // to back. The deadline only comes closer: a stream of signals never puts the
-                // pass off.
-                let soonest = listed_at.map(|(_, at)| at + shared.cfg.balance_interval() / 2);
-                match soonest {
-                    Some(at) if at > Instant::now() => wake = wake.min(at),
-                    _ => break,
-                }
+            match owner.schedule.wake(wake, Instant::now(), half_interval) {
+                Some(at) => wake = at,
+                None => break,
             }
             tokio::select! {
                 biased;
@@ -193,10 +173,10 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
                 _ = shared.stop_taking.cancelled() => return,
                 event = events.recv() => match event {
                     Some(e) => {
-                    // With whatever else is queued, then published once.
-                    owner.apply(shared, e);
-                    owner.drain(shared, events);
-                }
+                        // With whatever else is queued, then published once.
+                        owner.apply(shared, e);
+                        owner.drain(shared, events);
+                    }
                     None => return,
                 },
             }
@@ -216,7 +196,13 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
         if let Some(request) = owner.shutdown.take() {
             break request;
         }
-        match events.recv().await {
+        // A worker stopped by a failed loop sends no request: nothing to collect.
+        let event = tokio::select! {
+            biased;
+            e = events.recv() => e,
+            _ = shared.cancel.cancelled() => return,
+        };
+        match event {
             Some(e) => {
                 owner.apply(shared, e);
                 owner.answering.clear();

@@ -138,22 +138,13 @@ pub(crate) struct Owner {
     pub other_mode_warned: std::collections::BTreeSet<WorkerId>,
     /// Ownership changes this process made: published on [`Shared::changes`] for the heartbeat.
     pub changes: u64,
-    /// Bumped for every reason to list the leases at the next pass (a peer's changes, a worker
-    /// that came, went or died, a lease task that ended, a refused write); a pass that starts
-    /// listing records the value it saw, so a bump during the pass is never lost.
-    pub listing_wanted: u64,
+    /// When the next pass runs and whether it lists (see `schedule`): every reason to list the
+    /// leases (a peer's changes, a worker that came, went or died, a lease task that ended, a
+    /// refused write) goes there.
+    pub schedule: super::schedule::PassScheduler,
     /// Whether a pass is running: changes made meanwhile are published at its end, so peers see
     /// all of a pass's claims at once.
     pub in_pass: bool,
-    /// An event asked for a pass at once.
-    pub pass_now: bool,
-    /// A store notice asked for a pass at this moment (see [`Owner::noticed`]).
-    pub notice_pass_at: Option<Instant>,
-    /// When the last pass a notice brought forward started.
-    pub noticed_listing: Option<Instant>,
-    /// A peer published a change (or a worker came): list soon, no sooner than half a balance
-    /// interval after the last listing.
-    pub peer_moved: bool,
     /// Callers of `balance_now`, answered after the coming pass.
     pub answering: Vec<oneshot::Sender<()>>,
     /// The shutdown's request, once it arrived.
@@ -174,6 +165,8 @@ pub(crate) struct Owner {
     pub missed: Option<super::super::events::Expected>,
     /// The loop's jitter and backoff.
     pub timing: Timing,
+    /// The balancer, called with its panics contained (see `runtime::contain`).
+    pub balancer: super::super::contain::GuardedBalancer,
 }
 
 impl Owner {
@@ -198,12 +191,8 @@ impl Owner {
             other_mode_warned: std::collections::BTreeSet::new(),
             load_snapshot: None,
             changes: 0,
-            listing_wanted: 0,
+            schedule: super::schedule::PassScheduler::new(shared.cfg.shard_sync_interval()),
             in_pass: false,
-            pass_now: false,
-            notice_pass_at: None,
-            noticed_listing: None,
-            peer_moved: false,
             answering: Vec::new(),
             shutdown: None,
             exited_while_stopping: Vec::new(),
@@ -213,6 +202,10 @@ impl Owner {
             reported_corrupt: BTreeSet::new(),
             missed: None,
             timing: Timing::new(&shared.cfg, shared.rng(1)),
+            balancer: super::super::contain::GuardedBalancer::new(
+                shared.balancer.clone(),
+                shared.panics.clone(),
+            ),
         }
     }
 
@@ -265,19 +258,17 @@ impl Owner {
     /// A store notice: a listing at a pass that runs after the notice's coalescing delay, and no
     /// sooner than the notice gap after the last pass a notice brought forward.
     fn noticed(&mut self) {
-        self.listing_wanted += 1;
-        if self.notice_pass_at.is_none() {
-            let now = Instant::now();
-            let soonest = self.noticed_listing.map_or(now, |at| at + super::NOTICE_GAP);
-            let at = (now + self.timing.jittered(super::NOTICE_COALESCE)).max(soonest);
-            self.notice_pass_at = Some(at);
-        }
+        let timing = &mut self.timing;
+        self.schedule.noticed(Instant::now(), || timing.jittered(super::NOTICE_COALESCE));
     }
 
     /// Asks for a listing at the next pass, and for that pass at once with `now`.
     pub(crate) fn want_listing(&mut self, now: bool) {
-        self.listing_wanted += 1;
-        self.pass_now |= now;
+        if now {
+            self.schedule.want_pass_now();
+        } else {
+            self.schedule.want_listing();
+        }
     }
 
     /// Counts `n` ownership changes: published for the heartbeat at once, or at the end of the
@@ -287,7 +278,7 @@ impl Owner {
             return;
         }
         self.changes += n;
-        self.listing_wanted += 1;
+        self.schedule.want_listing();
         if !self.in_pass {
             self.publish_changes(shared);
         }
@@ -349,7 +340,7 @@ impl Owner {
             self.granted.remove(&exited.key);
         }
         // Whatever ended the task, the next pass looks at the lease again.
-        self.listing_wanted += 1;
+        self.schedule.want_listing();
         if shared.stop_taking.is_cancelled() {
             self.exited_while_stopping.push(exited);
         }
@@ -443,8 +434,7 @@ impl Owner {
             // interval after the last listing: with many workers changing owners together (a
             // fleet starting, a rolling deploy), a pass per signal would list the leases back to
             // back on every worker.
-            self.listing_wanted += 1;
-            self.peer_moved = true;
+            self.schedule.peer_moved();
         }
     }
 

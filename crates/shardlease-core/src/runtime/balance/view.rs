@@ -169,7 +169,7 @@ pub(super) async fn list_and_act(
         loads: None,
     };
     snapshot.loads = load_view(shared, owner, &me, &snapshot.leases, now);
-    let mut plan = shared.balancer.plan(&snapshot);
+    let mut plan = owner.balancer.plan(&snapshot);
     // Balancing by load, the loads move while the leases stay put: a quiet pass plans again on
     // this snapshot with the loads of its time (`load_moves_due`).
     owner.load_snapshot = snapshot.loads.is_some().then(|| snapshot.clone());
@@ -541,7 +541,7 @@ pub(super) fn load_moves_due(shared: &Shared, owner: &mut Owner) -> bool {
     let me = snapshot.me.clone();
     snapshot.loads = load_view(shared, owner, &me, &snapshot.leases, Instant::now());
     snapshot.seed = owner.timing.random();
-    let due = !shared.balancer.plan(&snapshot).claims.is_empty();
+    let due = !owner.balancer.plan(&snapshot).claims.is_empty();
     owner.load_snapshot = Some(snapshot);
     due
 }

@@ -31,12 +31,7 @@ impl Hook<'_> {
     }
 }
 
-pub(super) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_owned())
-}
+pub(super) use super::super::contain::panic_message;
 
 /// Whether `e`, or any error in its source chain, is one of ours that `matches`.
 fn in_chain(e: &BoxError, matches: impl Fn(&Error) -> bool) -> bool {

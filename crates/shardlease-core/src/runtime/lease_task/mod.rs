@@ -271,6 +271,9 @@ pub(crate) async fn transfer(
         crate::lease::transition::hand_over(l, token, to.as_ref(), crate::clock::now_millis())
     })
     .await;
+    if let super::cas::Outcome::Declined(why) = &outcome {
+        debug!(shard = %token.key, epoch = %token.epoch, %why, "not handed over or released");
+    }
     if let super::cas::Outcome::Written(next, v) = outcome {
         shared.observe(&next, v);
         shared.tell(Event::Remember(next.clone(), tokio::time::Instant::now()));
