@@ -12,8 +12,7 @@ use tokio::time::Instant;
 use super::lease_task::Exited;
 use super::shutdown_report::ShutdownReport;
 use crate::ids::WorkerId;
-use crate::lease::{Lease, LeaseKey, LeaseToken};
-use crate::position::Position;
+use crate::lease::{Lease, LeaseKey};
 use crate::worker_record::WorkerRecord;
 
 /// One event for the balance loop.
@@ -60,8 +59,6 @@ pub(crate) enum Event {
     /// A lease task wrote `lease` (a pinned start, a handoff or release, a shard's end): the loop's
     /// memory of the namespace follows without waiting for a listing (see `recovery`).
     Remember(Lease, Instant),
-    /// A lease's checkpoint was written at `position` under `token`, at the instant given.
-    Checkpointed(LeaseToken, Position, Instant),
     /// A request from the handle or the shard sync.
     Request(Request),
 }

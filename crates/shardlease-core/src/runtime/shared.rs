@@ -2,7 +2,7 @@
 //! channel of events to the balance loop (the one owner of the worker's coordination state), and
 //! a few signals and published snapshots. Nothing here is state that two tasks write: the balance
 //! loop owns the view of leases and workers, the lease tasks, claims, grants, the memory of the
-//! namespace and the change counters (`balance::Owner`), and everyone else tells it what they saw
+//! namespace and the change counters (`balance::LoopState`), and everyone else tells it what they saw
 //! or did through [`Event`]s. docs/algorithm.md, "Who owns the runtime's state".
 
 use std::sync::Arc;

@@ -10,11 +10,60 @@ use tracing::{debug, warn};
 
 use super::super::cas;
 use super::super::shared::{Shared, StopReason, Timing};
-use super::MyClaim;
 use crate::lease::transition;
 use crate::lease::{Epoch, LeaseKey, Version, VersionedLease, WorkerId};
 
-use super::Owner;
+use super::LoopState;
+
+/// A claim this worker made on a peer's lease.
+#[derive(Clone, Copy, Debug)]
+struct MyClaim {
+    /// When the claim timeout last restarted (the claim was written, or the record changed).
+    since: Instant,
+    /// The version of the lease record last seen under the claim.
+    seen: Version,
+}
+
+/// Claims, from both sides (see the module documentation). Owned by the balance loop.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimBook {
+    /// Claims this worker made. The claim timeout only runs while the lease record stands still
+    /// (the owner writes nothing), so an owner that is alive, checkpointing or acknowledging a
+    /// handoff is never stolen from.
+    mine: BTreeMap<LeaseKey, MyClaim>,
+    /// Leases this worker owns that a peer claimed: the record version last listed, and the
+    /// earliest moment that version can have been written (see [`yield_unanswered_claims`]).
+    on_mine: BTreeMap<LeaseKey, (Version, Instant)>,
+    /// When the previous pass's listing was sent.
+    previous_listing: Option<Instant>,
+}
+
+impl ClaimBook {
+    /// Records a claim this worker just wrote on `key`, at record version `seen`.
+    pub(crate) fn made(&mut self, key: LeaseKey, seen: Version) {
+        self.mine.insert(key, MyClaim { since: Instant::now(), seen });
+    }
+
+    /// Whether this worker has a claim standing on `key`.
+    pub(crate) fn is_mine(&self, key: &LeaseKey) -> bool {
+        self.mine.contains_key(key)
+    }
+
+    /// Whether this worker has no claim standing.
+    pub(crate) fn none_mine(&self) -> bool {
+        self.mine.is_empty()
+    }
+
+    /// The leases this worker claimed.
+    pub(crate) fn mine(&self) -> Vec<LeaseKey> {
+        self.mine.keys().cloned().collect()
+    }
+
+    /// Forgets this worker's claims (a fence: they were the old incarnation's).
+    pub(crate) fn forget_mine(&mut self) {
+        self.mine.clear();
+    }
+}
 
 /// The owner's side of the claim timeout. A claimant takes a claimed lease by force once the
 /// record has stood still for the claim timeout on its clock. An owner that cannot answer (its
@@ -25,14 +74,14 @@ use super::Owner;
 /// timeout; the lease is then handed over, or the claim cleared, by a later pass.
 pub(super) fn yield_unanswered_claims(
     shared: &Shared,
-    owner: &mut Owner,
+    state: &mut LoopState,
     me: &WorkerId,
     leases: &[VersionedLease],
     list_sent: Instant,
     now: Instant,
     answered: &BTreeSet<LeaseKey>,
 ) {
-    let previous = owner.previous_listing.replace(list_sent).unwrap_or(list_sent);
+    let previous = state.claims.previous_listing.replace(list_sent).unwrap_or(list_sent);
     let claimed: BTreeMap<&LeaseKey, Version> = leases
         .iter()
         .filter(|v| v.lease.is_owned_by(me) && v.lease.live_claim().is_some_and(|c| &c.by != me))
@@ -40,7 +89,7 @@ pub(super) fn yield_unanswered_claims(
         .map(|v| (&v.lease.key, v.version))
         .collect();
     {
-        let watched = &mut owner.claims_on_mine;
+        let watched = &mut state.claims.on_mine;
         watched.retain(|k, _| claimed.contains_key(k));
         for (key, version) in claimed {
             let (seen, since) = watched.entry(key.clone()).or_insert((version, previous));
@@ -50,7 +99,7 @@ pub(super) fn yield_unanswered_claims(
             }
         }
     }
-    stop_unanswered_past_deadline(shared, owner, now);
+    stop_unanswered_past_deadline(shared, state, now);
 }
 
 /// How long a claim on one of this worker's leases may stand unanswered, from the send time of
@@ -64,20 +113,20 @@ pub(super) fn unanswered_claim_limit(shared: &Shared) -> Duration {
 /// take it. (Deadlines already past were acted on when they passed.)
 pub(super) fn next_unanswered_deadline(
     shared: &Shared,
-    owner: &Owner,
+    state: &LoopState,
     now: Instant,
 ) -> Option<Instant> {
     let limit = unanswered_claim_limit(shared);
-    owner.claims_on_mine.values().map(|(_, since)| *since + limit).filter(|d| *d > now).min()
+    state.claims.on_mine.values().map(|(_, since)| *since + limit).filter(|d| *d > now).min()
 }
 
 /// Stops the tasks of leases whose claim has stood unanswered past the limit. Also called when a
 /// pass cannot list: not knowing whether the claim was answered, the task stops all the same
 /// (the claimant's clock does not wait for this worker's store errors).
-pub(super) fn stop_unanswered_past_deadline(shared: &Shared, owner: &Owner, now: Instant) {
+pub(super) fn stop_unanswered_past_deadline(shared: &Shared, state: &LoopState, now: Instant) {
     let limit = unanswered_claim_limit(shared);
-    let watched = &owner.claims_on_mine;
-    let tasks = &owner.tasks;
+    let watched = &state.claims.on_mine;
+    let tasks = &state.tasks;
     for (key, (_, since)) in watched.iter() {
         if now.saturating_duration_since(*since) < limit {
             continue;
@@ -96,7 +145,7 @@ pub(super) fn stop_unanswered_past_deadline(shared: &Shared, owner: &Owner, now:
 /// for the claim timeout (the owner is alive but stuck: it neither answers nor checkpoints).
 pub(super) fn expired_claims(
     shared: &Shared,
-    owner: &mut Owner,
+    state: &mut LoopState,
     me: &WorkerId,
     leases: &[VersionedLease],
     now: Instant,
@@ -108,7 +157,7 @@ pub(super) fn expired_claims(
         .filter(|v| v.lease.live_claim().is_some_and(|c| &c.by == me))
         .map(|v| (&v.lease.key, v.version))
         .collect();
-    let mine = &mut owner.my_claims;
+    let mine = &mut state.claims.mine;
     mine.retain(|k, _| standing.contains_key(k));
     // A claim of mine the store holds but this worker did not record (its write was applied but
     // the answer lost) is watched like any other: the balancer counts it toward my share, so it
@@ -136,7 +185,7 @@ pub(super) fn expired_claims(
 /// would let the claimant take the lease after the claim timeout). True when it cleared it.
 pub(super) async fn clear_claim(
     shared: &Shared,
-    owner: &mut Owner,
+    state: &mut LoopState,
     listed: &VersionedLease,
 ) -> bool {
     let claim = listed.lease.live_claim().cloned();
@@ -144,7 +193,7 @@ pub(super) async fn clear_claim(
     let key = listed.lease.key.clone();
     let outcome = cas::write(
         shared,
-        &mut owner.timing,
+        &mut state.timing,
         &key,
         Some(listed.clone()),
         cas::Policy::PERSIST,
@@ -155,7 +204,7 @@ pub(super) async fn clear_claim(
     match outcome {
         cas::Outcome::Written(next, v) => {
             shared.observe(&next, v);
-            owner.changed(shared, 1);
+            state.changed(shared, 1);
             true
         }
         cas::Outcome::Declined(_) | cas::Outcome::GaveUp => false,

@@ -16,21 +16,21 @@ use crate::lease::transition;
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease, WorkerId};
 
 use super::claims::{acknowledge_claim, clear_claim};
-use super::{MyClaim, Owner};
+use super::LoopState;
 
 /// Carries out a plan; returns the claims on this worker's leases it answered (acknowledged for a
 /// handoff, or cleared).
 pub(super) async fn execute(
     shared: &Arc<Shared>,
-    owner: &mut Owner,
+    state: &mut LoopState,
     plan: &Plan,
     by_key: &BTreeMap<&LeaseKey, &VersionedLease>,
 ) -> BTreeSet<LeaseKey> {
     let mut answered = BTreeSet::new();
-    take_share(shared, owner, plan, by_key).await;
+    take_share(shared, state, plan, by_key).await;
     for key in &plan.take_over {
         if let Some(v) = by_key.get(key) {
-            if take(shared, owner, v).await {
+            if take(shared, state, v).await {
                 shared.metrics.taken(key);
                 info!(shard = %key, "owner did not hand over a claimed lease in time; took it");
             }
@@ -45,7 +45,7 @@ pub(super) async fn execute(
         .filter_map(|(key, current)| {
             by_key.get(key).map(|v| (v.lease.clone(), v.version, current.clone()))
         })
-        .map(|(l, v, w)| (l, v, w, owner.timing.fork()))
+        .map(|(l, v, w)| (l, v, w, state.timing.fork()))
         .collect();
     let written: Vec<Option<(LeaseKey, Version, WorkerId)>> = futures::stream::iter(claims)
         .map(|(lease, version, current, mut timing)| {
@@ -79,8 +79,8 @@ pub(super) async fn execute(
         .collect()
         .await;
     for (key, v, current) in written.into_iter().flatten() {
-        owner.my_claims.insert(key.clone(), MyClaim { since: Instant::now(), seen: v });
-        owner.changed(shared, 1);
+        state.claims.made(key.clone(), v);
+        state.changed(shared, 1);
         shared.metrics.claimed(&key);
         debug!(shard = %key, from = %current, "claimed");
     }
@@ -90,19 +90,19 @@ pub(super) async fn execute(
     for (key, to) in &plan.handoffs {
         // A task that ended (its report not applied yet) wrote all it will: the lease is handed
         // over directly, if the listed token still holds.
-        let task = owner
+        let task = state
             .tasks
             .get(key)
             .filter(|t| t.is_running())
             .map(|t| (t.epoch, t.stop.borrow().is_none()));
         match task {
             Some((epoch, true)) => {
-                running.push((key.clone(), to.clone(), epoch, owner.timing.fork()))
+                running.push((key.clone(), to.clone(), epoch, state.timing.fork()))
             }
             Some((_, false)) => {} // already stopping
             None => {
                 if let Some(token) = by_key.get(key).and_then(|v| v.lease.token()) {
-                    lease_task::transfer(shared, &mut owner.timing, &token, Some(to.clone())).await;
+                    lease_task::transfer(shared, &mut state.timing, &token, Some(to.clone())).await;
                 }
             }
         }
@@ -125,7 +125,7 @@ pub(super) async fn execute(
     for (key, to, epoch, sent) in acks.into_iter().flatten() {
         answered.insert(key.clone());
         let deadline = sent + shared.cfg.shutdown_timeout();
-        if let Some(t) = owner.tasks.get(&key) {
+        if let Some(t) = state.tasks.get(&key) {
             if t.epoch == epoch && t.stop.borrow().is_none() {
                 t.stop.send_replace(Some(StopReason::Handoff { to, deadline }));
             }
@@ -133,7 +133,7 @@ pub(super) async fn execute(
     }
     for key in &plan.clear_claims {
         if let Some(v) = by_key.get(key) {
-            if clear_claim(shared, owner, v).await {
+            if clear_claim(shared, state, v).await {
                 answered.insert(key.clone());
             }
         }
@@ -163,7 +163,7 @@ pub(super) const MAX_CANDIDATE_REFRESHES: usize = 8;
 /// docs/algorithm.md, "Stale take candidates".
 pub(super) async fn take_share(
     shared: &Arc<Shared>,
-    owner: &mut Owner,
+    state: &mut LoopState,
     plan: &Plan,
     by_key: &BTreeMap<&LeaseKey, &VersionedLease>,
 ) {
@@ -195,7 +195,7 @@ pub(super) async fn take_share(
             if conflicts >= missing.max(shared.cfg.take_concurrency()) && !candidates.is_empty() {
                 // The refresh decides on every outcome so far.
                 if let Some((chunk, writes)) = in_flight.take() {
-                    let (won, tried) = took_chunk(shared, owner, &chunk, writes).await;
+                    let (won, tried) = took_chunk(shared, state, &chunk, writes).await;
                     taken += won;
                     conflicts += tried - won;
                     last_clean = won == tried;
@@ -210,7 +210,7 @@ pub(super) async fn take_share(
                 }
                 refreshes += 1;
                 conflicts = 0;
-                let Some(fresh) = refresh_candidates(shared, owner, &mut candidates).await else {
+                let Some(fresh) = refresh_candidates(shared, state, &mut candidates).await else {
                     break;
                 };
                 debug!(taken, missing, candidates = fresh, "take candidates refreshed");
@@ -228,7 +228,7 @@ pub(super) async fn take_share(
         }
         match std::mem::replace(&mut in_flight, next) {
             Some((chunk, writes)) => {
-                let (won, tried) = took_chunk(shared, owner, &chunk, writes).await;
+                let (won, tried) = took_chunk(shared, state, &chunk, writes).await;
                 taken += won;
                 conflicts += tried - won;
                 last_clean = won == tried;
@@ -239,7 +239,7 @@ pub(super) async fn take_share(
     }
     // Published once for the whole share (the pass publishes again at its end): once per chunk
     // cost a copy of the growing map per 16 takes, a tenth of a second at 10,000 leases.
-    owner.publish_tasks(shared);
+    state.publish_tasks(shared);
     if taken > 0 {
         shared.metrics.taking_pass();
         info!(taken, "took leases");
@@ -251,7 +251,7 @@ pub(super) async fn take_share(
 /// (the store went back in time meanwhile): the pass then stops taking.
 pub(super) async fn refresh_candidates(
     shared: &Shared,
-    owner: &mut Owner,
+    state: &mut LoopState,
     candidates: &mut VecDeque<&VersionedLease>,
 ) -> Option<usize> {
     let listing = match shared.store.list_leases().await {
@@ -262,7 +262,7 @@ pub(super) async fn refresh_candidates(
         }
     };
     shared.metrics.lease_listing();
-    if owner.holding_takes() {
+    if state.membership.holding_takes() {
         return None;
     }
     let now: HashMap<&LeaseKey, Version> =
@@ -301,17 +301,17 @@ pub(super) async fn take_writes(shared: &Shared, listed: &[&VersionedLease]) -> 
 
 /// Applies a take's write: a lease won is granted, remembered, counted and started (or, when
 /// taking stopped meanwhile, given back at once). True when the lease was won.
-async fn took(shared: &Arc<Shared>, owner: &mut Owner, outcome: TakeWrite) -> bool {
+async fn took(shared: &Arc<Shared>, state: &mut LoopState, outcome: TakeWrite) -> bool {
     match outcome {
         TakeWrite::Won(next, v) => {
-            owner.granted.insert(next.key.clone(), next.epoch);
-            owner.remember_taken(&next, Instant::now());
-            owner.changed(shared, 1);
-            if !lease_task::spawn(shared, owner, next.clone(), v) {
+            state.tasks.grant(next.key.clone(), next.epoch);
+            state.memory.remember_taken(&next, Instant::now());
+            state.changed(shared, 1);
+            if !lease_task::spawn(shared, state, next.clone(), v) {
                 if shared.stop_taking.is_cancelled() {
                     // Shutting down: give back what this pass took at the last moment.
                     if let Some(token) = next.token() {
-                        lease_task::transfer(shared, &mut owner.timing, &token, None).await;
+                        lease_task::transfer(shared, &mut state.timing, &token, None).await;
                     }
                     return false;
                 }
@@ -322,7 +322,7 @@ async fn took(shared: &Arc<Shared>, owner: &mut Owner, outcome: TakeWrite) -> bo
         TakeWrite::Lost => false,
         TakeWrite::Uncertain => {
             // The write may have landed all the same: look again at the next pass.
-            owner.schedule.want_listing();
+            state.schedule.want_listing();
             false
         }
     }
@@ -348,7 +348,7 @@ fn send_takes(
 /// next pass).
 async fn took_chunk(
     shared: &Arc<Shared>,
-    owner: &mut Owner,
+    state: &mut LoopState,
     chunk: &[&VersionedLease],
     writes: tokio::task::JoinHandle<Vec<TakeWrite>>,
 ) -> (usize, usize) {
@@ -358,7 +358,7 @@ async fn took_chunk(
     };
     let mut won = 0;
     for (v, outcome) in chunk.iter().zip(outcomes) {
-        if took(shared, owner, outcome).await {
+        if took(shared, state, outcome).await {
             shared.metrics.taken(&v.lease.key);
             won += 1;
         }
@@ -370,7 +370,7 @@ async fn took_chunk(
 /// One bool per lease: whether it was won.
 pub(super) async fn take_all(
     shared: &Arc<Shared>,
-    owner: &mut Owner,
+    state: &mut LoopState,
     listed: &[&VersionedLease],
 ) -> Vec<bool> {
     if shared.stop_taking.is_cancelled() || shared.is_fenced() {
@@ -379,13 +379,17 @@ pub(super) async fn take_all(
     let outcomes = take_writes(shared, listed).await;
     let mut won = Vec::with_capacity(outcomes.len());
     for outcome in outcomes {
-        won.push(took(shared, owner, outcome).await);
+        won.push(took(shared, state, outcome).await);
     }
     won
 }
 
 /// Takes one lease by compare-and-set (owner = me, a new epoch) and starts its task. False on
 /// conflict or error.
-pub(super) async fn take(shared: &Arc<Shared>, owner: &mut Owner, listed: &VersionedLease) -> bool {
-    take_all(shared, owner, &[listed]).await.first().copied().unwrap_or(false)
+pub(super) async fn take(
+    shared: &Arc<Shared>,
+    state: &mut LoopState,
+    listed: &VersionedLease,
+) -> bool {
+    take_all(shared, state, &[listed]).await.first().copied().unwrap_or(false)
 }

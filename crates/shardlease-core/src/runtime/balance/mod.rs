@@ -11,20 +11,26 @@
 //! safety net is due. Otherwise the pass is quiet: in a settled fleet a worker reads worker
 //! records every heartbeat and no leases. docs/algorithm.md explains why nothing is missed.
 //!
-//! The loop is the one owner of the worker's coordination state ([`Owner`]): the view of leases and
-//! workers, the lease tasks, claims, grants, the memory of the namespace, the change counters.
-//! Every other task talks to it through one channel of events (`runtime::events`), which the loop
+//! The loop is the one owner of the worker's coordination state ([`LoopState`]), kept in named
+//! parts, one per file: the lease tasks and grants (`tasks`), the claims from both sides
+//! (`claims`), who is alive (`membership`), the memory of the namespace (`recover`), the loads
+//! (`loads`) and when the next pass runs (`schedule`); a pass is `view` then `execute`. Every
+//! other task talks to it through one channel of events (`runtime::events`), which the loop
 //! applies between its own steps; no lock guards any of it (docs/algorithm.md, "Who owns the
 //! runtime's state"). At shutdown it collects how the tasks ended into the `ShutdownReport`.
 
 mod claims;
 mod execute;
-mod owner;
+mod loads;
+mod membership;
 mod recover;
 mod schedule;
+mod state;
+mod tasks;
 mod view;
 
-pub(crate) use owner::{LeaseTask, MyClaim, Owner};
+pub(crate) use state::LoopState;
+pub(crate) use tasks::{CheckpointSlot, LeaseTask};
 
 use claims::next_unanswered_deadline;
 use schedule::PassKind;
@@ -56,9 +62,9 @@ pub(crate) const NOTICE_GAP: Duration = Duration::from_millis(100);
 
 /// Runs the worker's balance loop until the worker stops, owning its coordination state.
 pub(crate) async fn balance_loop(shared: Arc<Shared>, mut events: UnboundedReceiver<Event>) {
-    let mut owner = Owner::new(&shared);
-    run(&shared, &mut events, &mut owner).await;
-    finish(&shared, &mut events, &mut owner).await;
+    let mut state = LoopState::new(&shared);
+    run(&shared, &mut events, &mut state).await;
+    finish(&shared, &mut events, &mut state).await;
     // Dropping the receiver lets go of callers waiting for a pass; later requests fail at once.
 }
 
@@ -69,7 +75,7 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>, mut events: UnboundedRecei
 /// this worker's first heartbeat: workers that start together see each other by then (each has
 /// heartbeated) and split the free shards without churn, and every peer has listed this worker
 /// (peers list the records every heartbeat), so it answers this worker's claims. Until then no
-/// pass takes a free lease ([`Owner::before_full_view`]).
+/// pass takes a free lease (`Membership::before_full_view`).
 ///
 /// With the store's change stream open, peers hear of this worker's first heartbeat and of its
 /// claims at once, so the first pass need not wait for the full view: it runs after the first
@@ -79,7 +85,7 @@ pub(crate) async fn balance_loop(shared: Arc<Shared>, mut events: UnboundedRecei
 async fn wait_for_first_view(
     shared: &Shared,
     events: &mut UnboundedReceiver<Event>,
-    owner: &mut Owner,
+    state: &mut LoopState,
 ) -> bool {
     let mut ok = shared.heartbeat_ok.subscribe();
     let mut notified = shared.notified.subscribe();
@@ -87,10 +93,10 @@ async fn wait_for_first_view(
     let mut first: Option<Instant> = None;
     loop {
         first = first.or(*ok.borrow_and_update());
-        owner.full_view_at = first.map(|t| t + shared.cfg.heartbeat_interval());
+        state.membership.set_full_view_at(first.map(|t| t + shared.cfg.heartbeat_interval()));
         let pushed = *notified.borrow_and_update();
-        let listed_since = |at: Instant| owner.workers_listed.is_some_and(|t| t >= at);
-        if !owner.before_full_view() || (pushed && first.is_some_and(listed_since)) {
+        let listed_since = |at: Instant| state.membership.listed_since(at);
+        if !state.membership.before_full_view() || (pushed && first.is_some_and(listed_since)) {
             return true;
         }
         tokio::select! {
@@ -101,8 +107,8 @@ async fn wait_for_first_view(
             event = events.recv() => match event {
                 Some(e) => {
                     // With whatever else is queued, then published once.
-                    owner.apply(shared, e);
-                    owner.drain(shared, events);
+                    state.apply(shared, e);
+                    state.drain(shared, events);
                 }
                 None => return false,
             },
@@ -111,18 +117,18 @@ async fn wait_for_first_view(
 }
 
 /// Runs passes until taking stops.
-async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner: &mut Owner) {
-    if !wait_for_first_view(shared, events, owner).await {
+async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, state: &mut LoopState) {
+    if !wait_for_first_view(shared, events, state).await {
         return;
     }
     loop {
         // Callers waiting now are answered after the coming pass; one asking during it waits for
         // the next.
-        let answering = std::mem::take(&mut owner.answering);
-        owner.drain(shared, events);
-        let kind = owner.schedule.begin(Instant::now());
+        let answering = std::mem::take(&mut state.answering);
+        state.drain(shared, events);
+        let kind = state.schedule.begin(Instant::now());
         if shared.stop_taking.is_cancelled() {
-            owner.answering.extend(answering);
+            state.answering.extend(answering);
             return;
         }
         if !shared.is_fenced() {
@@ -130,19 +136,19 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
             // newer loads: a move due lists after all.
             let listing = match kind {
                 PassKind::List(token) => Some(token),
-                PassKind::Quiet if view::load_moves_due(shared, owner) => {
-                    Some(owner.schedule.listing_now(Instant::now()))
+                PassKind::Quiet if loads::load_moves_due(shared, state) => {
+                    Some(state.schedule.listing_now(Instant::now()))
                 }
                 PassKind::Quiet => None,
             };
             match listing {
                 None => shared.metrics.balance_pass_quiet(),
                 Some(token) => {
-                    let outcome = pass(shared, events, owner).await.map(|outcome| {
+                    let outcome = pass(shared, events, state).await.map(|outcome| {
                         let net = safety_net_interval(&shared.cfg, outcome.leases);
-                        (outcome.settled, owner.timing.jittered(net))
+                        (outcome.settled, state.timing.jittered(net))
                     });
-                    owner.schedule.listed(token, outcome);
+                    state.schedule.listed(token, outcome);
                 }
             }
         }
@@ -151,8 +157,8 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
         }
         // Wake at a claim's deadline too: the task must stop before the claimant may take it.
         let now = Instant::now();
-        let mut wake = now + owner.timing.jittered(shared.cfg.balance_interval());
-        if let Some(deadline) = next_unanswered_deadline(shared, owner, now) {
+        let mut wake = now + state.timing.jittered(shared.cfg.balance_interval());
+        if let Some(deadline) = next_unanswered_deadline(shared, state, now) {
             wake = wake.min(deadline);
         }
         // While it waits, the loop applies what the other tasks tell it, so its state stays
@@ -160,10 +166,10 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
         // pass).
         let half_interval = shared.cfg.balance_interval() / 2;
         loop {
-            if !owner.answering.is_empty() {
+            if !state.answering.is_empty() {
                 break;
             }
-            match owner.schedule.wake(wake, Instant::now(), half_interval) {
+            match state.schedule.wake(wake, Instant::now(), half_interval) {
                 Some(at) => wake = at,
                 None => break,
             }
@@ -174,8 +180,8 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
                 event = events.recv() => match event {
                     Some(e) => {
                         // With whatever else is queued, then published once.
-                        owner.apply(shared, e);
-                        owner.drain(shared, events);
+                        state.apply(shared, e);
+                        state.drain(shared, events);
                     }
                     None => return,
                 },
@@ -189,11 +195,15 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner:
 /// processor is cut short at the deadline tells it `lease_lost` (bounded by half a heartbeat) and
 /// releases the lease itself. A task still running then is aborted and its lease released anyway
 /// (abandoned). Last, this worker's pending claims are withdrawn.
-async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, owner: &mut Owner) {
+async fn finish(
+    shared: &Arc<Shared>,
+    events: &mut UnboundedReceiver<Event>,
+    state: &mut LoopState,
+) {
     // No more passes: callers waiting for one are let go at once.
-    owner.answering.clear();
+    state.answering.clear();
     let (deadline, reply) = loop {
-        if let Some(request) = owner.shutdown.take() {
+        if let Some(request) = state.shutdown.take() {
             break request;
         }
         // A worker stopped by a failed loop sends no request: nothing to collect.
@@ -204,8 +214,8 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
         };
         match event {
             Some(e) => {
-                owner.apply(shared, e);
-                owner.answering.clear();
+                state.apply(shared, e);
+                state.answering.clear();
             }
             None => return,
         }
@@ -213,8 +223,8 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
     // Every task still in the map was running when taking stopped, or ended since; those that
     // ended since and were removed already wait in `exited_while_stopping`.
     let mut held: BTreeMap<LeaseKey, Epoch> =
-        owner.tasks.iter().map(|(k, t)| (k.clone(), t.epoch)).collect();
-    for e in &owner.exited_while_stopping {
+        state.tasks.iter().map(|(k, t)| (k.clone(), t.epoch)).collect();
+    for e in state.tasks.exited_while_stopping() {
         held.entry(e.key.clone()).or_insert(e.epoch);
     }
     let mut report = ShutdownReport::default();
@@ -237,7 +247,7 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
     };
     let until = deadline + shared.cfg.heartbeat_interval();
     loop {
-        for exited in std::mem::take(&mut owner.exited_while_stopping) {
+        for exited in state.tasks.take_exited_while_stopping() {
             record(&mut held, exited);
         }
         if held.is_empty() {
@@ -248,8 +258,8 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
             event = events.recv() => match event {
                 Some(e) => {
                     // With whatever else is queued, then published once.
-                    owner.apply(shared, e);
-                    owner.drain(shared, events);
+                    state.apply(shared, e);
+                    state.drain(shared, events);
                 }
                 None => break,
             },
@@ -257,20 +267,20 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
         }
     }
     for (key, epoch) in held {
-        if let Some(t) = owner.tasks.remove(&key) {
+        if let Some(t) = state.tasks.remove(&key) {
             t.abort();
         }
         warn!(shard = %key, "lease task did not stop in time; releasing its lease anyway");
         let token = crate::lease::LeaseToken { key: key.clone(), owner: shared.id(), epoch };
-        match lease_task::transfer(shared, &mut owner.timing, &token, None).await {
+        match lease_task::transfer(shared, &mut state.timing, &token, None).await {
             lease_task::Ended::Released(resumes_at) | lease_task::Ended::Abandoned(resumes_at) => {
                 report.abandoned.push(ReleasedLease { key, resumes_at });
             }
             _ => report.not_released.push(key),
         }
     }
-    owner.publish_tasks(shared);
-    withdraw_claims(shared, owner).await;
+    state.publish_tasks(shared);
+    withdraw_claims(shared, state).await;
     report.sort();
     let _ = reply.send(report);
 }
@@ -278,13 +288,13 @@ async fn finish(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, own
 /// Withdraws this worker's pending claims before it leaves. A peer that already answered one hands
 /// the lease to this worker: such a lease is released at once rather than left to a departed owner
 /// (it would otherwise wait a failover timeout).
-async fn withdraw_claims(shared: &Shared, owner: &mut Owner) {
+async fn withdraw_claims(shared: &Shared, state: &mut LoopState) {
     let me = shared.id();
-    let claimed: Vec<LeaseKey> = owner.my_claims.keys().cloned().collect();
+    let claimed: Vec<LeaseKey> = state.claims.mine();
     for key in claimed {
         let outcome = super::cas::write(
             shared,
-            &mut owner.timing,
+            &mut state.timing,
             &key,
             None,
             super::cas::Policy::PERSIST,
@@ -293,7 +303,7 @@ async fn withdraw_claims(shared: &Shared, owner: &mut Owner) {
         )
         .await;
         if let super::cas::Outcome::Written(..) = outcome {
-            owner.changed(shared, 1);
+            state.changed(shared, 1);
         }
     }
 }

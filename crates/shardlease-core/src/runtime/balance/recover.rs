@@ -13,22 +13,101 @@ use super::super::recovery;
 use super::super::shared::Shared;
 use crate::error::Error;
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
+use crate::position::Position;
 use crate::store::CreateOutcome;
 
-use super::Owner;
+use super::LoopState;
+
+/// What this worker remembers of the namespace's leases (see `recovery`).
+#[derive(Debug, Default)]
+pub(crate) struct RecoveryMemory {
+    /// Per lease, the furthest checkpoint and highest epoch this worker has seen, to notice and
+    /// repair a store that lost or rolled back writes, and when its own write last updated each
+    /// entry (see `recovery`).
+    seen: recovery::Memory,
+    /// Since when each lost lease has been found lost, in passes without a break.
+    lost_since: BTreeMap<LeaseKey, Instant>,
+}
+
+impl RecoveryMemory {
+    /// Every lease remembered, as last seen.
+    pub(crate) fn leases(&self) -> Vec<Lease> {
+        self.seen.values().map(|r| r.lease.clone()).collect()
+    }
+
+    /// A listing found nothing lost.
+    pub(crate) fn clear_lost(&mut self) {
+        self.lost_since.clear();
+    }
+
+    /// Records a write this worker made to a lease (at `at`) in its memory of the namespace (see
+    /// `recovery`), so the memory does not wait for the next listing to know what this worker
+    /// itself did: a store that loses the write is then repaired to it.
+    pub(crate) fn remember(&mut self, lease: &Lease, at: Instant) {
+        let entry = self
+            .seen
+            .entry(lease.key.clone())
+            .or_insert_with(|| recovery::Remembered::listed(lease.clone()));
+        entry.written_at = entry.written_at.max(Some(at));
+        let seen = &mut entry.lease;
+        if seen.epoch <= lease.epoch {
+            let checkpoint = if seen.checkpoint.would_regress_to(&lease.checkpoint) {
+                seen.checkpoint.clone()
+            } else {
+                lease.checkpoint.clone()
+            };
+            *seen = Lease { checkpoint, ..lease.clone() };
+        }
+    }
+
+    /// Records a lease this worker has just taken: [`RecoveryMemory::remember`], except that the memory
+    /// then holds the checkpoint the take wrote, which is where the new task starts, even when
+    /// it remembered a later one from an earlier epoch. (The store lost that later checkpoint:
+    /// a rollback, or a late write that fenced the old task. The new task reads those records
+    /// again either way, and a restore of the later checkpoint under it would make each of the
+    /// task's next checkpoints look like a move backwards, so the lease would stop for good.)
+    pub(crate) fn remember_taken(&mut self, lease: &Lease, at: Instant) {
+        self.remember(lease, at);
+        if let Some(entry) = self.seen.get_mut(&lease.key) {
+            if entry.lease.epoch == lease.epoch {
+                entry.lease.checkpoint = lease.checkpoint.clone();
+            }
+        }
+    }
+
+    /// Keeps the memory of this worker's own leases' checkpoints current without a listing (a
+    /// quiet fleet does not list), so a store that loses writes is repaired to the latest one.
+    /// (Lease tasks fill their slot only when positions live in the lease record: a custom
+    /// checkpointer's positions are never in the record, and a listing would then look like a
+    /// store that lost writes.)
+    pub(crate) fn checkpointed(
+        &mut self,
+        key: &LeaseKey,
+        epoch: crate::lease::Epoch,
+        position: &Position,
+        at: Instant,
+    ) {
+        if let Some(seen) = self.seen.get_mut(key) {
+            if seen.lease.epoch <= epoch && !seen.lease.checkpoint.would_regress_to(position) {
+                seen.written_at = seen.written_at.max(Some(at));
+                seen.lease.checkpoint = position.clone();
+            }
+        }
+    }
+}
 
 /// The leases the store lost, compared with this worker's memory (see `recovery`). Vanished ones
 /// are checked against the stream's lineage to rule out those the shard sync collected while this
 /// worker was not looking (a one-off listing of the shards, only when something vanished).
 pub(super) async fn lost_leases(
     shared: &Shared,
-    owner: &mut Owner,
+    state: &mut LoopState,
     listed: &[VersionedLease],
     corrupt: &BTreeSet<LeaseKey>,
     list_sent: Instant,
 ) -> Vec<recovery::Lost> {
     let lost = {
-        let memory = &mut owner.memory;
+        let memory = &mut state.memory.seen;
         let fresh = recovery::fresh_keys(memory, list_sent);
         recovery::compare(memory, listed, corrupt, &fresh)
     };
@@ -39,7 +118,7 @@ pub(super) async fn lost_leases(
     let (retired, lost): (Vec<_>, Vec<_>) =
         lost.into_iter().partition(|l| l.now.is_none() && shared.source.retired(l.key()));
     for l in &retired {
-        owner.memory.remove(l.key());
+        state.memory.seen.remove(l.key());
     }
     match shared.source.list_shards().await {
         Ok(shards) => {
@@ -49,7 +128,7 @@ pub(super) async fn lost_leases(
                     children.entry(p).or_default().push(s.id.clone());
                 }
             }
-            recovery::forget_collected(&mut owner.memory, lost, &children, listed)
+            recovery::forget_collected(&mut state.memory.seen, lost, &children, listed)
         }
         Err(e) => {
             warn!(error = %crate::error::ErrorChain(&e), "listing shards to tell lost leases from collected ones failed");
@@ -65,7 +144,7 @@ pub(super) async fn lost_leases(
 /// that loses a race is retried at the next pass, which finds the lease lost again.
 pub(super) async fn restore_lost(
     shared: &Arc<Shared>,
-    owner: &mut Owner,
+    state: &mut LoopState,
     lost: Vec<recovery::Lost>,
     vanished: bool,
 ) {
@@ -73,7 +152,7 @@ pub(super) async fn restore_lost(
     if vanished {
         error!(
             leases = total,
-            held = owner.held(),
+            held = state.tasks.running(),
             "every lease of the namespace vanished from the store: checkpoints written since this \
              worker last listed them are LOST (those records will be processed again); restoring \
              the leases as this worker last saw them"
@@ -89,9 +168,9 @@ pub(super) async fn restore_lost(
     }
     let me = shared.id();
     let writes: Vec<(Lease, Option<Version>)> = {
-        let tasks = &owner.tasks;
-        let liveness = &mut owner.liveness;
-        let since = &mut owner.lost_since;
+        let tasks = &state.tasks;
+        let liveness = state.membership.liveness_mut();
+        let since = &mut state.memory.lost_since;
         let keys: BTreeSet<&LeaseKey> = lost.iter().map(|l| l.key()).collect();
         since.retain(|k, _| keys.contains(k));
         let now = Instant::now();
@@ -161,12 +240,12 @@ pub(super) async fn restore_lost(
     let mut restored = 0;
     for lease in results.into_iter().flatten() {
         if lease.is_owned_by(&me) {
-            owner.granted.insert(lease.key.clone(), lease.epoch);
+            state.tasks.grant(lease.key.clone(), lease.epoch);
         }
-        owner.remember(&lease, Instant::now());
+        state.memory.remember(&lease, Instant::now());
         restored += 1;
     }
-    owner.changed(shared, restored as u64);
+    state.changed(shared, restored as u64);
     shared.metrics.restored(restored);
     error!(
         restored,
@@ -176,7 +255,7 @@ pub(super) async fn restore_lost(
          pass (left to their live owner this pass: {waiting})"
     );
     if vanished {
-        let memory: Vec<Lease> = owner.memory.values().map(|r| r.lease.clone()).collect();
+        let memory: Vec<Lease> = state.memory.leases();
         if let Err(e) = super::super::shard_sync::sync_after_loss(shared, &memory).await {
             warn!(error = %crate::error::ErrorChain(&e), "shard sync after the namespace vanished failed");
         }
@@ -184,6 +263,6 @@ pub(super) async fn restore_lost(
     if restored > 0 {
         // Take what was restored unowned without waiting a whole interval. (Only then: a pass
         // that merely waits for an owner must not start another at once.)
-        owner.want_listing(true);
+        state.want_listing(true);
     }
 }

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Instrument};
 
-use super::balance::{LeaseTask, Owner};
+use super::balance::{CheckpointSlot, LeaseTask, LoopState};
 use super::events::Event;
 use super::shared::{HeldLease, Shared, StopReason, Timing};
 use crate::ids::WorkerId;
@@ -40,7 +40,7 @@ use crate::telemetry::LeaseMetrics;
 /// deadline, its incarnation's fence token) and stops: no orphan task can run on.
 pub(crate) fn spawn(
     shared: &Arc<Shared>,
-    owner: &mut Owner,
+    state: &mut LoopState,
     lease: Lease,
     version: Version,
 ) -> bool {
@@ -49,16 +49,17 @@ pub(crate) fn spawn(
         let incarnation = shared.incarnation.borrow();
         (incarnation.live, incarnation.fence.clone())
     };
-    if owner.tasks.contains_key(&lease.key) || shared.stop_taking.is_cancelled() || !live {
+    if state.tasks.contains_key(&lease.key) || shared.stop_taking.is_cancelled() || !live {
         return false;
     }
     shared.observe(&lease, version);
-    owner.granted.insert(lease.key.clone(), token.epoch);
+    state.tasks.grant(lease.key.clone(), token.epoch);
     let (tx, rx) = watch::channel(None);
     let metrics = Arc::new(shared.metrics.lease(&lease.key));
     let done = CancellationToken::new();
     let stop = task::Stops { own: rx, fence, shutdown: shared.shutdown.subscribe() };
-    let timing = owner.timing.fork();
+    let timing = state.timing.fork();
+    let checkpoint = Arc::new(CheckpointSlot::default());
     let report = Report {
         events: shared.events.clone(),
         key: lease.key.clone(),
@@ -68,12 +69,15 @@ pub(crate) fn spawn(
         done: done.clone(),
     };
     let span = tracing::info_span!("lease", shard = %lease.key, epoch = %lease.epoch);
-    let join =
-        tokio::spawn(run(shared.clone(), lease.clone(), stop, timing, report).instrument(span));
+    let join = tokio::spawn(
+        run(shared.clone(), lease.clone(), stop, timing, report, checkpoint.clone())
+            .instrument(span),
+    );
     let abort = join.abort_handle();
     let held = Arc::new(HeldLease { key: lease.key.clone(), done, abort, metrics });
-    owner.tasks.insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, held });
-    owner.tasks_changed = true;
+    state
+        .tasks
+        .insert(lease.key.clone(), LeaseTask { epoch: token.epoch, stop: tx, held, checkpoint });
     true
 }
 
@@ -147,6 +151,10 @@ enum Step<T> {
 struct Observed {
     shared: Arc<Shared>,
     metrics: Arc<LeaseMetrics>,
+    /// Where the balance loop reads the latest checkpoint from.
+    slot: Arc<CheckpointSlot>,
+    /// Whether positions live in the lease record (asked once per task).
+    in_lease: bool,
 }
 
 impl CheckpointObserver for Observed {
@@ -155,8 +163,8 @@ impl CheckpointObserver for Observed {
         self.metrics.checkpointed(now);
         // Positions a custom checkpointer keeps outside the lease record are not remembered: the
         // record never holds them, and a listing would then look like a store that lost writes.
-        if self.shared.checkpointer.stores_in_lease() {
-            self.shared.tell(Event::Checkpointed(token.clone(), position.clone(), now));
+        if self.in_lease {
+            self.slot.put(token.epoch, position.clone(), now);
         }
     }
 
@@ -172,13 +180,16 @@ async fn run(
     stop: task::Stops,
     timing: Timing,
     mut report: Report,
+    slot: Arc<CheckpointSlot>,
 ) {
     let Some(token) = lease.token() else {
         report.outcome = Ended::Nothing;
         return;
     };
     let metrics = report.metrics.clone();
-    let observer = Arc::new(Observed { shared: shared.clone(), metrics: metrics.clone() });
+    let in_lease = shared.checkpointer.stores_in_lease();
+    let observer =
+        Arc::new(Observed { shared: shared.clone(), metrics: metrics.clone(), slot, in_lease });
     let cp = CheckpointHandle::observed(shared.checkpointer.clone(), token.clone(), observer);
     let mut task = Task {
         shared: shared.clone(),
