@@ -191,10 +191,9 @@ impl LoadTracker {
 /// (`LoadView::round_in_progress`), for a balance interval and its jitter (a fraction).
 ///
 /// A round must outlast the sit-out of its moves by a pass (an interval and its jitter): a worker
-/// still outside the band once the figures show the move then moves again at the round's line. A
-/// round that ended first (1.5 intervals, against a sit-out of 2) left such a worker short of the
-/// start line: the `skew` bench's seed 7 sat at 1.21 of the mean for 23 intervals before noise
-/// crossed the line.
+/// still outside the band once the figures show the move then moves again at the round's line,
+/// instead of sitting short of the start line until noise crosses it (docs/algorithm.md,
+/// "Balancing by load", has the figures).
 fn move_windows(interval: Duration, jitter: f64) -> (Duration, Duration) {
     // `Config` bounds the interval and the jitter, as for the other jittered waits.
     let settle = interval * 2;

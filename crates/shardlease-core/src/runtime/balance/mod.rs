@@ -105,11 +105,7 @@ async fn wait_for_first_view(
             changed = ok.changed() => if changed.is_err() { return false },
             changed = notified.changed() => if changed.is_err() { return false },
             event = events.recv() => match event {
-                Some(e) => {
-                    // With whatever else is queued, then published once.
-                    state.apply(shared, e);
-                    state.drain(shared, events);
-                }
+                Some(e) => state.apply_all(shared, e, events),
                 None => return false,
             },
         }
@@ -178,11 +174,7 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, state:
                 _ = tokio::time::sleep_until(wake) => break,
                 _ = shared.stop_taking.cancelled() => return,
                 event = events.recv() => match event {
-                    Some(e) => {
-                        // With whatever else is queued, then published once.
-                        state.apply(shared, e);
-                        state.drain(shared, events);
-                    }
+                    Some(e) => state.apply_all(shared, e, events),
                     None => return,
                 },
             }
@@ -256,11 +248,7 @@ async fn finish(
         tokio::select! {
             biased;
             event = events.recv() => match event {
-                Some(e) => {
-                    // With whatever else is queued, then published once.
-                    state.apply(shared, e);
-                    state.drain(shared, events);
-                }
+                Some(e) => state.apply_all(shared, e, events),
                 None => break,
             },
             _ = tokio::time::sleep_until(until) => break,

@@ -111,6 +111,17 @@ impl LoopState {
         }
     }
 
+    /// Applies `event` and every event waiting behind it, then publishes the task map once.
+    pub(crate) fn apply_all(
+        &mut self,
+        shared: &Shared,
+        event: Event,
+        events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
+    ) {
+        self.apply(shared, event);
+        self.drain(shared, events);
+    }
+
     /// Applies every event waiting in the channel.
     pub(crate) fn drain(
         &mut self,

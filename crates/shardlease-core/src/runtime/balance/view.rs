@@ -44,123 +44,64 @@ pub(super) async fn pass(
     outcome
 }
 
+/// What a pass sees once its listing is in and checked: the leases it may act on, and those it
+/// must leave alone this pass.
+struct PassView {
+    /// When the listing was sent.
+    list_sent: Instant,
+    /// Leases listed, decoded or not.
+    listed: usize,
+    /// The usable leases: decoded, and not lost.
+    leases: Vec<VersionedLease>,
+    /// Leases that exist but cannot be used this pass: undecodable ones, and lost ones being
+    /// restored. Their children stay blocked; the tasks of lost ones keep running (their owner
+    /// restores them under its own name), and the next listing decides.
+    withheld: BTreeSet<LeaseKey>,
+    /// Whether the store lost any lease.
+    any_lost: bool,
+}
+
+/// One pass, in its phases: list; check the listing against what the shard sync expects, what is
+/// corrupt and what the store lost; judge the owners; reconcile the running tasks with the
+/// listing; re-take what this id owns but was not granted; plan and carry out the plan.
 pub(super) async fn list_and_act(
     shared: &Arc<Shared>,
     events: &mut UnboundedReceiver<Event>,
     state: &mut LoopState,
 ) -> Option<PassOutcome> {
-    let list_sent = Instant::now();
-    let listing = match shared.store.list_leases().await {
-        Ok(l) => l,
-        Err(e) => {
-            warn!(error = %crate::error::ErrorChain(&e), "listing leases failed; skipping this balance pass");
-            stop_unanswered_past_deadline(shared, state, Instant::now());
-            return None;
-        }
-    };
-    // Tasks that ended while the listing was on its way leave the map before it is reconciled
-    // with the listing (they would otherwise count as running for this pass), and the memory
-    // takes in the checkpoints written meanwhile before it is compared with the listing.
-    state.drain(shared, events);
-    state.sync_checkpoints();
-    shared.metrics.lease_listing();
-    let listed = listing.items.len() + listing.corrupt.len();
-    {
-        // A lease the last shard sync saw is gone (the store lost it, or a peer collected it):
-        // the next sync lists the leases and creates what is missing, at once.
-        let keys: BTreeSet<&str> = listing
-            .items
-            .iter()
-            .map(|v| v.lease.key.as_str())
-            .chain(listing.corrupt.iter().map(|c| c.key.as_str()))
-            .collect();
-        // Asked once per published expectation: the sync loop publishes a new one after the
-        // full sync this asks for.
-        let expected = shared.expected.borrow().clone();
-        if let Some(e) = expected {
-            let asked = state.missed.as_ref().is_some_and(|m| Arc::ptr_eq(m, &e));
-            if !asked && e.iter().any(|k| !keys.contains(k.as_str())) {
-                state.missed = Some(e);
-                let _ = shared.sync.send(SyncRequest::Now(None));
-            }
-        }
-    }
-    report_corrupt(shared, state, &listing.corrupt);
-    let corrupt: BTreeSet<LeaseKey> =
-        listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
-    let lost = lost_leases(shared, state, &listing.items, &corrupt, list_sent).await;
-    let any_lost = !lost.is_empty();
-    let mut leases = listing.items;
-    // Leases that exist but cannot be used this pass: undecodable ones, and lost ones being
-    // restored. Their children stay blocked; the tasks of lost ones keep running (their owner
-    // restores them under its own name), and the next listing decides.
-    let mut withheld = corrupt;
-    if lost.is_empty() {
-        state.memory.clear_lost();
-    } else {
-        withheld.extend(lost.iter().map(|l| l.key().clone()));
-        leases.retain(|v| !withheld.contains(&v.lease.key));
-        let vanished = leases.is_empty() && listing.corrupt.is_empty();
-        restore_lost(shared, state, lost, vanished).await;
-    }
+    let view = list(shared, events, state).await?;
     let me = shared.id();
-    let fresh_view = look_again_at_owners_judged_dead(shared, state, &me, &leases).await;
+    let live = judge_owners(shared, state, &me, &view.leases).await;
     let now = Instant::now();
-    let mut live = live_set(state, &me, &leases);
-    if !fresh_view {
-        // No view of the workers newer than the listing: nobody's leases are taken this pass.
-        live.extend(leases.iter().filter_map(|v| v.lease.owner.clone()));
-    }
     // One index of the listing for the pass, and which leases are active decided once from it.
+    let leases = &view.leases;
     let index: HashMap<&LeaseKey, &Lease> =
         leases.iter().map(|v| (&v.lease.key, &v.lease)).collect();
     let active: HashSet<&LeaseKey> = leases
         .iter()
-        .filter(|v| is_active(&v.lease, &index, &withheld))
+        .filter(|v| is_active(&v.lease, &index, &view.withheld))
         .map(|v| &v.lease.key)
         .collect();
     let (resume, retake, stopped) =
-        reconcile(shared, state, &me, &leases, &index, &active, &withheld);
-    let mut settled = !any_lost
-        && withheld.is_empty()
+        reconcile(shared, state, &me, leases, &index, &active, &view.withheld);
+    let mut settled = !view.any_lost
+        && view.withheld.is_empty()
         && resume.is_empty()
         && retake.is_empty()
         && stopped == 0
-        && nothing_pending(state, &me, &leases, &active);
+        && nothing_pending(state, &me, leases, &active);
     for VersionedLease { lease, version } in resume {
         lease_task::spawn(shared, state, lease, version);
     }
     state.publish_tasks(shared);
+    retake_ungranted(shared, state, retake).await;
     let starting = state.membership.before_full_view();
-    let rolled_back = state.membership.holding_takes();
-    let holding = rolled_back || starting;
-    // Before the full view (a start with the change stream open), only the leases handed over in
-    // answer to this worker's own claims are re-taken; one this id owned before is left for the
-    // pass after the hold, like a free lease.
-    let retake: Vec<VersionedLease> = if starting {
-        retake.into_iter().filter(|v| state.claims.is_mine(&v.lease.key)).collect()
-    } else {
-        retake
-    };
-    // Concurrently (bounded), like the takes: a join's newcomer re-takes every lease handed to it
-    // in one pass, and one at a time that cost a store round trip each (about a second for four
-    // on a busy SQLite file).
-    if !rolled_back {
-        for chunk in retake.chunks(shared.cfg.take_concurrency()) {
-            let chunk: Vec<&VersionedLease> = chunk.iter().collect();
-            let won = take_all(shared, state, &chunk).await;
-            for (v, won) in chunk.iter().zip(won) {
-                if won {
-                    info!(shard = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
-                }
-            }
-        }
-    }
-    let expired = expired_claims(shared, state, &me, &leases, now);
+    let holding = starting || state.membership.holding_takes();
+    let expired = expired_claims(shared, state, &me, leases, now);
     let mut snapshot = Snapshot {
         me: me.clone(),
         leases: leases.iter().map(|v| v.lease.clone()).collect(),
-        withheld,
+        withheld: view.withheld.clone(),
         live_workers: live,
         max_leases_per_worker: shared.cfg.max_leases_per_worker(),
         max_claims_per_pass: shared.cfg.max_claims_per_pass(),
@@ -170,33 +111,12 @@ pub(super) async fn list_and_act(
     };
     snapshot.loads = state.loads.view(shared, &me, &snapshot.leases, now);
     let mut plan = state.balancer.plan(&snapshot);
-    // Balancing by load, the loads move while the leases stay put: a quiet pass plans again on
-    // this snapshot with the loads of its time (`load_moves_due`).
-    state.loads.keep_snapshot(snapshot.loads.is_some().then(|| snapshot.clone()));
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let available: Vec<&LeaseKey> = leases
-            .iter()
-            .filter(|v| active.contains(&v.lease.key))
-            .filter(|v| v.lease.owner.as_ref().is_none_or(|o| !snapshot.live_workers.contains(o)))
-            .map(|v| &v.lease.key)
-            .take(3)
-            .collect();
-        let mine = leases
-            .iter()
-            .filter(|v| active.contains(&v.lease.key) && v.lease.is_owned_by(&me))
-            .count();
-        debug!(
-            listed = leases.len(),
-            active = active.len(),
-            withheld = snapshot.withheld.len(),
-            live = ?snapshot.live_workers,
-            mine,
-            ?available,
-            take = plan.take_count,
-            claims = plan.claims.len(),
-            "pass view"
-        );
+        log_pass_view(&me, leases, &active, &snapshot, &plan);
     }
+    // Balancing by load, the loads move while the leases stay put: a quiet pass plans again on
+    // this snapshot with the loads of its time (`load_moves_due`). Kept, not copied.
+    state.loads.keep_snapshot(snapshot.loads.is_some().then_some(snapshot));
     if holding && (plan.take_count > 0 || !plan.take_over.is_empty()) {
         if starting {
             debug!(
@@ -225,9 +145,152 @@ pub(super) async fn list_and_act(
         answered = execute(shared, state, &plan, &by_key).await;
     }
     // After the plan, which answers claims: only a claim this pass could not answer counts.
-    yield_unanswered_claims(shared, state, &me, &leases, list_sent, now, &answered);
+    yield_unanswered_claims(shared, state, &me, leases, view.list_sent, now, &answered);
     settled &= state.claims.none_mine();
-    Some(PassOutcome { settled, leases: listed })
+    Some(PassOutcome { settled, leases: view.listed })
+}
+
+/// The first phase: lists the leases, applies what happened meanwhile, asks for a full shard
+/// sync when a lease it expects is missing, reports corrupt records, and restores what the store
+/// lost. `None` when the listing failed.
+async fn list(
+    shared: &Arc<Shared>,
+    events: &mut UnboundedReceiver<Event>,
+    state: &mut LoopState,
+) -> Option<PassView> {
+    let list_sent = Instant::now();
+    let listing = match shared.store.list_leases().await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %crate::error::ErrorChain(&e), "listing leases failed; skipping this balance pass");
+            stop_unanswered_past_deadline(shared, state, Instant::now());
+            return None;
+        }
+    };
+    // Tasks that ended while the listing was on its way leave the map before it is reconciled
+    // with the listing (they would otherwise count as running for this pass), and the memory
+    // takes in the checkpoints written meanwhile before it is compared with the listing.
+    state.drain(shared, events);
+    state.sync_checkpoints();
+    shared.metrics.lease_listing();
+    let listed = listing.items.len() + listing.corrupt.len();
+    ask_sync_for_missing(shared, state, &listing);
+    report_corrupt(shared, state, &listing.corrupt);
+    let corrupt: BTreeSet<LeaseKey> =
+        listing.corrupt.iter().map(|c| LeaseKey::new(c.key.clone())).collect();
+    let lost = lost_leases(shared, state, &listing.items, &corrupt, list_sent).await;
+    let any_lost = !lost.is_empty();
+    let mut leases = listing.items;
+    let mut withheld = corrupt;
+    if lost.is_empty() {
+        state.memory.clear_lost();
+    } else {
+        withheld.extend(lost.iter().map(|l| l.key().clone()));
+        leases.retain(|v| !withheld.contains(&v.lease.key));
+        let vanished = leases.is_empty() && listing.corrupt.is_empty();
+        restore_lost(shared, state, lost, vanished).await;
+    }
+    Some(PassView { list_sent, listed, leases, withheld, any_lost })
+}
+
+/// A lease the last shard sync saw is gone (the store lost it, or a peer collected it): the next
+/// sync lists the leases and creates what is missing, at once. Asked once per published
+/// expectation: the sync loop publishes a new one after the full sync this asks for.
+fn ask_sync_for_missing(
+    shared: &Shared,
+    state: &mut LoopState,
+    listing: &crate::store::Listing<VersionedLease>,
+) {
+    let Some(expected) = shared.expected.borrow().clone() else { return };
+    if state.missed.as_ref().is_some_and(|m| Arc::ptr_eq(m, &expected)) {
+        return;
+    }
+    let keys: BTreeSet<&str> = listing
+        .items
+        .iter()
+        .map(|v| v.lease.key.as_str())
+        .chain(listing.corrupt.iter().map(|c| c.key.as_str()))
+        .collect();
+    if expected.iter().any(|k| !keys.contains(k.as_str())) {
+        state.missed = Some(expected);
+        let _ = shared.sync.send(SyncRequest::Now(None));
+    }
+}
+
+/// Who counts as alive for this pass: see [`live_set`]. Without a view of the workers newer
+/// than the listing, every owner named in it does (nobody's leases are taken this pass).
+async fn judge_owners(
+    shared: &Shared,
+    state: &mut LoopState,
+    me: &WorkerId,
+    leases: &[VersionedLease],
+) -> BTreeSet<WorkerId> {
+    let fresh_view = look_again_at_owners_judged_dead(shared, state, me, leases).await;
+    let mut live = live_set(state, me, leases);
+    if !fresh_view {
+        live.extend(leases.iter().filter_map(|v| v.lease.owner.clone()));
+    }
+    live
+}
+
+/// Re-takes by compare-and-set the leases this id owns but this process was not granted (see
+/// [`reconcile`]), concurrently (bounded), like the takes: a join's newcomer re-takes every lease
+/// handed to it in one pass. Before the full view (a start with the change stream open), only the
+/// leases handed over in answer to this worker's own claims are re-taken; one this id owned before
+/// is left for the pass after the hold, like a free lease. Nothing while the store is seen going
+/// back in time.
+async fn retake_ungranted(
+    shared: &Arc<Shared>,
+    state: &mut LoopState,
+    retake: Vec<VersionedLease>,
+) {
+    if state.membership.holding_takes() {
+        return;
+    }
+    let retake: Vec<VersionedLease> = if state.membership.before_full_view() {
+        retake.into_iter().filter(|v| state.claims.is_mine(&v.lease.key)).collect()
+    } else {
+        retake
+    };
+    for chunk in retake.chunks(shared.cfg.take_concurrency()) {
+        let chunk: Vec<&VersionedLease> = chunk.iter().collect();
+        let won = take_all(shared, state, &chunk).await;
+        for (v, won) in chunk.iter().zip(won) {
+            if won {
+                info!(shard = %v.lease.key, "re-took by compare-and-set a lease this process was not granted");
+            }
+        }
+    }
+}
+
+/// What a pass saw, at DEBUG.
+fn log_pass_view(
+    me: &WorkerId,
+    leases: &[VersionedLease],
+    active: &HashSet<&LeaseKey>,
+    snapshot: &Snapshot,
+    plan: &crate::balancer::Plan,
+) {
+    let available: Vec<&LeaseKey> = leases
+        .iter()
+        .filter(|v| active.contains(&v.lease.key))
+        .filter(|v| v.lease.owner.as_ref().is_none_or(|o| !snapshot.live_workers.contains(o)))
+        .map(|v| &v.lease.key)
+        .take(3)
+        .collect();
+    let mine =
+        leases.iter().filter(|v| active.contains(&v.lease.key) && v.lease.is_owned_by(me)).count();
+    debug!(
+        listed = leases.len(),
+        active = active.len(),
+        withheld = snapshot.withheld.len(),
+        live = ?snapshot.live_workers,
+        mine,
+        ?available,
+        take = plan.take_count,
+        claims = plan.claims.len(),
+        "pass view"
+    );
 }
 
 /// Whether a listing shows nothing waiting for a worker to act: every active lease unclaimed and
