@@ -22,6 +22,12 @@
 //! lease moving twice and no worker both giving and receiving (unless the seed also draws stuck
 //! processors, whose hangs and catch-ups are real load swings).
 //!
+//! A quarter of the seeds also draw plug-in panics: a store call through a worker's view, the
+//! balancer's `plan` and the source's `list_shards` panic now and then, as user code with a bug
+//! would. The runtime contains them (a panicking store or source call is a failed call, a
+//! panicking `plan` plans nothing for that pass), so every check above holds for those seeds too;
+//! the panics stop with the other faults before the final checks.
+//!
 //! Two checks are relaxed after a store accident (a wipe or a rollback): two owners for a pass
 //! and a parent read again after its children started are limits docs/algorithm.md documents
 //! ("When the store loses writes"), so such a seed passes with its anomalies printed (the soak
@@ -40,14 +46,16 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use shardlease_core::balancer::{Balancer, GreedyBalancer};
 use shardlease_core::store::{LeaseStore, MemoryBackend};
 use shardlease_core::{
     Balance, Config, LeaseKey, LoadBalance, MemorySource, Position, ShardSource, WorkerId,
 };
 use shardlease_testkit::audit::AuditLog;
 use shardlease_testkit::cluster::{audited_faulty_views, wait_until, Cluster};
+use shardlease_testkit::faults::INJECTED_PANIC;
 use shardlease_testkit::recorder::Recorder;
-use shardlease_testkit::{Faults, Notifier};
+use shardlease_testkit::{Faults, Notifier, PanickyBalancer, PanickySource};
 
 const HEARTBEAT: Duration = Duration::from_secs(1);
 
@@ -108,7 +116,29 @@ fn seeds_that_once_failed_pass() {
     ]);
 }
 
+/// Keeps the panics the simulation injects from printing (thousands of backtrace lines a soak):
+/// a panic whose message begins with [`INJECTED_PANIC`] is not printed, every other one is, by
+/// the hook installed before. Installed once per process (both tests share it).
+fn quiet_injected_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+            if message.is_some_and(|m| m.starts_with(INJECTED_PANIC)) {
+                return;
+            }
+            previous(info);
+        }));
+    });
+}
+
 fn run_seeds(seeds: &[u64]) {
+    quiet_injected_panics();
     if std::env::var_os("RUST_LOG").is_some() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -187,6 +217,20 @@ struct Draw {
     /// a rollback and a partition, as a server restart or a lost connection ends them. Drawn
     /// from an RNG of its own, like the late writes.
     notifications: Option<f64>,
+    /// Plug-in panics, for a quarter of the seeds. Drawn from an RNG of its own, like the late
+    /// writes.
+    panics: Option<PanicDraw>,
+}
+
+/// The probabilities of the plug-in panics of a seed that draws them.
+#[derive(Debug)]
+struct PanicDraw {
+    /// Of a store call through a worker's view (`Faults::set_panic_rate`).
+    store: f64,
+    /// Of a balance pass's `Balancer::plan`.
+    balancer: f64,
+    /// Of a `ShardSource::list_shards` (shard syncs, the recovery of lost leases).
+    source: f64,
 }
 
 fn draw(rng: &mut StdRng) -> Draw {
@@ -216,6 +260,7 @@ fn draw(rng: &mut StdRng) -> Draw {
         stuck_batches: None,
         load: None,
         notifications: None,
+        panics: None,
     }
 }
 
@@ -279,6 +324,17 @@ fn draw_stuck_batches(seed: u64) -> Option<(u64, Duration)> {
     rng.random_bool(0.5).then(|| (rng.random_range(2..=6), HEARTBEAT * rng.random_range(1..=9)))
 }
 
+/// Plug-in panics for a quarter of the seeds: up to 2% of the store calls, 20% of the balance
+/// passes' plans and 30% of the shard listings panic.
+fn draw_panics(seed: u64) -> Option<PanicDraw> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x9a41_c50f_91a6);
+    rng.random_bool(0.25).then(|| PanicDraw {
+        store: rng.random_range(0.0..0.02),
+        balancer: rng.random_range(0.0..0.2),
+        source: rng.random_range(0.0..0.3),
+    })
+}
+
 /// Late writes for a third of the seeds: up to 1 in 10 writes, landing up to 3 heartbeats late.
 fn draw_late_writes(seed: u64) -> (f64, Duration) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x1a7e_0f1a_7e00);
@@ -296,6 +352,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     d.stuck_batches = draw_stuck_batches(seed);
     d.notifications = draw_notifications(seed);
     d.load = draw_load(seed);
+    d.panics = draw_panics(seed);
     let mem = MemoryBackend::new().store("sim".parse().unwrap());
     let notifier = Notifier::new(seed);
     let base: Arc<dyn LeaseStore> = match d.notifications {
@@ -334,12 +391,32 @@ async fn simulate(seed: u64) -> Result<String, String> {
     };
     let shard_sync = cfg.shard_sync_interval();
     let balance_interval = cfg.balance_interval();
-    let src: Arc<dyn ShardSource> = Arc::new(source.clone());
+    // The balancer every seed uses (by count or by load, as the configuration says) and the
+    // source, each behind a wrapper that panics at the seed's rate once the workers run (never,
+    // without plug-in panics: no draw is then made).
+    let panicky_balancer =
+        Arc::new(PanickyBalancer::new(Arc::new(GreedyBalancer::default()), seed ^ 0xba1a, 0.0));
+    let panicky_source = Arc::new(PanickySource::new(Arc::new(source.clone()), seed ^ 0x50c, 0.0));
+    let src: Arc<dyn ShardSource> = panicky_source.clone();
+    let balancer: Arc<dyn Balancer> = panicky_balancer.clone();
     let mut cluster =
-        Cluster::with_store_per_worker(base.clone(), store_for, src, rec.factory(), cfg);
+        Cluster::with_store_per_worker(base.clone(), store_for, src, rec.factory(), cfg)
+            .with_balancer(balancer);
+    // Plug-in panics stop with the other faults.
+    let clear_faults = || {
+        faults.clear();
+        panicky_balancer.clear();
+        panicky_source.clear();
+    };
 
-    // The initial shard sync goes through the fault-free view; the workers' own syncs face faults.
+    // The initial shard sync goes through the fault-free view and source; the workers' own syncs
+    // face faults.
     cluster.sync_shards().await.map_err(|e| e.to_string())?;
+    if let Some(p) = &d.panics {
+        faults.set_panic_rate(p.store);
+        panicky_balancer.set_rate(p.balancer);
+        panicky_source.set_rate(p.source);
+    }
 
     if let Some(l) = d.load.as_ref().filter(|l| l.backlog > 0 && d.start != Position::Latest) {
         let mut brng = StdRng::seed_from_u64(seed ^ 0xbac_10c5);
@@ -557,7 +634,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     // Stuck processors make real load swings (a hang, then the catch-up of what waited), so
     // seeds drawing them keep the safety checks but not this one.
     if d.load.is_some() && d.stuck_batches.is_none() {
-        faults.clear();
+        clear_faults();
         frozen.store(true, std::sync::atomic::Ordering::Relaxed);
         if cluster.running().is_empty() {
             cluster.start_worker().map_err(|e| e.to_string())?;
@@ -594,7 +671,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     // Faults stop; the fleet must converge and process everything.
     producing.cancel();
     producer.await.map_err(|e| e.to_string())?;
-    faults.clear();
+    clear_faults();
     if cluster.running().is_empty() {
         cluster.start_worker().map_err(|e| e.to_string())?;
     }
@@ -714,14 +791,34 @@ async fn simulate(seed: u64) -> Result<String, String> {
         }
         anomalies.push(m);
     }
+    // No worker of the fleet stopped on its own: a plug-in's panic costs the call it happened in
+    // (the runtime contains it), and a loop that fails for any other reason is a runtime bug.
+    let stopped: Vec<String> = cluster
+        .running()
+        .iter()
+        .filter_map(|w| cluster.handle(w).and_then(|h| h.stop_cause()).map(|c| format!("{w}: {c}")))
+        .collect();
+    if !stopped.is_empty() {
+        return Err(format!("workers stopped on their own: {stopped:?}; {d:?}; events {events:?}"));
+    }
     cluster.shutdown_all().await;
     let summary = format!(
-        "{shards} shards → {} active, {} workers at the end, {produced} records, {} duplicates, {d:?}, {} injected errors, {} late writes, events {events:?}",
+        "{shards} shards → {} active, {} workers at the end, {produced} records, {} duplicates, {d:?}, {} injected errors, {} late writes, {}events {events:?}",
         cov.active,
         cov.shares.len(),
         rec.duplicates(),
         faults.injected_errors(),
-        faults.late_writes()
+        faults.late_writes(),
+        match &d.panics {
+            Some(_) => format!(
+                "plug-in panics drawn: {} injected (store {}, balancer {}, source {}), ",
+                faults.injected_panics() + panicky_balancer.panics() + panicky_source.panics(),
+                faults.injected_panics(),
+                panicky_balancer.panics(),
+                panicky_source.panics()
+            ),
+            None => String::new(),
+        }
     );
     if anomalies.is_empty() {
         Ok(summary)

@@ -4,9 +4,11 @@
 //! fail, writes that were applied although the caller saw an error (the answer was lost), writes
 //! that land late (the caller timed out and moved on; the store applies the write seconds later,
 //! after the caller's next writes), slow calls, a worker cut off from the store while its peers
-//! are not, and records that cannot be decoded. [`Faults`] holds those faults, shared by many [`FaultyStore`] views of one inner
-//! store (typically one view per simulated worker), and draws every random decision from one
-//! seeded RNG so a failing simulation can be replayed from its seed.
+//! are not, and records that cannot be decoded. It must also survive a store client that panics
+//! (the runtime turns a panic of a store call into a retryable error of that call). [`Faults`]
+//! holds those faults, shared by many [`FaultyStore`] views of one inner store (typically one
+//! view per simulated worker), and draws every random decision from seeded RNGs so a failing
+//! simulation can be replayed from its seed.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -29,12 +31,18 @@ mod tests;
 /// The reason given for records marked corrupt with [`Faults::corrupt`].
 pub const INJECTED_CORRUPTION: &str = "injected corruption";
 
+/// How the message of every panic this crate injects begins ([`Faults::set_panic_rate`],
+/// [`PanickyBalancer`](crate::panicky::PanickyBalancer),
+/// [`PanickySource`](crate::panicky::PanickySource)): a test's panic hook can keep them quiet.
+pub const INJECTED_PANIC: &str = "injected panic";
+
 /// Faults to inject into every [`FaultyStore`] built over it. Cheap to clone: clones share state,
 /// so a test can change the faults while workers keep running.
 ///
-/// Each call through a view goes: sleep for the latency (if set), fail if the view's worker is
-/// partitioned (nothing applied), fail with probability `error_rate` (for writes, half of those
-/// failures happen *after* the write was applied), then apply corruption marks.
+/// Each call through a view goes: panic with probability `panic_rate` (for writes, half of those
+/// panics happen *after* the call reached the store), sleep for the latency (if set), fail if the
+/// view's worker is partitioned (nothing applied), fail with probability `error_rate` (for writes,
+/// half of those failures happen *after* the write was applied), then apply corruption marks.
 #[derive(Clone)]
 pub struct Faults {
     state: Arc<Mutex<State>>,
@@ -56,6 +64,19 @@ struct State {
     late_max: Duration,
     late_rng: StdRng,
     late_writes: u64,
+    /// Panicking calls: their own probability, RNG (like the late writes) and count.
+    panic_rate: f64,
+    panic_rng: StdRng,
+    injected_panics: u64,
+}
+
+/// Where a call drawn to panic panics.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PanicAt {
+    /// Before anything reached the store.
+    Call,
+    /// After the store answered (a write may have been applied).
+    Answer,
 }
 
 /// What the injector decided for one call, after latency.
@@ -93,6 +114,9 @@ impl Faults {
                 late_max: Duration::ZERO,
                 late_rng: StdRng::seed_from_u64(seed ^ 0x1a7e_5eed),
                 late_writes: 0,
+                panic_rate: 0.0,
+                panic_rng: StdRng::seed_from_u64(seed ^ 0x9a41_c0de_0f5e),
+                injected_panics: 0,
             })),
         }
     }
@@ -130,6 +154,37 @@ impl Faults {
     /// How many writes were made to land late.
     pub fn late_writes(&self) -> u64 {
         self.lock().late_writes
+    }
+
+    /// Makes each call through a view (every store method but `namespace`, which a worker's
+    /// builder asks before it guards the store) panic with probability `rate` (clamped to
+    /// `0.0..=1.0`; NaN means 0), with a message beginning with [`INJECTED_PANIC`], as a store
+    /// client with a bug would. For writes, half of these panics happen after the inner store
+    /// answered (the write may have been applied). A write drawn to land late does not panic,
+    /// and a call that panics before reaching the store draws no other fault. Drawn from an RNG
+    /// of its own, so setting it changes no other decision of a seed until a call panics.
+    pub fn set_panic_rate(&self, rate: f64) {
+        self.lock().panic_rate = if rate.is_nan() { 0.0 } else { rate.clamp(0.0, 1.0) };
+    }
+
+    /// How many calls were made to panic.
+    pub fn injected_panics(&self) -> u64 {
+        self.lock().injected_panics
+    }
+
+    /// Whether the next call panics, and where.
+    fn draw_panic(&self, kind: Kind) -> Option<PanicAt> {
+        let mut s = self.lock();
+        let rate = s.panic_rate;
+        if rate <= 0.0 || !s.panic_rng.random_bool(rate) {
+            return None;
+        }
+        s.injected_panics += 1;
+        if kind == Kind::Write && s.panic_rng.random_bool(0.5) {
+            Some(PanicAt::Answer)
+        } else {
+            Some(PanicAt::Call)
+        }
     }
 
     /// Whether the next write of `worker` lands late, and after how long.
@@ -188,12 +243,13 @@ impl Faults {
         self.lock().corrupt.remove(key);
     }
 
-    /// Turns every fault off: no errors, no late writes, no latency, no partitions, no corrupt
-    /// records (writes already made late still land). The
-    /// counters and the RNG state are kept.
+    /// Turns every fault off: no errors, no late writes, no panics, no latency, no partitions, no
+    /// corrupt records (writes already made late still land). The counters and the RNG state are
+    /// kept.
     pub fn clear(&self) {
         let mut s = self.lock();
         s.error_rate = 0.0;
+        s.panic_rate = 0.0;
         s.latency = None;
         s.partitioned.clear();
         s.corrupt.clear();
@@ -264,6 +320,8 @@ impl fmt::Debug for Faults {
             .field("partition_rejections", &s.partition_rejections)
             .field("late_rate", &s.late_rate)
             .field("late_writes", &s.late_writes)
+            .field("panic_rate", &s.panic_rate)
+            .field("injected_panics", &s.injected_panics)
             .finish()
     }
 }
@@ -293,15 +351,19 @@ impl FaultyStore {
         &self.inner
     }
 
-    /// Runs `call` through latency, partitions and random errors.
+    /// Runs `call` through panics, latency, partitions and random errors.
     async fn run<T, F>(&self, op: &str, kind: Kind, call: F) -> Result<T>
     where
         F: std::future::Future<Output = Result<T>>,
     {
+        let panic_at = self.faults.draw_panic(kind);
+        if panic_at == Some(PanicAt::Call) {
+            panic!("{INJECTED_PANIC}: {op}");
+        }
         if let Some(delay) = self.faults.draw_latency() {
             tokio::time::sleep(delay).await;
         }
-        match self.faults.decide(self.worker.as_ref(), op, kind) {
+        let result = match self.faults.decide(self.worker.as_ref(), op, kind) {
             Decision::Pass => call.await,
             Decision::FailBefore(e) => Err(e),
             Decision::FailAfter(e) => {
@@ -309,7 +371,12 @@ impl FaultyStore {
                 let _ = call.await;
                 Err(e)
             }
+        };
+        if panic_at == Some(PanicAt::Answer) {
+            // Whatever the store did, the caller hears a panic.
+            panic!("{INJECTED_PANIC}: {op}, after the store answered");
         }
+        result
     }
 
     /// When the faults make this write land late: spawns `write` to run on the inner store after
@@ -466,8 +533,11 @@ impl shardlease_core::store::StoreDecorator for FaultyStore {
 
     /// A partitioned worker cannot subscribe, and its open stream ends at the first notice after
     /// the partition began, as a lost connection ends a real one. No latency or error is drawn
-    /// (a seed's other draws stay what they were).
+    /// (a seed's other draws stay what they were); a panic may be.
     async fn subscribe_changes(&self) -> Result<Option<ChangeStream>> {
+        if self.faults.draw_panic(Kind::Read).is_some() {
+            panic!("{INJECTED_PANIC}: subscribe_changes");
+        }
         let down = || Error::retryable("partitioned: cannot subscribe to change notices");
         if self.worker.as_ref().is_some_and(|w| self.faults.is_partitioned(w)) {
             return Err(down());

@@ -7,7 +7,8 @@
 //!   contract, one public async fn per case, [`suite::run_all`], and the
 //!   [`store_conformance_tests!`] macro that turns the suite into one `#[test]` per case;
 //! - [`faults`]: a fault-injecting store wrapper (errors, lost answers, latency, per-worker
-//!   partitions, corrupt records) for simulations and resilience tests;
+//!   partitions, corrupt records, panics) for simulations and resilience tests;
+//! - [`panicky`]: a balancer and a shard source that panic now and then (plug-in panics);
 //! - [`MemoryFactory`]: the suite's factory over the in-memory store of `shardlease-core`.
 //!
 //! A backend crate proves itself with a few lines in one of its tests:
@@ -28,6 +29,7 @@ pub mod logs;
 mod macros;
 mod memory_factory;
 pub mod notifying;
+pub mod panicky;
 pub mod processors;
 pub mod recorder;
 pub mod suite;
@@ -36,4 +38,5 @@ pub use faults::{Faults, FaultyStore};
 pub use fn_factory::FnFactory;
 pub use memory_factory::MemoryFactory;
 pub use notifying::{Notifier, NotifyingStore};
+pub use panicky::{PanickyBalancer, PanickySource};
 pub use suite::{fresh_namespace, StoreFactory};

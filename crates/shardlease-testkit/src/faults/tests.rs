@@ -253,3 +253,80 @@ async fn a_late_write_fails_for_the_caller_and_lands_after_its_delay() {
     assert_eq!(now.owner, Some(WorkerId::from("w1")));
     assert_eq!(faults.late_writes(), 2);
 }
+
+/// Runs one call of `store`, `Err(message)` when it panicked.
+async fn caught<T>(call: impl std::future::Future<Output = T>) -> Result<T, String> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(call).catch_unwind().await.map_err(|p| {
+        p.downcast_ref::<String>().cloned().unwrap_or_else(|| "non-string panic".to_owned())
+    })
+}
+
+#[tokio::test]
+async fn panics_are_a_probability_replay_from_the_seed_and_clear() {
+    async fn outcomes(seed: u64) -> (Vec<bool>, u64) {
+        let (inner, faults) = setup(seed);
+        let store = view(&inner, &faults, Some("w1"));
+        faults.set_panic_rate(0.3);
+        let mut out = Vec::new();
+        for _ in 0..300 {
+            match caught(store.list_workers()).await {
+                Ok(r) => {
+                    r.unwrap();
+                    out.push(false);
+                }
+                Err(m) => {
+                    assert!(m.starts_with(super::INJECTED_PANIC), "{m}");
+                    out.push(true);
+                }
+            }
+        }
+        (out, faults.injected_panics())
+    }
+    let (a, n) = outcomes(42).await;
+    assert_eq!(a, outcomes(42).await.0, "same seed, same panics");
+    assert_ne!(a, outcomes(43).await.0, "another seed, other panics");
+    let panicked = a.iter().filter(|p| **p).count();
+    assert_eq!(n, panicked as u64);
+    assert!((50..=130).contains(&panicked), "about 30% of 300 calls should panic, got {panicked}");
+
+    // Panics have an RNG of their own: a read that panics draws nothing else, so the calls that
+    // do not panic see the errors the seed draws without panics, in the same order.
+    async fn errors(seed: u64, panic_rate: f64) -> Vec<bool> {
+        let (inner, faults) = setup(seed);
+        let store = view(&inner, &faults, None);
+        faults.set_error_rate(0.3);
+        faults.set_panic_rate(panic_rate);
+        let mut out = Vec::new();
+        for _ in 0..200 {
+            if let Ok(r) = caught(store.list_leases()).await {
+                out.push(r.is_ok());
+            }
+        }
+        out
+    }
+    let with_panics = errors(5, 0.3).await;
+    assert!(with_panics.len() < 180, "some calls panicked");
+    assert_eq!(with_panics[..], errors(5, 0.0).await[..with_panics.len()]);
+
+    // Writes panic before or after reaching the store; clear() stops the panics.
+    let (inner, faults) = setup(8);
+    let store = view(&inner, &faults, Some("w1"));
+    faults.set_panic_rate(1.0);
+    let n = 100;
+    for i in 0..n {
+        let m = caught(store.create_lease(&Lease::new(format!("s-{i}"), Position::Latest)))
+            .await
+            .unwrap_err();
+        assert!(m.starts_with(super::INJECTED_PANIC), "{m}");
+    }
+    let applied = inner.list_leases().await.unwrap().items.len();
+    assert!((n / 4..=3 * n / 4).contains(&applied), "about half applied, got {applied}/{n}");
+    assert!(caught(store.subscribe_changes()).await.is_err());
+    assert!(store.namespace().is_some(), "namespace never panics");
+    assert_eq!(faults.injected_panics(), n as u64 + 1);
+    assert!(format!("{faults:?}").contains("injected_panics: 101"));
+    faults.clear();
+    assert_eq!(caught(store.list_leases()).await.unwrap().unwrap().items.len(), applied);
+    assert_eq!(faults.injected_panics(), n as u64 + 1, "counters kept");
+}
