@@ -38,5 +38,5 @@ pub use faults::{Faults, FaultyStore};
 pub use fn_factory::FnFactory;
 pub use memory_factory::MemoryFactory;
 pub use notifying::{Notifier, NotifyingStore};
-pub use panicky::{PanickyBalancer, PanickySource};
+pub use panicky::{Panicky, PanickyBalancer, PanickySource};
 pub use suite::{fresh_namespace, StoreFactory};

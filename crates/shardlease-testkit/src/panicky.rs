@@ -86,26 +86,34 @@ fn clamp(rate: f64) -> f64 {
     }
 }
 
-/// A [`Balancer`] whose `plan` panics with a probability (drawn from a seeded RNG), and otherwise
-/// plans as the balancer it wraps.
-pub struct PanickyBalancer {
-    inner: Arc<dyn Balancer>,
+/// A plug-in wrapper that panics with a probability (drawn from a seeded RNG) in the calls it
+/// names, and otherwise does what the plug-in it wraps does: [`PanickyBalancer`] (its `plan`),
+/// [`PanickySource`] (its `list_shards`; every other method, the ones with a default body
+/// included, is the wrapped source's).
+pub struct Panicky<T: ?Sized> {
+    inner: Arc<T>,
     draw: Draw,
 }
 
-impl PanickyBalancer {
-    /// Wraps `inner`; each `plan` panics with probability `rate` (clamped to `0.0..=1.0`, NaN
-    /// meaning 0), drawn from an RNG seeded with `seed`.
-    pub fn new(inner: Arc<dyn Balancer>, seed: u64, rate: f64) -> Self {
-        PanickyBalancer { inner, draw: Draw::new(seed, rate) }
+/// A [`Balancer`] whose `plan` panics now and then.
+pub type PanickyBalancer = Panicky<dyn Balancer>;
+
+/// A [`ShardSource`] whose `list_shards` panics now and then.
+pub type PanickySource = Panicky<dyn ShardSource>;
+
+impl<T: ?Sized> Panicky<T> {
+    /// Wraps `inner`; each call it names panics with probability `rate` (clamped to
+    /// `0.0..=1.0`, NaN meaning 0), drawn from an RNG seeded with `seed`.
+    pub fn new(inner: Arc<T>, seed: u64, rate: f64) -> Self {
+        Panicky { inner, draw: Draw::new(seed, rate) }
     }
 
-    /// Changes the probability that a `plan` panics (clamped, NaN meaning 0).
+    /// Changes the probability of a panic (clamped, NaN meaning 0).
     pub fn set_rate(&self, rate: f64) {
         self.draw.set_rate(rate);
     }
 
-    /// The probability that a `plan` panics.
+    /// The probability of a panic.
     pub fn rate(&self) -> f64 {
         self.draw.rate()
     }
@@ -115,15 +123,15 @@ impl PanickyBalancer {
         self.draw.set_rate(0.0);
     }
 
-    /// How many `plan` calls panicked.
+    /// How many calls panicked.
     pub fn panics(&self) -> u64 {
         self.draw.panics()
     }
 }
 
-impl fmt::Debug for PanickyBalancer {
+impl<T: ?Sized + fmt::Debug> fmt::Debug for Panicky<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PanickyBalancer")
+        f.debug_struct("Panicky")
             .field("inner", &self.inner)
             .field("rate", &self.rate())
             .field("panics", &self.panics())
@@ -137,51 +145,6 @@ impl Balancer for PanickyBalancer {
             panic!("{INJECTED_PANIC}: Balancer::plan");
         }
         self.inner.plan(snapshot)
-    }
-}
-
-/// A [`ShardSource`] whose `list_shards` panics with a probability (drawn from a seeded RNG);
-/// every other method, the ones with a default body included, is the wrapped source's.
-pub struct PanickySource {
-    inner: Arc<dyn ShardSource>,
-    draw: Draw,
-}
-
-impl PanickySource {
-    /// Wraps `inner`; each `list_shards` panics with probability `rate` (clamped to `0.0..=1.0`,
-    /// NaN meaning 0), drawn from an RNG seeded with `seed`.
-    pub fn new(inner: Arc<dyn ShardSource>, seed: u64, rate: f64) -> Self {
-        PanickySource { inner, draw: Draw::new(seed, rate) }
-    }
-
-    /// Changes the probability that a `list_shards` panics (clamped, NaN meaning 0).
-    pub fn set_rate(&self, rate: f64) {
-        self.draw.set_rate(rate);
-    }
-
-    /// The probability that a `list_shards` panics.
-    pub fn rate(&self) -> f64 {
-        self.draw.rate()
-    }
-
-    /// Stops the panics (the count and the RNG state are kept).
-    pub fn clear(&self) {
-        self.draw.set_rate(0.0);
-    }
-
-    /// How many `list_shards` calls panicked.
-    pub fn panics(&self) -> u64 {
-        self.draw.panics()
-    }
-}
-
-impl fmt::Debug for PanickySource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PanickySource")
-            .field("inner", &self.inner)
-            .field("rate", &self.rate())
-            .field("panics", &self.panics())
-            .finish()
     }
 }
 

@@ -129,21 +129,22 @@ fn call_sync<T>(
     }
 }
 
-/// A lease store whose panics are errors of the call they happened in.
-pub(crate) struct ContainedStore {
-    inner: Arc<dyn LeaseStore>,
+/// A plug-in whose panics are errors of the call they happened in: a lease store, a shard
+/// source or a checkpointer (see the module documentation).
+pub(crate) struct Contained<T: ?Sized> {
+    inner: Arc<T>,
     log: Arc<PanicLog>,
 }
 
-impl ContainedStore {
-    pub(crate) fn wrap(inner: Arc<dyn LeaseStore>, log: Arc<PanicLog>) -> Arc<dyn LeaseStore> {
-        Arc::new(ContainedStore { inner, log })
+impl<T: ?Sized> Contained<T> {
+    pub(crate) fn new(inner: Arc<T>, log: Arc<PanicLog>) -> Self {
+        Contained { inner, log }
     }
 }
 
-impl Debug for ContainedStore {
+impl<T: ?Sized + Debug> Debug for Contained<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The wrapped store's own form (it says which store this is, free of secrets).
+        // The wrapped plug-in's own form (a store's says which store it is, free of secrets).
         self.inner.fmt(f)
     }
 }
@@ -153,7 +154,7 @@ const STORE: &str = "lease store";
 // Every method is forwarded to the same method of the inner store (none goes through another
 // one, which would change what a store's native batch or quiet update does).
 #[async_trait]
-impl LeaseStore for ContainedStore {
+impl LeaseStore for Contained<dyn LeaseStore> {
     async fn create_lease(&self, lease: &Lease) -> Result<CreateOutcome> {
         call(&self.log, STORE, "create_lease", self.inner.create_lease(lease)).await
     }
@@ -214,29 +215,12 @@ impl LeaseStore for ContainedStore {
     }
 }
 
-/// A shard source whose panics are errors of the call they happened in. The readers it opens run
-/// inside lease tasks, which contain their own panics (the lease is released or resumed).
-pub(crate) struct ContainedSource {
-    inner: Arc<dyn ShardSource>,
-    log: Arc<PanicLog>,
-}
-
-impl ContainedSource {
-    pub(crate) fn wrap(inner: Arc<dyn ShardSource>, log: Arc<PanicLog>) -> Arc<dyn ShardSource> {
-        Arc::new(ContainedSource { inner, log })
-    }
-}
-
-impl Debug for ContainedSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.inner.fmt(f)
-    }
-}
-
+// The readers a source opens run inside lease tasks, which contain their own panics (the lease
+// is released or resumed).
 const SOURCE: &str = "shard source";
 
 #[async_trait]
-impl ShardSource for ContainedSource {
+impl ShardSource for Contained<dyn ShardSource> {
     async fn list_shards(&self) -> Result<Vec<ShardInfo>> {
         call(&self.log, SOURCE, "list_shards", self.inner.list_shards()).await
     }
@@ -258,29 +242,12 @@ impl ShardSource for ContainedSource {
     }
 }
 
-/// A checkpointer whose panics are errors of the checkpoint or fetch they happened in (an error
-/// of that lease: the processor sees it, and a fetch is retried with backoff).
-pub(crate) struct ContainedCheckpointer {
-    inner: Arc<dyn Checkpointer>,
-    log: Arc<PanicLog>,
-}
-
-impl ContainedCheckpointer {
-    pub(crate) fn wrap(inner: Arc<dyn Checkpointer>, log: Arc<PanicLog>) -> Arc<dyn Checkpointer> {
-        Arc::new(ContainedCheckpointer { inner, log })
-    }
-}
-
-impl Debug for ContainedCheckpointer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.inner.fmt(f)
-    }
-}
-
+// A checkpointer's panic is an error of the checkpoint or fetch it happened in: an error of that
+// lease (the processor sees it, and a fetch is retried with backoff).
 const CHECKPOINTER: &str = "checkpointer";
 
 #[async_trait]
-impl Checkpointer for ContainedCheckpointer {
+impl Checkpointer for Contained<dyn Checkpointer> {
     async fn checkpoint(&self, token: &LeaseToken, position: &Position) -> Result<()> {
         let fut = self.inner.checkpoint(token, position);
         call(&self.log, CHECKPOINTER, "checkpoint", fut).await

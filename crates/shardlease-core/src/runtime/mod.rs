@@ -113,12 +113,17 @@ impl WorkerBuilder {
             self.config.namespace().as_str(),
             self.config.worker_id().as_str(),
         );
-        let store = contain::ContainedStore::wrap(self.store, panics.clone());
-        let source = contain::ContainedSource::wrap(self.source, panics.clone());
+        let store: Arc<dyn LeaseStore> =
+            Arc::new(contain::Contained::new(self.store, panics.clone()));
+        let source: Arc<dyn ShardSource> =
+            Arc::new(contain::Contained::new(self.source, panics.clone()));
         // The default checkpointer is kept by its type too, to feed its cache with what the
         // runtime reads and writes; a custom one gets nothing but the `Checkpointer` calls.
         let (checkpointer, default_checkpointer) = match self.checkpointer {
-            Some(c) => (contain::ContainedCheckpointer::wrap(c, panics.clone()), None),
+            Some(c) => (
+                Arc::new(contain::Contained::new(c, panics.clone())) as Arc<dyn Checkpointer>,
+                None,
+            ),
             None => {
                 let d = Arc::new(StoreCheckpointer::new(store.clone()));
                 (d.clone() as Arc<dyn Checkpointer>, Some(d))
