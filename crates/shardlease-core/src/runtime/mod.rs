@@ -286,7 +286,8 @@ impl WorkerHandle {
         self.shared.stop_cause.borrow().clone()
     }
 
-    /// Waits until the worker stops, however it stops, and says why. An application that runs a
+    /// Waits until the worker stops, however it stops, and says why (for a shutdown: as soon as
+    /// it begins; `shutdown()` itself returns when it is over). An application that runs a
     /// worker for the life of its process selects on this beside its termination signal: a worker
     /// whose loop failed has stopped reading, and the process should exit (or start a new
     /// worker) rather than carry on without it.

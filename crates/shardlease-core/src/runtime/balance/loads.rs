@@ -92,12 +92,7 @@ impl LoadTracker {
     ) -> Option<crate::balancer::LoadView> {
         let crate::Balance::ByLoad(settings) = shared.cfg.balance() else { return None };
         let cooldown = settings.cooldown_or_default(shared.cfg.balance_interval());
-        // The latest figure published for each lease, by whoever owned it.
-        let mut latest: BTreeMap<&LeaseKey, f64> = BTreeMap::new();
-        for p in self.peers.values() {
-            latest.extend(p.leases.iter().map(|l| (&l.key, l.load)));
-        }
-        latest.extend(self.mine.iter().map(|l| (&l.key, l.load)));
+        let latest = lease_figures(&self.peers, &self.mine, me, leases);
         let mut cooling = BTreeSet::new();
         let mut pinned = BTreeMap::new();
         let mut seen = BTreeMap::new();
@@ -186,6 +181,41 @@ impl LoadTracker {
     }
 }
 
+/// The figure each lease is counted at, from what the workers published: its current owner's
+/// (this worker's own measure for its leases), or, when the owner published none for it (a lease
+/// outside its top few, a lease it took a moment ago), the figure another worker published for
+/// it.
+///
+/// The owner's figure comes first because other records can be stale: a record of a worker that
+/// is dead, or of an earlier incarnation that a store rollback brought back, keeps the figures it
+/// had when it stopped. Taking each lease's figure from whichever record came last in id order
+/// let such a record override the live owner's figures until it was collected (ten failover
+/// timeouts later), and its collection then looked like a load shift: soak seed 943 made a round
+/// of moves in its steady state, a worker both giving and receiving.
+fn lease_figures<'a>(
+    peers: &'a BTreeMap<WorkerId, crate::balancer::PublishedLoad>,
+    mine: &'a [crate::load::LeaseLoad],
+    me: &WorkerId,
+    leases: &'a [Lease],
+) -> BTreeMap<&'a LeaseKey, f64> {
+    let mut figures: BTreeMap<&LeaseKey, f64> = BTreeMap::new();
+    for p in peers.values() {
+        figures.extend(p.leases.iter().map(|l| (&l.key, l.load)));
+    }
+    for lease in leases {
+        let owned = match &lease.owner {
+            Some(o) if o == me => mine.iter().find(|l| l.key == lease.key),
+            Some(o) => peers.get(o).and_then(|p| p.leases.iter().find(|l| l.key == lease.key)),
+            None => None,
+        };
+        if let Some(l) = owned {
+            figures.insert(&lease.key, l.load);
+        }
+    }
+    figures.extend(mine.iter().map(|l| (&l.key, l.load)));
+    figures
+}
+
 /// How long the receiver of a load move sits out load moves and its giver takes none (see
 /// `load_view`), and how long a round of load moves stays under way after a lease changed owner
 /// (`LoadView::round_in_progress`), for a balance interval and its jitter (a fraction).
@@ -219,6 +249,34 @@ pub(super) fn load_moves_due(shared: &Shared, state: &mut LoopState) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_counts_at_its_owners_figure_not_at_a_stale_record_of_another_worker() {
+        use crate::balancer::PublishedLoad;
+        use crate::load::LeaseLoad;
+        use crate::position::Position;
+        let me = WorkerId::new("w3");
+        let owned = |key: &str, owner: &str| {
+            let mut l = Lease::new(key, Position::TrimHorizon);
+            l.owner = Some(WorkerId::new(owner));
+            l
+        };
+        let leases = vec![owned("a", "w1"), owned("b", "w3"), owned("c", "w1")];
+        let peers = BTreeMap::from([
+            (WorkerId::new("w1"), PublishedLoad::new(0.1, vec![LeaseLoad::new("a", 0.1)])),
+            // An old incarnation's record, back after a rollback: stale figures for a and c.
+            (
+                WorkerId::new("w2"),
+                PublishedLoad::new(0.9, vec![LeaseLoad::new("a", 0.5), LeaseLoad::new("c", 0.4)]),
+            ),
+        ]);
+        let mine = vec![LeaseLoad::new("b", 0.2)];
+        let figures = lease_figures(&peers, &mine, &me, &leases);
+        let get = |k: &str| figures.get(&LeaseKey::new(k)).copied();
+        assert_eq!(get("a"), Some(0.1), "the owner's figure, not the stale record's");
+        assert_eq!(get("b"), Some(0.2), "this worker's own measure");
+        assert_eq!(get("c"), Some(0.4), "no figure from its owner: another record's");
+    }
 
     #[test]
     fn a_round_of_load_moves_outlasts_the_sit_out_of_its_moves_by_a_pass() {
