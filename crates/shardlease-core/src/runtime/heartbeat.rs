@@ -249,14 +249,6 @@ pub(crate) async fn fence(shared: &Shared, rng: &mut rand::rngs::StdRng) {
         "no successful heartbeat for failover_timeout − heartbeat_interval: stopping every lease \
          before peers can judge this worker dead"
     );
-    // One deadline for the whole fence, not one per task: with thousands of leases, half a
-    // heartbeat each would outlast the failover timeout.
-    let deadline = Instant::now() + shared.cfg.heartbeat_interval() / 2;
-    let ended = futures::future::join_all(running.iter().map(|t| t.done.cancelled()));
-    if tokio::time::timeout_at(deadline, ended).await.is_err() {
-        for t in &running {
-            t.abort.abort();
-        }
-    }
+    super::shared::end_or_abort(&running, shared.cfg.heartbeat_interval() / 2).await;
     info!(old = %old.id, %new, "fenced; will come back as a new incarnation");
 }

@@ -116,6 +116,18 @@ pub(crate) enum SyncRequest {
     Now(Option<tokio::sync::oneshot::Sender<crate::error::Result<()>>>),
 }
 
+/// Waits until every task of `running` has ended, and aborts those still running after `limit`
+/// (one deadline for them all, not one each: with thousands of leases, a limit per task would
+/// outlast the failover timeout). What a self-fence and a failed loop do with their tasks.
+pub(crate) async fn end_or_abort(running: &[Arc<HeldLease>], limit: Duration) {
+    let ended = futures::future::join_all(running.iter().map(|t| t.done.cancelled()));
+    if tokio::time::timeout(limit, ended).await.is_err() {
+        for t in running {
+            t.abort.abort();
+        }
+    }
+}
+
 /// Everything a worker's tasks share: see the module documentation.
 pub(crate) struct Shared {
     pub cfg: Config,

@@ -171,14 +171,7 @@ fn fail(shared: &Shared, failure: LoopFailure) {
         return;
     }
     let limit = shared.cfg.heartbeat_interval() / 2;
-    tokio::spawn(async move {
-        let ended = futures::future::join_all(running.iter().map(|t| t.done.cancelled()));
-        if tokio::time::timeout(limit, ended).await.is_err() {
-            for t in &running {
-                t.abort.abort();
-            }
-        }
-    });
+    tokio::spawn(async move { super::shared::end_or_abort(&running, limit).await });
 }
 
 /// The loop itself, or (test hook, feature `test-util`) a panic inside it when a test asks.

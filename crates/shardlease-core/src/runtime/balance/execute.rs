@@ -239,7 +239,7 @@ pub(super) async fn take_share(
     }
     // Published once for the whole share (the pass publishes again at its end): once per chunk
     // cost a copy of the growing map per 16 takes, a tenth of a second at 10,000 leases.
-    state.publish_tasks(shared);
+    state.tasks.publish(shared);
     if taken > 0 {
         shared.metrics.taking_pass();
         info!(taken, "took leases");

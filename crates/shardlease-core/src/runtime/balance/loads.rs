@@ -203,10 +203,13 @@ fn lease_figures<'a>(
         figures.extend(p.leases.iter().map(|l| (&l.key, l.load)));
     }
     for lease in leases {
+        // This worker's own figures (all of its leases) go in last, below; a peer publishes
+        // only its top few, so this scan is short.
         let owned = match &lease.owner {
-            Some(o) if o == me => mine.iter().find(|l| l.key == lease.key),
-            Some(o) => peers.get(o).and_then(|p| p.leases.iter().find(|l| l.key == lease.key)),
-            None => None,
+            Some(o) if o != me => {
+                peers.get(o).and_then(|p| p.leases.iter().find(|l| l.key == lease.key))
+            }
+            _ => None,
         };
         if let Some(l) = owned {
             figures.insert(&lease.key, l.load);

@@ -267,7 +267,7 @@ async fn finish(
             _ => report.not_released.push(key),
         }
     }
-    state.publish_tasks(shared);
+    state.tasks.publish(shared);
     withdraw_claims(shared, state).await;
     report.sort();
     let _ = reply.send(report);

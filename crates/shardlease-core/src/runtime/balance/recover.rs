@@ -75,12 +75,19 @@ impl RecoveryMemory {
         }
     }
 
+    /// Takes in the checkpoint a task left in its slot since the last read, if any.
+    pub(crate) fn read_slot(&mut self, key: &LeaseKey, slot: &super::CheckpointSlot) {
+        if let Some((epoch, position, at)) = slot.take() {
+            self.checkpointed(key, epoch, &position, at);
+        }
+    }
+
     /// Keeps the memory of this worker's own leases' checkpoints current without a listing (a
     /// quiet fleet does not list), so a store that loses writes is repaired to the latest one.
     /// (Lease tasks fill their slot only when positions live in the lease record: a custom
     /// checkpointer's positions are never in the record, and a listing would then look like a
     /// store that lost writes.)
-    pub(crate) fn checkpointed(
+    fn checkpointed(
         &mut self,
         key: &LeaseKey,
         epoch: crate::lease::Epoch,

@@ -131,7 +131,7 @@ impl LoopState {
         while let Ok(event) = events.try_recv() {
             self.apply(shared, event);
         }
-        self.publish_tasks(shared);
+        self.tasks.publish(shared);
     }
 
     /// A store notice: a listing at a pass that runs after the notice's coalescing delay, and no
@@ -172,12 +172,6 @@ impl LoopState {
         });
     }
 
-    /// Publishes the task map for those outside the loop, when it changed since the last time
-    /// (see [`TaskRegistry::publish`](super::tasks::TaskRegistry::publish)).
-    pub(crate) fn publish_tasks(&mut self, shared: &Shared) {
-        self.tasks.publish(shared);
-    }
-
     /// A listing of the worker records: the membership view, the peers' published loads, and
     /// the listings they call for.
     fn on_workers(
@@ -210,9 +204,7 @@ impl LoopState {
     /// not once per checkpoint.
     pub(crate) fn sync_checkpoints(&mut self) {
         for (key, task) in self.tasks.iter() {
-            if let Some((epoch, position, at)) = task.checkpoint.take() {
-                self.memory.checkpointed(key, epoch, &position, at);
-            }
+            self.memory.read_slot(key, &task.checkpoint);
         }
     }
 
@@ -221,9 +213,7 @@ impl LoopState {
     fn on_exit(&mut self, shared: &Shared, exited: Exited) {
         // Its last checkpoint first, while the task is still registered.
         if let Some(task) = self.tasks.get(&exited.key) {
-            if let Some((epoch, position, at)) = task.checkpoint.take() {
-                self.memory.checkpointed(&exited.key, epoch, &position, at);
-            }
+            self.memory.read_slot(&exited.key, &task.checkpoint);
         }
         self.tasks.exited(exited, shared.stop_taking.is_cancelled());
         // Whatever ended the task, the next pass looks at the lease again.

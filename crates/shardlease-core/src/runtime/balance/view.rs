@@ -40,7 +40,7 @@ pub(super) async fn pass(
     let outcome = list_and_act(shared, events, state).await;
     state.in_pass = false;
     state.publish_changes(shared);
-    state.publish_tasks(shared);
+    state.tasks.publish(shared);
     outcome
 }
 
@@ -93,7 +93,7 @@ pub(super) async fn list_and_act(
     for VersionedLease { lease, version } in resume {
         lease_task::spawn(shared, state, lease, version);
     }
-    state.publish_tasks(shared);
+    state.tasks.publish(shared);
     retake_ungranted(shared, state, retake).await;
     let starting = state.membership.before_full_view();
     let holding = starting || state.membership.holding_takes();
