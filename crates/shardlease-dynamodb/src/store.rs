@@ -107,11 +107,6 @@ impl DynamoDbStore {
         }
     }
 
-    /// The namespace this store reads and writes.
-    pub fn namespace(&self) -> &Namespace {
-        &self.inner.namespace
-    }
-
     /// The table's name.
     pub fn table(&self) -> &str {
         &self.inner.table

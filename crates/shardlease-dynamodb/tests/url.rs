@@ -25,7 +25,7 @@ async fn urls_open_namespaces_of_one_table() {
     let open = |ns: &'static str| DynamoDbStore::builder().url(&url).namespace(ns).connect();
     let a = open("app-a").await.unwrap();
     let b = open("app-b").await.unwrap();
-    assert_eq!(a.namespace().as_str(), "app-a", "the builder wins over the URL");
+    assert_eq!(a.namespace().unwrap().as_str(), "app-a", "the builder wins over the URL");
     for i in 0..5 {
         a.create_lease(&Lease::new(format!("s{i}"), Position::TrimHorizon)).await.unwrap();
     }

@@ -53,7 +53,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct SqlStore {
     shared: Arc<Shared>,
-    namespace: Namespace,
+    pub(crate) namespace: Namespace,
     /// PostgreSQL with notification on: the namespace's channel (see `crate::notify`).
     channel: Option<crate::notify::Channel>,
 }
@@ -338,11 +338,6 @@ impl SqlStore {
             (Some(channel), Some(n)) => (stmt(pick(n)), Some((channel.name(), say(channel)))),
             _ => (stmt(plain), None),
         }
-    }
-
-    /// The namespace this store reads and writes.
-    pub fn namespace(&self) -> &str {
-        self.namespace.as_str()
     }
 
     /// The dialect of the database.

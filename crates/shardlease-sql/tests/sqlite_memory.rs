@@ -62,10 +62,10 @@ async fn memory_databases_are_private_and_kept() {
 async fn url_parameters_reach_the_store() {
     let url = "sqlite::memory:?table_prefix=app_&namespace=from_url";
     let store = SqlStore::builder().url(url).connect().await.unwrap();
-    assert_eq!((store.table_prefix(), store.namespace()), ("app_", "from_url"));
+    assert_eq!((store.table_prefix(), common::namespace_of(&store).as_str()), ("app_", "from_url"));
     let store = SqlStore::builder().namespace("ns").table_prefix("mine_").url(url).connect().await;
     let store = store.unwrap();
-    assert_eq!((store.table_prefix(), store.namespace()), ("mine_", "ns"));
+    assert_eq!((store.table_prefix(), common::namespace_of(&store).as_str()), ("mine_", "ns"));
     for bad in ["sqlite::memory:?create_schema=false", "sqlite::memory:?table_prefix=Bad-Prefix"] {
         let err = SqlStore::builder().url(bad).namespace("ns").connect().await;
         assert!(matches!(err, Err(shardlease_core::Error::Config(_))), "{bad}: {err:?}");

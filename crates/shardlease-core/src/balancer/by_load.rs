@@ -236,6 +236,22 @@ impl Pass<'_> {
         // Workers that gave a lease a moment ago may give again but not take (see
         // `LoadView::gave`).
         let gave: Vec<bool> = self.workers.iter().map(|w| view.gave.contains(*w)).collect();
+        // A worker receiving in this round gives nothing in it: neither a receiver of this plan,
+        // nor the claimant of a claim still pending (the other receivers of the round, and those
+        // whose claims this worker just answered), nor one that received earlier in the round
+        // (`LoadView::received`). Planned move by move, a receiver whose own
+        // leases then evened it against a third worker made a chain (three leases from `w2` to
+        // `w3`, one from `w3` to `w1`: simulation seed 943) where a move from `w2` to `w1` does;
+        // and a worker that handed a lease over to a claimant then claimed another lease back
+        // from it in the same pass, the claimant now looking the heavier (seed 1630). Its own
+        // leases wait for the next round, once its figures show what it received.
+        let mut received: Vec<bool> =
+            self.workers.iter().map(|w| view.received.contains(*w)).collect();
+        for (i, claimant) in self.claimant.iter().enumerate() {
+            if let (Some(c), Some(o)) = (*claimant, self.owner[i]) {
+                received[c] |= c != o;
+            }
+        }
         // Every move lowers the sum of squared costs, so the moves end; the bound is a backstop.
         for _ in 0..=self.active.len() {
             if plan.claims.len() >= claim_cap {
@@ -244,7 +260,8 @@ impl Pass<'_> {
             // The most loaded worker that may still give (ties: lowest id).
             let mut victim: Option<usize> = None;
             for w in 0..n {
-                if !exhausted[w] && !settling[w] && victim.is_none_or(|v| eff[w] > eff[v]) {
+                let may_give = !exhausted[w] && !settling[w] && !received[w];
+                if may_give && victim.is_none_or(|v| eff[w] > eff[v]) {
                     victim = Some(w);
                 }
             }
@@ -283,6 +300,7 @@ impl Pass<'_> {
             eff[receiver] += l;
             count[victim] = count[victim].saturating_sub(1);
             count[receiver] += 1;
+            received[receiver] = true;
             if receiver == me {
                 plan.claims.push((self.active[i].key.clone(), self.workers[victim].clone()));
             }

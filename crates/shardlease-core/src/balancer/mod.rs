@@ -50,7 +50,7 @@ pub struct Snapshot {
 /// What a pass balancing by load knows of the loads (docs/algorithm.md, "Balancing by load").
 ///
 /// Loads are busy seconds per second of a lease's processor (see
-/// [`LeaseLoad`](crate::store::LeaseLoad)). Each live worker publishes its total and its heaviest
+/// [`LeaseLoad`]). Each live worker publishes its total and its heaviest
 /// leases; the pass estimates each other lease of a worker as the average of the rest of its
 /// total. The entry of `me` should list all of its leases (it knows them exactly).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -72,13 +72,21 @@ pub struct LoadView {
     /// the receiver's other leases wait while it catches up on the moved lease's backlog.
     /// Planning on those figures sent leases back and forth.
     pub settling: BTreeSet<WorkerId>,
-    /// Workers that gave a lease a moment ago (two balance intervals, at run time): they may
+    /// Workers that gave a lease in the round under way (at run time, until the round window of
+    /// that move ends): they may
     /// give again, since their figures are right at once (the moved lease leaves their list, and
     /// their other leases' figures are shares of their cores, which a queue does not inflate),
     /// but receive nothing until their figures show the move. When a giver sat out as a receiver
     /// does, the second receiver of a plan found it sitting out and the plan's other moves waited
     /// two intervals more; when it could receive, it took a lease back in the same round.
     pub gave: BTreeSet<WorkerId>,
+    /// Workers that received a lease in the round of load moves under way (see
+    /// [`LoadView::round_in_progress`]; at run time, until the round window of that move ends):
+    /// once their figures have settled they may receive more, but give nothing until the round
+    /// is over. A round's moves go one way: a receiver that gave back within its round, at the
+    /// round's lower margin, corrected a move that had overshot (simulation seed 1630) instead
+    /// of the round stopping inside the band.
+    pub received: BTreeSet<WorkerId>,
     /// A round of load moves is under way: a lease changed owner within about three and a half
     /// balance intervals, long enough for the receivers of a move to have sat out and planned
     /// again (a claim pending is seen in the snapshot itself). The moves after a round's first
@@ -119,6 +127,13 @@ impl LoadView {
     /// Sets the workers that gave a lease a moment ago (see [`LoadView::gave`]).
     pub fn with_gave(mut self, gave: BTreeSet<WorkerId>) -> Self {
         self.gave = gave;
+        self
+    }
+
+    /// Sets the workers that received a lease in the round under way (see
+    /// [`LoadView::received`]).
+    pub fn with_received(mut self, received: BTreeSet<WorkerId>) -> Self {
+        self.received = received;
         self
     }
 

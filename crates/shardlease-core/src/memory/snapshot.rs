@@ -55,7 +55,7 @@ impl MemoryStore {
     /// Every lease (with its version) and every worker record of this namespace, as they are now
     /// (one atomic copy).
     pub fn snapshot(&self) -> MemorySnapshot {
-        MemorySnapshot { namespace: self.namespace().clone(), state: self.lock().clone() }
+        MemorySnapshot { namespace: self.namespace.clone(), state: self.lock().clone() }
     }
 
     /// Replaces every record of this namespace with exactly the snapshot's, versions included

@@ -105,7 +105,7 @@ impl fmt::Debug for MemoryBackend {
 #[derive(Clone)]
 pub struct MemoryStore {
     backend: MemoryBackend,
-    namespace: Namespace,
+    pub(super) namespace: Namespace,
     state: Arc<Mutex<NamespaceState>>,
 }
 
@@ -113,11 +113,6 @@ impl MemoryStore {
     /// The `"default"` namespace of a fresh, private backend.
     pub fn new() -> Self {
         MemoryBackend::new().store(Namespace::default())
-    }
-
-    /// The namespace this store reads and writes.
-    pub fn namespace(&self) -> &Namespace {
-        &self.namespace
     }
 
     /// The backend this store belongs to.
@@ -401,14 +396,14 @@ mod tests {
         assert_eq!(a2.lease_count(), 1, "same namespace, same records");
         assert_eq!(b.lease_count(), 0);
         assert!(b.list_workers().await.unwrap().items.is_empty());
-        assert_eq!(a.namespace().as_str(), "app-a");
+        assert_eq!(LeaseStore::namespace(&a), Some(Namespace::new("app-a").unwrap()));
         assert_eq!(
             backend.namespaces(),
             vec![Namespace::new("app-a").unwrap(), Namespace::new("app-b").unwrap()]
         );
         // A separate backend shares nothing.
         assert_eq!(MemoryBackend::new().store("app-a".parse().unwrap()).lease_count(), 0);
-        assert_eq!(MemoryStore::new().namespace().as_str(), "default");
+        assert_eq!(LeaseStore::namespace(&MemoryStore::new()), Some(Namespace::default()));
     }
 
     #[tokio::test]

@@ -162,7 +162,7 @@ impl<DB: TxDatabase> TxCheckpointer<DB> {
         let table = store.leases_table().to_owned();
         Ok(TxCheckpointer {
             pool,
-            namespace: store.namespace().to_owned(),
+            namespace: store.namespace.as_str().to_owned(),
             target: Target::LeaseRows,
             statements: Arc::new(Statements::new(DB::dialect(), Target::LeaseRows, &table)),
             table,

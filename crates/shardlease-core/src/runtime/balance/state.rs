@@ -183,7 +183,8 @@ impl LoopState {
     ) {
         let seen = self.membership.seen(shared, records, sent, received);
         if matches!(shared.cfg.balance(), crate::Balance::ByLoad(_)) {
-            self.loads.set_peers(records, &shared.id());
+            let live = self.membership.liveness().live_workers();
+            self.loads.set_peers(records, &shared.id(), &live);
         }
         if seen.list_now {
             self.want_listing(true);

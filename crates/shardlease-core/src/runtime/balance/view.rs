@@ -109,7 +109,10 @@ pub(super) async fn list_and_act(
         seed: state.timing.random(),
         loads: None,
     };
-    snapshot.loads = state.loads.view(shared, &me, &snapshot.leases, now);
+    if let Some(timing) = super::loads::LoadTiming::of(shared) {
+        state.loads.follow_owners(&timing, &snapshot.leases, now);
+        snapshot.loads = Some(state.loads.view(&timing, &me, now));
+    }
     let mut plan = state.balancer.plan(&snapshot);
     if tracing::enabled!(tracing::Level::DEBUG) {
         log_pass_view(&me, leases, &active, &snapshot, &plan);
