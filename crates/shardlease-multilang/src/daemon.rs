@@ -1,0 +1,154 @@
+//! The daemon: a shardlease [`Worker`] over the Kinesis stream the properties name, its leases in
+//! the store they name, one child per lease. It runs until its [`CancellationToken`] is
+//! cancelled (SIGTERM/SIGINT in the binary) or the worker stops on its own; then every child is
+//! asked to checkpoint (`shutdownRequested`, within `shutdownGraceMillis`), the leases are
+//! released, and every child has exited or been killed before [`run`] returns.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardlease::kinesis::KinesisSource;
+use shardlease::store::LeaseStore;
+use shardlease::{Config, ShardSource, ShutdownReport, Worker};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::error::{MultiLangError, Result};
+use crate::processor::{ChildStats, MultiLangFactory};
+use crate::settings::{Retrieval, Settings};
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct RunReport {
+    /// What the worker's shutdown did with each lease.
+    pub shutdown: ShutdownReport,
+    /// What the children did.
+    pub children: Arc<ChildStats>,
+}
+
+/// Logs, once, the keys the daemon does not use and what it does about the KCL's lease table.
+pub fn log_startup(settings: &Settings) {
+    let (kcl, unknown): (Vec<_>, Vec<_>) = settings.ignored.iter().partition(|k| k.known_to_kcl);
+    if !kcl.is_empty() {
+        let keys: Vec<String> =
+            kcl.iter().map(|k| format!("{} (line {})", k.key, k.line)).collect();
+        info!("ignored KCL keys with no meaning here: {}", keys.join(", "));
+    }
+    if !unknown.is_empty() {
+        let keys: Vec<String> =
+            unknown.iter().map(|k| format!("{} (line {})", k.key, k.line)).collect();
+        warn!("ignored unknown keys: {}", keys.join(", "));
+    }
+    info!(
+        kcl_table = %settings.kcl_table,
+        "the KCL's DynamoDB lease table is never read nor written; to resume from its \
+         checkpoints, stop the KCL fleet and run `shardlease --store URL --namespace {} \
+         import-kcl --table {}` once before starting this daemon (docs/migrating-from-kcl.md)",
+        settings.namespace,
+        settings.kcl_table
+    );
+}
+
+/// The worker configuration the settings describe.
+pub fn worker_config(settings: &Settings) -> Result<Config> {
+    let mut config = Config::new(settings.namespace.as_str())?
+        .with_initial_position(settings.initial_position.clone())
+        .with_shutdown_timeout(settings.grace)
+        .with_balance(settings.balance.clone());
+    let heartbeat = settings.heartbeat.or(settings.failover.map(|f| f / 5));
+    if let Some(h) = heartbeat {
+        config = config.with_heartbeat(h);
+    }
+    if let Some(f) = settings.failover {
+        config = config.with_failover_timeout(f);
+    }
+    if let Some(s) = settings.shard_sync {
+        config = config.with_shard_sync_interval(s);
+    }
+    if let Some(n) = settings.max_leases {
+        config = config.with_max_leases_per_worker(n);
+    }
+    if let Some(id) = &settings.worker_id {
+        config = config.with_worker_id(id.as_str());
+    }
+    Ok(config)
+}
+
+/// The Kinesis source the settings describe.
+pub async fn kinesis_source(settings: &Settings) -> Result<KinesisSource> {
+    let mut builder = KinesisSource::builder(&settings.stream);
+    if let Some(r) = &settings.region {
+        builder = builder.region(r);
+    }
+    if let Some(e) = &settings.kinesis_endpoint {
+        builder = builder.endpoint_url(e);
+    }
+    if let Some(n) = settings.max_records {
+        builder = builder.max_records(n);
+    }
+    if let Some(idle) = settings.idle_between_reads {
+        let mut read = shardlease::kinesis::ReadConfig::default();
+        if let Some(n) = settings.max_records {
+            read.max_records = n;
+        }
+        read.idle_interval = idle;
+        read.min_call_interval = idle;
+        builder = builder.read_config(read);
+    }
+    if let Retrieval::FanOut { consumer_name } = &settings.retrieval {
+        builder = builder.enhanced_fan_out(consumer_name);
+    }
+    Ok(builder.build().await?)
+}
+
+/// Opens the store the settings name, refusing a DynamoDB table that is the KCL's own.
+pub async fn open_store(settings: &Settings) -> Result<Arc<dyn LeaseStore>> {
+    if settings.store_dynamodb_table() == Some(settings.kcl_table.as_str()) {
+        return Err(MultiLangError::Missing(format!(
+            "shardlease.store names the KCL's lease table {}: this daemon never writes a KCL \
+             lease table. Give shardlease a table of its own and import the KCL's checkpoints \
+             into it with `shardlease import-kcl --table {}`",
+            settings.kcl_table, settings.kcl_table
+        )));
+    }
+    let url = settings.effective_store_url();
+    info!(store = %shardlease::redact_url(&url), namespace = %settings.namespace, "opening the lease store");
+    Ok(shardlease::connect_namespace(&url, &settings.namespace).await?)
+}
+
+/// Runs the daemon on Kinesis until `stop` is cancelled.
+pub async fn run(settings: &Settings, stop: CancellationToken) -> Result<RunReport> {
+    let store = open_store(settings).await?;
+    let source: Arc<dyn ShardSource> = Arc::new(kinesis_source(settings).await?);
+    info!(stream = %settings.stream, retrieval = ?settings.retrieval, "reading the stream");
+    run_with(settings, store, source, stop).await
+}
+
+/// Runs the daemon on any store and source until `stop` is cancelled (tests run it on an
+/// in-memory stream).
+pub async fn run_with(
+    settings: &Settings,
+    store: Arc<dyn LeaseStore>,
+    source: Arc<dyn ShardSource>,
+    stop: CancellationToken,
+) -> Result<RunReport> {
+    let factory = MultiLangFactory::new(settings.child.clone());
+    let config = worker_config(settings)?;
+    let worker = Worker::builder(config, store, source, Arc::new(factory.clone())).build()?.start();
+    info!(worker = %worker.id(), command = ?settings.child.command, "daemon running");
+    tokio::select! {
+        _ = stop.cancelled() => info!("stopping: asking every child to checkpoint, then releasing the leases"),
+        cause = worker.stopped() => warn!(%cause, "the worker stopped on its own; stopping"),
+    }
+    let shutdown = worker.shutdown().await;
+    if !shutdown.is_clean() {
+        warn!(?shutdown, "the shutdown was not clean");
+    }
+    // Every farewell is bounded by the exit bound (then the child is killed); this bound only
+    // guards against a child that cannot even be killed.
+    let bound = settings.child.exit_timeout * 2 + Duration::from_secs(5);
+    if tokio::time::timeout(bound, factory.wait_for_children()).await.is_err() {
+        warn!("some children did not finish in time");
+    }
+    Ok(RunReport { shutdown, children: factory.stats() })
+}
