@@ -8,6 +8,13 @@
 //!   --store sqlite://fleet.db                       --store sqlite://fleet.db
 //! ```
 //!
+//! The leases live in namespace `fleet-demo` (unless the URL names another with `?namespace=`);
+//! the `shardlease` CLI shows them live, from a third terminal:
+//!
+//! ```sh
+//! cargo run -p shardlease-cli -- --store sqlite://fleet.db --namespace fleet-demo watch
+//! ```
+//!
 //! Each process keeps its own in-memory copy of the stream, so the demo needs no server at all:
 //! what is shared is the lease table in the SQLite file. The copies agree record for record:
 //! every 100 ms of wall clock each process writes one record per shard, numbered from that moment,
@@ -108,6 +115,12 @@ async fn run(args: Args) -> shardlease::Result<()> {
         "this process runs {} ({} shards); Ctrl-C to leave gracefully",
         mine.join(", "),
         args.fleet.shards
+    );
+    // How to see the fleet from outside: the CLI reads one namespace, this one.
+    let namespace = shardlease::store::LeaseStore::namespace(&*store).unwrap_or_default();
+    println!(
+        "watch it: cargo run -p shardlease-cli -- --store '{}' --namespace {namespace} watch",
+        shardlease::redact_url(&args.fleet.store)
     );
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {

@@ -7,8 +7,9 @@
 #   scripts/chaos.sh --store all --runs 10 --seed 100      # every store, seeds 100..109
 #   scripts/chaos.sh --replay target/chaos/chaos-postgres-7-1234.json
 #
-# Needs the services of /work/services.env or scripts/services.sh (kinesalite, moto's install);
-# every store but SQLite runs as a private server the harness starts. Extra arguments after `--`
+# Needs the services of scripts/services.sh (kinesalite, moto's install; it starts what is not
+# running, and is skipped when SHARDLEASE_TEST_KINESIS_ENDPOINT is already set); every store but
+# SQLite runs as a private server the harness starts. Extra arguments after `--`
 # go to `shardlease-chaos run` (e.g. `-- --workers 4 --extra-faults 5`, `-- --exactly-once`
 # through the effectively-once SQL sink in $SHARDLEASE_TEST_POSTGRES_URL, `-- --wipes`).
 set -euo pipefail
@@ -22,18 +23,13 @@ while [ $# -gt 0 ]; do
         --seed) seed=$2; shift 2 ;;
         --replay) replay=$2; shift 2 ;;
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "chaos.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 
 if [ -z "${SHARDLEASE_TEST_KINESIS_ENDPOINT:-}" ]; then
-    if [ -s /work/services.env ]; then
-        # shellcheck disable=SC1091
-        source /work/services.env
-    else
-        eval "$(scripts/services.sh)"
-    fi
+    eval "$(scripts/services.sh)"
 fi
 
 cargo build --release --locked -p shardlease-chaos >&2

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The whole check: formatting, lints with warnings as errors, and every test, against real local
-# services that this script starts when they are not running (see scripts/services.sh).
+# The whole check: formatting, lints with warnings as errors, the crates.io packages, the API
+# docs, the dependencies' licences, and every test, against real local services that this script
+# starts when they are not running (see scripts/services.sh).
 #
 #   scripts/test.sh            # everything
 #   SHARDLEASE_SERVICES="" scripts/test.sh   # no services: backend tests say they are skipped
+#   SHARDLEASE_PACKAGE_VERIFY=1 scripts/test.sh   # also build each package alone (minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +20,22 @@ echo "== cargo clippy (warnings are errors)"
 # unseen; this includes the examples package's `all` feature (every example and test that names a
 # `required-features`). Each backend feature alone: scripts/check-features.sh (not run here).
 cargo clippy --workspace --all-targets --locked --all-features -- -D warnings
+
+echo "== crates.io packages (scripts/package.sh)"
+# Packaging every published crate takes seconds; building each one alone from its .crate
+# (verification) takes minutes from an empty target dir, so it runs on request:
+# SHARDLEASE_PACKAGE_VERIFY=1 scripts/test.sh.
+if [ "${SHARDLEASE_PACKAGE_VERIFY:-0}" = 1 ]; then
+  scripts/package.sh
+else
+  scripts/package.sh --no-verify
+fi
+
+echo "== API docs, stable and as docs.rs builds them (scripts/doc.sh)"
+scripts/doc.sh
+
+echo "== licences of the dependencies (scripts/check-licenses.sh)"
+scripts/check-licenses.sh
 
 echo "== services"
 eval "$(scripts/services.sh)"

@@ -17,6 +17,17 @@ use std::time::Duration;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 
+/// The repository README's code, compiled as a doctest so it cannot drift from the API
+/// (`cargo test -p shardlease-examples --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+/// docs/getting-started.md's code, compiled as a doctest for the same reason.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/getting-started.md")]
+pub struct GettingStartedDoctests;
+
 use shardlease::balancer::is_active;
 use shardlease::store::{Lease, LeaseStore};
 use shardlease::{

@@ -11,7 +11,7 @@ use shardlease::{
     Batch, BoxError, CheckpointHandle, LeaseContext, ProcessorFactory, RecordProcessor,
 };
 
-/// Shared counters of every [`NoopProcessor`] made by one factory.
+/// Shared counters of every processor made by one [`Tally::factory`] (a no-op that counts).
 #[derive(Debug)]
 pub struct Tally {
     base: Instant,

@@ -19,7 +19,64 @@
 //!   the actions of one pass) and the greedy balancer, for those who plug their own;
 //! - [`telemetry`]: the names of the metrics the worker and the stores emit.
 //!
-//! See `docs/algorithm.md` in the repository for why each rule exists.
+//! ## Example
+//!
+//! A worker consuming an in-memory stream of 4 shards, its leases in the in-memory store. A
+//! backend crate's store (or the facade's `shardlease::connect(url)`) takes the store's place;
+//! the rest stays the same.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use shardlease_core::store::{LeaseStore, MemoryBackend};
+//! use shardlease_core::{processor_fn, Config, MemorySource, Namespace, Position, Worker};
+//!
+//! #[tokio::main]
+//! async fn main() -> shardlease_core::Result<()> {
+//!     let store: Arc<dyn LeaseStore> =
+//!         Arc::new(MemoryBackend::new().store(Namespace::new("orders")?));
+//!     let stream = Arc::new(MemorySource::new(4));
+//!     for n in 0..100 {
+//!         stream.put(&format!("customer-{n}"), format!("order {n}"));
+//!     }
+//!     let processed = Arc::new(AtomicUsize::new(0));
+//!     let counter = Arc::clone(&processed);
+//!     let processor = processor_fn(move |_ctx, batch| {
+//!         let counter = Arc::clone(&counter);
+//!         async move {
+//!             counter.fetch_add(batch.records.len(), Ordering::SeqCst);
+//!             Ok(()) // the worker checkpoints after the batch, fenced by the lease's epoch
+//!         }
+//!     });
+//!     let config = Config::new("orders")?
+//!         .with_heartbeat(Duration::from_millis(200))
+//!         .with_initial_position(Position::TrimHorizon);
+//!     let worker = Worker::builder(config, store, stream, processor).build()?.start();
+//!     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+//!     while processed.load(Ordering::SeqCst) < 100 && tokio::time::Instant::now() < deadline {
+//!         tokio::time::sleep(Duration::from_millis(20)).await;
+//!     }
+//!     let report = worker.shutdown().await; // checkpoints and releases every lease
+//!     assert!(report.is_clean(), "{report:?}");
+//!     assert_eq!(processed.load(Ordering::SeqCst), 100);
+//!     Ok(())
+//! }
+//! ```
+//!
+//! ## Guides
+//!
+//! [The algorithm][algorithm] says why each rule exists (balancer, liveness, self-fencing, handoff
+//! and fencing, shard lifecycle); [implementing a store][implementing-a-store] states the store
+//! contract and how to run its conformance suite (`shardlease-testkit`); [operations][operations]
+//! lists every metric of [`telemetry`] and what to alert on.
+//!
+//! [algorithm]: https://github.com/shardlease/shardlease/blob/main/docs/algorithm.md
+//! [implementing-a-store]: https://github.com/shardlease/shardlease/blob/main/docs/implementing-a-store.md
+//! [operations]: https://github.com/shardlease/shardlease/blob/main/docs/operations.md
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod balance_mode;
 pub mod balancer;

@@ -34,9 +34,9 @@
 //! - one table is one thing to provision, back up, alarm on and grant.
 //!
 //! The price: a namespace's leases share one partition key, so their writes share DynamoDB's
-//! per-partition ceiling (about 1,000 write units per second before adaptive capacity splits
-//! the collection by sort key). `docs/dynamodb.md` works out what a fleet needs; checkpoints
-//! are the only writes that grow with the shard count.
+//! per-partition ceiling (about 1,000 write units per second before adaptive capacity splits the
+//! collection by sort key). The [DynamoDB guide][dynamodb] works out what a fleet needs;
+//! checkpoints are the only writes that grow with the shard count.
 //!
 //! ## Versions, conflicts, corruption, retries
 //!
@@ -50,6 +50,17 @@
 //! server errors and timeouts are retried by the SDK with jittered exponential backoff and then
 //! reported as retryable `Error::Backend`. AWS keys never appear in an error, a log line or
 //! `Debug` output.
+//!
+//! ## Guides
+//!
+//! [DynamoDB][dynamodb] (configuration, IAM, cost per fleet), [choosing a store][choosing-a-store],
+//! [TLS][tls] (a private CA).
+//!
+//! [choosing-a-store]: https://github.com/shardlease/shardlease/blob/main/docs/choosing-a-store.md
+//! [dynamodb]: https://github.com/shardlease/shardlease/blob/main/docs/dynamodb.md
+//! [tls]: https://github.com/shardlease/shardlease/blob/main/docs/tls.md
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod codec;
 mod config;

@@ -69,7 +69,16 @@
 //! in the namespace (checkpoints and heartbeats included) is sent to every worker's watch.
 //! `watch=false` (or [`EtcdStoreBuilder::watch`]) turns it off.
 //!
-//! docs/etcd.md in the repository has the details and the measured figures.
+//! ## Guides
+//!
+//! The [etcd guide][etcd] has the details and the measured figures; [choosing a
+//! store][choosing-a-store] compares the stores, [TLS][tls] has the certificate options.
+//!
+//! [choosing-a-store]: https://github.com/shardlease/shardlease/blob/main/docs/choosing-a-store.md
+//! [etcd]: https://github.com/shardlease/shardlease/blob/main/docs/etcd.md
+//! [tls]: https://github.com/shardlease/shardlease/blob/main/docs/tls.md
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
 pub mod codec;

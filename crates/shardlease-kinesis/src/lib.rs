@@ -41,7 +41,14 @@
 //! # let _ = source; Ok(()) }
 //! ```
 //!
-//! See `docs/kinesis.md` in the repository for the limits, positions and de-aggregation rules.
+//! See the [Kinesis guide][kinesis] for the limits, positions, de-aggregation rules and when
+//! fan-out is worth its cost, and [migrating from the KCL][migrating-from-kcl] to take over a KCL
+//! application's checkpoints.
+//!
+//! [kinesis]: https://github.com/shardlease/shardlease/blob/main/docs/kinesis.md
+//! [migrating-from-kcl]: https://github.com/shardlease/shardlease/blob/main/docs/migrating-from-kcl.md
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod api;
 mod builder;

@@ -22,12 +22,12 @@
 //! [`RedisStore::connection`].
 //!
 //! `rediss://` (TLS) needs this crate's `tls` feature (`redis-tls` on the facade): rustls with the
-//! aws-lc-rs provider, the crypto stack the AWS SDK crates of this workspace already use, so a
-//! full build carries one TLS stack. It is off by default because aws-lc-sys is a C build of a
-//! minute or two. Servers are verified (certificate and host name) against the system's roots, or
-//! against a private CA given to `RedisStoreBuilder::tls_root_certificates_pem` or named by the
-//! URL: `rediss://:PASSWORD@host:6380/?ca_file=/etc/ca.pem[&cert_file=client.pem&key_file=client.key]`
-//! (see docs/tls.md).
+//! aws-lc-rs provider, the crypto stack the AWS SDK crates of this workspace already use, so a full
+//! build carries one TLS stack. It is off by default because aws-lc-sys is a C build of a minute or
+//! two. Servers are verified (certificate and host name) against the system's roots, or against a
+//! private CA given to `RedisStoreBuilder::tls_root_certificates_pem` or named by the URL:
+//! `rediss://:PASSWORD@host:6380/?ca_file=/etc/ca.pem[&cert_file=client.pem&key_file=client.key]`
+//! (see the [TLS guide][tls]).
 //!
 //! ```no_run
 //! # async fn demo() -> shardlease_core::Result<()> {
@@ -106,6 +106,18 @@
 //! by every clone of a store; it reconnects by itself after a server restart. Connection
 //! failures, timeouts and `BUSY`/`LOADING`/`TRYAGAIN`-like replies are retryable
 //! `Error::Backend`s. The password never appears in an error, a log line or `Debug` output.
+//!
+//! ## Guides
+//!
+//! [Choosing a store][choosing-a-store] (durability, cost and latency of each store, with measured
+//! figures), [TLS][tls], and [the algorithm][algorithm] (what the workers do when the store loses
+//! writes).
+//!
+//! [algorithm]: https://github.com/shardlease/shardlease/blob/main/docs/algorithm.md
+//! [choosing-a-store]: https://github.com/shardlease/shardlease/blob/main/docs/choosing-a-store.md
+//! [tls]: https://github.com/shardlease/shardlease/blob/main/docs/tls.md
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
 mod cluster;

@@ -110,16 +110,26 @@
 //!
 //! ## Effectively-once output
 //!
-//! [`effectively_once`] writes a processor's output and the checkpoint after it in one
-//! transaction of the sink's database, fenced by the lease epoch: see that module and
-//! `docs/effectively-once.md`.
+//! [`effectively_once`] writes a processor's output and the checkpoint after it in one transaction
+//! of the sink's database, fenced by the lease epoch: see that module and the [effectively-once
+//! guide][effectively-once].
 //!
 //! ## Errors
 //!
 //! I/O errors, pool timeouts, serialization failures, deadlocks, a server shutting down or
 //! starting, too many connections and `SQLITE_BUSY`/`SQLITE_LOCKED` are retryable
 //! `Error::Backend`s; everything else is permanent.
+//!
+//! ## Guides
+//!
+//! [Choosing a store][choosing-a-store] (durability, cost and latency of each store, with measured
+//! figures), [TLS][tls] (certificates and verification modes per store).
+//!
+//! [choosing-a-store]: https://github.com/shardlease/shardlease/blob/main/docs/choosing-a-store.md
+//! [effectively-once]: https://github.com/shardlease/shardlease/blob/main/docs/effectively-once.md
+//! [tls]: https://github.com/shardlease/shardlease/blob/main/docs/tls.md
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // With no dialect compiled in, the pool enum is empty and much of the crate is unused.
 #![cfg_attr(
     not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),

@@ -11,12 +11,41 @@
 //! - [`panicky`]: a balancer and a shard source that panic now and then (plug-in panics);
 //! - [`MemoryFactory`]: the suite's factory over the in-memory store of `shardlease-core`.
 //!
-//! A backend crate proves itself with a few lines in one of its tests:
+//! A store's author runs the suite through a [`StoreFactory`], which opens the store on the
+//! namespaces the cases ask for: a type of theirs, or an [`FnFactory`] over a closure. One line in
+//! a test file then makes one `#[test]` per case:
 //!
 //! ```text
 //! shardlease_testkit::store_conformance_tests!(MyFactory::new());
 //! ```
+//!
+//! Each case is also a public async fn of [`suite`], to call from a harness of one's own. Here on
+//! the in-memory store of `shardlease-core` (put your store in the closure):
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use shardlease_core::store::{LeaseStore, MemoryBackend};
+//! use shardlease_testkit::{suite, FnFactory};
+//!
+//! #[tokio::main]
+//! async fn main() {
+//!     let backend = MemoryBackend::new();
+//!     let factory = FnFactory::new("memory", move |namespace| {
+//!         Ok(Arc::new(backend.store(namespace)) as Arc<dyn LeaseStore>)
+//!     });
+//!     // Each case panics with what the store did wrong.
+//!     suite::create_and_get_round_trip(&factory).await;
+//!     suite::update_is_compare_and_set(&factory).await;
+//!     suite::namespaces_are_isolated(&factory).await;
+//! }
+//! ```
+//!
+//! The guide [implementing a store][implementing-a-store] states the contract case by case.
+//!
+//! [implementing-a-store]: https://github.com/shardlease/shardlease/blob/main/docs/implementing-a-store.md
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod audit;

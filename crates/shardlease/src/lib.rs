@@ -34,19 +34,80 @@
 //! are created on connect unless told not to) and `?max_connections=`.
 //!
 //! The shard source is the in-memory [`MemorySource`] or, with the `kinesis` feature, a Kinesis
-//! data stream (the `kinesis` module and `KinesisSource`; `docs/kinesis.md`).
+//! data stream (the `kinesis` module and `KinesisSource`; the [Kinesis guide][kinesis]).
 //!
 //! Every URL may carry `?namespace=NAME` (default `default`); [`connect_namespace`] takes it as an
 //! argument instead. The store returned is wrapped in an
 //! [`InstrumentedStore`](store::InstrumentedStore) (a span and a latency histogram per call,
 //! errors counted by kind); [`connect_bare`] skips the wrapper.
 //!
+//! ## Example
+//!
+//! A worker consuming an in-memory stream of 4 shards, its leases in the in-memory store (a
+//! `sqlite://`, `postgres://`, `redis://`… URL changes nothing else):
+//!
 //! ```
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> shardlease::Result<()> {
-//! let store = shardlease::connect("memory://?namespace=orders").await?;
-//! assert!(store.list_leases().await?.items.is_empty());
-//! # Ok(()) }
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use shardlease::{processor_fn, Config, MemorySource, Position, Worker};
+//!
+//! #[tokio::main]
+//! async fn main() -> shardlease::Result<()> {
+//!     let store = shardlease::connect("memory://?namespace=orders").await?;
+//!     let stream = Arc::new(MemorySource::new(4));
+//!     for n in 0..100 {
+//!         stream.put(&format!("customer-{n}"), format!("order {n}"));
+//!     }
+//!     let processed = Arc::new(AtomicUsize::new(0));
+//!     let counter = Arc::clone(&processed);
+//!     let processor = processor_fn(move |_ctx, batch| {
+//!         let counter = Arc::clone(&counter);
+//!         async move {
+//!             counter.fetch_add(batch.records.len(), Ordering::SeqCst);
+//!             Ok(()) // the worker checkpoints after the batch, fenced by the lease's epoch
+//!         }
+//!     });
+//!     let config = Config::new("orders")?
+//!         .with_heartbeat(Duration::from_millis(200))
+//!         .with_initial_position(Position::TrimHorizon);
+//!     let worker = Worker::builder(config, store, stream, processor).build()?.start();
+//!     // A real consumer runs until its termination signal (see `WorkerHandle::stopped`).
+//!     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+//!     while processed.load(Ordering::SeqCst) < 100 && tokio::time::Instant::now() < deadline {
+//!         tokio::time::sleep(Duration::from_millis(20)).await;
+//!     }
+//!     // Checkpoints, releases every lease and removes the worker's record.
+//!     let report = worker.shutdown().await;
+//!     assert!(report.is_clean(), "{report:?}");
+//!     assert_eq!(processed.load(Ordering::SeqCst), 100);
+//!     Ok(())
+//! }
 //! ```
+//!
+//! ## Guides
+//!
+//! In the repository's `docs/`: [getting started][getting-started], [choosing a
+//! store][choosing-a-store], [operations][operations] (the `shardlease` command line, metrics and
+//! alerts), [the algorithm][algorithm], [implementing a store][implementing-a-store],
+//! [Kinesis][kinesis], [effectively-once output][effectively-once], [migrating from the
+//! KCL][migrating-from-kcl], [reliability][reliability] (the fault campaign) and [TLS][tls]. The
+//! versioning policy is in
+//! [CHANGELOG.md](https://github.com/shardlease/shardlease/blob/main/CHANGELOG.md).
+//!
+//! [algorithm]: https://github.com/shardlease/shardlease/blob/main/docs/algorithm.md
+//! [choosing-a-store]: https://github.com/shardlease/shardlease/blob/main/docs/choosing-a-store.md
+//! [effectively-once]: https://github.com/shardlease/shardlease/blob/main/docs/effectively-once.md
+//! [getting-started]: https://github.com/shardlease/shardlease/blob/main/docs/getting-started.md
+//! [implementing-a-store]: https://github.com/shardlease/shardlease/blob/main/docs/implementing-a-store.md
+//! [kinesis]: https://github.com/shardlease/shardlease/blob/main/docs/kinesis.md
+//! [migrating-from-kcl]: https://github.com/shardlease/shardlease/blob/main/docs/migrating-from-kcl.md
+//! [operations]: https://github.com/shardlease/shardlease/blob/main/docs/operations.md
+//! [reliability]: https://github.com/shardlease/shardlease/blob/main/docs/reliability.md
+//! [tls]: https://github.com/shardlease/shardlease/blob/main/docs/tls.md
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use shardlease_core::{
     processor_fn, Balance, Batch, BoxError, CheckpointHandle, Checkpointer, Config, Epoch, Error,
@@ -74,18 +135,14 @@ mod connect;
 pub use connect::{connect, connect_bare, connect_namespace, redact_url, DEFAULT_NAMESPACE};
 
 /// Amazon Kinesis Data Streams as the [`ShardSource`] (feature `kinesis`): see [`KinesisSource`]
-/// and `docs/kinesis.md`.
+/// and the [Kinesis guide](https://github.com/shardlease/shardlease/blob/main/docs/kinesis.md).
 #[cfg(feature = "kinesis")]
 pub use shardlease_kinesis as kinesis;
 #[cfg(feature = "kinesis")]
 pub use shardlease_kinesis::{KinesisSource, MultiStreamSource};
 
-/// The README's code, compiled as a doctest so it cannot drift from the API.
+/// This crate's README (its crates.io page), compiled as a doctest so it cannot drift from the
+/// API. The repository's README and guides are compiled by the examples package.
 #[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
-
-/// docs/getting-started.md's code, compiled as a doctest for the same reason.
-#[cfg(doctest)]
-#[doc = include_str!("../../../docs/getting-started.md")]
-pub struct GettingStartedDoctests;

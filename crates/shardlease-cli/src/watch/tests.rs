@@ -102,6 +102,22 @@ async fn list_every_refreshes_checkpoints_without_a_change() {
 }
 
 #[tokio::test]
+async fn an_empty_namespace_says_the_fleet_may_be_in_another() {
+    // The `fleet` example writes to namespace `fleet-demo`; a watch of the same file without
+    // `--namespace` reads `default` and finds nothing there.
+    let hint = "(namespace \"watch\" is empty: wrong --namespace?)";
+    let store = memory("empty").await;
+    let mut w = Watch::new(Duration::from_secs(3600), None);
+    assert!(!frame(&w).contains(hint), "not before the first listing:\n{}", frame(&w));
+    w.refresh(&*store).await.unwrap();
+    assert!(frame(&w).contains(hint), "{}", frame(&w));
+    store.create_lease(&Lease::new("shard-0", Position::TrimHorizon)).await.unwrap();
+    let mut w = Watch::new(Duration::from_secs(3600), None);
+    w.refresh(&*store).await.unwrap();
+    assert!(!frame(&w).contains(hint), "{}", frame(&w));
+}
+
+#[tokio::test]
 async fn a_lease_without_a_live_owner_past_the_failover_timeout_is_a_problem() {
     let store = memory("problem").await;
     let mut orphan = Lease::new("shard-7", Position::TrimHorizon);

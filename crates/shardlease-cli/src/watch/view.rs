@@ -108,7 +108,7 @@ pub fn draw(f: &mut Frame, w: &Watch, meta: &Meta) {
     ])
     .areas(area);
     draw_header(f, header, w, meta);
-    draw_health(f, health, w, now);
+    draw_health(f, health, w, meta, now);
     draw_workers(f, workers, w, now);
     draw_leases(f, leases, w, now);
     draw_events(f, events, w);
@@ -134,7 +134,7 @@ fn draw_header(f: &mut Frame, area: Rect, w: &Watch, meta: &Meta) {
     f.render_widget(Paragraph::new(lines), area);
 }
 
-fn draw_health(f: &mut Frame, area: Rect, w: &Watch, now: Instant) {
+fn draw_health(f: &mut Frame, area: Rect, w: &Watch, meta: &Meta, now: Instant) {
     let problems = w.problems(now);
     let mut counts: Vec<(LeaseState, usize)> = Vec::new();
     for s in w.leases.values() {
@@ -146,13 +146,16 @@ fn draw_health(f: &mut Frame, area: Rect, w: &Watch, now: Instant) {
     counts.sort_by_key(|(st, _)| rank(*st));
     let states: Vec<String> = counts.iter().map(|(st, n)| format!("{n} {}", st.label())).collect();
     let alive = w.workers.values().filter(|s| !s.dead).count();
-    let summary = format!(
+    let mut summary = format!(
         "  {} leases ({})  {} workers ({alive} alive, {} dead)",
         w.leases.len() + w.corrupt_leases.len(),
         if states.is_empty() { "none".to_owned() } else { states.join(", ") },
         w.workers.len(),
         w.workers.len() - alive,
     );
+    if is_empty(w) {
+        summary.push_str(&empty_namespace_hint(&meta.namespace));
+    }
     let line = if problems.is_empty() {
         Line::from(vec![
             Span::styled("health: ok", Style::new().fg(Color::Green)),
@@ -168,6 +171,22 @@ fn draw_health(f: &mut Frame, area: Rect, w: &Watch, now: Instant) {
         ])
     };
     f.render_widget(Paragraph::new(line), area);
+}
+
+/// Whether the namespace held no record at all when last listed (a fleet that never ran, or the
+/// wrong namespace: a store holds many, and the CLI reads one).
+fn is_empty(w: &Watch) -> bool {
+    w.reads.lease_listings > 0
+        && w.leases.is_empty()
+        && w.corrupt_leases.is_empty()
+        && w.workers.is_empty()
+        && w.corrupt_workers.is_empty()
+}
+
+/// What the health line adds for an empty namespace: the fleet may be in another one
+/// (`--namespace NAME`, or the URL's `?namespace=`).
+fn empty_namespace_hint(namespace: &str) -> String {
+    format!("  (namespace {namespace:?} is empty: wrong --namespace?)")
 }
 
 fn draw_workers(f: &mut Frame, area: Rect, w: &Watch, now: Instant) {
