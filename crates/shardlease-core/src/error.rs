@@ -54,6 +54,15 @@ pub enum Error {
     /// Invalid input from the caller (a malformed sequence number, a checkpoint that moves back).
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// Returned by a record processor (from any of its methods, or anywhere in the source chain of
+    /// its error): give this lease up. The processor is told its lease is lost (it writes nothing
+    /// more) and the lease is released, so the shard resumes from its last checkpoint with a new
+    /// processor, on this worker or another. For a failure that retrying the same batch cannot
+    /// fix and a fresh processor can: a child process that died after some records it was given
+    /// went unacknowledged (the MultiLang daemon), a connection that must be rebuilt from the
+    /// checkpoint. Logged at WARN and counted as a processor error, not as a panic.
+    #[error("the record processor gave the lease up: {0}")]
+    ReleaseLease(String),
     /// A failure of the store, the shard source or the network.
     #[error("backend error ({}): {message}", if *.retryable { "retryable" } else { "permanent" })]
     Backend {

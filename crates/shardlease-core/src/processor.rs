@@ -134,7 +134,10 @@ impl CheckpointHandle {
 /// Processes the records of one shard while its lease is held.
 ///
 /// An error returned from a method is retried with backoff (nothing is skipped); a panic is
-/// contained, the lease released, and the shard resumes from its last checkpoint.
+/// contained, the lease released, and the shard resumes from its last checkpoint. To give a lease
+/// up on purpose (a resource behind the processor failed and only a fresh start from the
+/// checkpoint can recover), return [`Error::ReleaseLease`](crate::Error::ReleaseLease): the
+/// processor hears `lease_lost` and the lease is released, as after a panic, without one.
 #[async_trait]
 pub trait RecordProcessor: Send {
     /// Called once before the first batch.

@@ -190,6 +190,7 @@ pub(crate) fn error_kind(e: &crate::error::Error) -> &'static str {
         Error::Corrupt { .. } => "corrupt",
         Error::Config(_) => "config",
         Error::InvalidInput(_) => "invalid_input",
+        Error::ReleaseLease(_) => "release_lease",
         Error::Backend { retryable: true, .. } => "retryable",
         Error::Backend { retryable: false, .. } => "permanent",
     }

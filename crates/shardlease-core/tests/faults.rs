@@ -159,6 +159,29 @@ async fn a_processor_panic_is_contained_and_the_shard_resumes() {
     w.cluster.shutdown_all().await;
 }
 
+/// A processor that gives its lease up (`Error::ReleaseLease`, as the MultiLang daemon does when
+/// its child process dies) is told the lease is lost, the lease is released, and a new processor
+/// resumes the shard from its checkpoint: the records delivered to the one that gave up and not
+/// checkpointed are delivered again, none is skipped, and nothing counts as a panic.
+#[tokio::test(start_paused = true)]
+async fn a_processor_that_gives_its_lease_up_releases_it_and_the_shard_resumes() {
+    let (logs, _g) = capture();
+    let mut w = world(4, 400, 7);
+    w.rec.give_up_next(3);
+    w.cluster.sync_shards().await.unwrap();
+    w.cluster.start_workers(2).unwrap();
+    w.all_processed().await;
+    assert_eq!(w.rec.gave_up(), 3);
+    assert_eq!(w.rec.panics(), 0);
+    assert!(w.rec.duplicates() > 0, "the batches given up were delivered again");
+    assert!(w.rec.lost() >= 3, "each processor that gave up heard lease_lost: {}", w.rec.lost());
+    let text = logs.text();
+    assert!(text.contains("record processor gave the lease up; releasing it"), "{text}");
+    assert!(text.contains("requested give-up while processing"), "{text}");
+    assert!(!text.contains("panicked"), "{text}");
+    w.cluster.shutdown_all().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_store_failing_a_fifth_of_calls_loses_nothing() {
     let mut w = world(8, 0, 4);

@@ -34,6 +34,8 @@ struct State {
     instances: u64,
     fail_next: u32,
     panic_next: u32,
+    give_up_next: u32,
+    gave_up: u64,
     errors_returned: u64,
     panics: u64,
     lost: u64,
@@ -145,6 +147,18 @@ impl Recorder {
     /// The next `n` calls to `process_records` (any shard) panic.
     pub fn panic_next(&self, n: u32) {
         self.lock().panic_next = n;
+    }
+
+    /// The next `n` calls to `process_records` (any shard) give their lease up
+    /// ([`shardlease_core::Error::ReleaseLease`]), after delivering the batch's records
+    /// without checkpointing them.
+    pub fn give_up_next(&self, n: u32) {
+        self.lock().give_up_next = n;
+    }
+
+    /// Leases given up by processors on request.
+    pub fn gave_up(&self) -> u64 {
+        self.lock().gave_up
     }
 
     /// Distinct records delivered at least once.
@@ -362,6 +376,12 @@ impl RecordProcessor for RecordingProcessor {
                     let first = st.first_by.get(&k).copied().unwrap_or_default();
                     st.again.entry(k).or_insert_with(|| vec![first]).push(self.instance);
                 }
+            }
+            if st.give_up_next > 0 && !batch.records.is_empty() {
+                st.give_up_next -= 1;
+                st.gave_up += 1;
+                let why = format!("requested give-up while processing {key}");
+                return Err(shardlease_core::Error::ReleaseLease(why).into());
             }
         }
         self.batches += 1;

@@ -52,6 +52,12 @@ fn is_lease_lost(e: &BoxError) -> bool {
     in_chain(e, |e| matches!(e, Error::LeaseLost { .. }))
 }
 
+/// Whether a processor error, or any error in its source chain, gives the lease up
+/// ([`Error::ReleaseLease`]).
+fn gives_up(e: &BoxError) -> bool {
+    in_chain(e, |e| matches!(e, Error::ReleaseLease(_)))
+}
+
 /// The longest wait between retries of a processor stuck on an error retrying cannot fix.
 const STUCK_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -130,6 +136,11 @@ impl Task {
                 Ok(Ok(())) => return Step::Done(()),
                 // A processor fencing its own sink may report the loss itself.
                 Ok(Err(e)) if is_lease_lost(&e) => return Step::Exit(Exit::Lost),
+                // The processor gives the lease up: released, resumed from its checkpoint.
+                Ok(Err(e)) if gives_up(&e) => {
+                    self.metrics.processor_error();
+                    return Step::Exit(Exit::GaveUp(crate::error::ErrorChain(&*e).to_string()));
+                }
                 Ok(Err(e)) if is_permanent(&e) => {
                     self.metrics.processor_error();
                     if stuck.is_none() {

@@ -122,6 +122,8 @@ enum Exit {
     Stopped(StopReason),
     Lost,
     Panicked(String),
+    /// The processor returned [`crate::Error::ReleaseLease`] (the message says why).
+    GaveUp(String),
 }
 
 /// What became of a lease when its task ended: what a shutdown reports for it.
@@ -247,6 +249,10 @@ async fn run(
         Exit::Stopped(reason) => {
             debug!(?reason, "lease task stopped");
             Ended::Nothing
+        }
+        Exit::GaveUp(msg) => {
+            warn!(reason = %msg, "record processor gave the lease up; releasing it so the shard resumes from its checkpoint");
+            transfer(&shared, &mut task.timing, &token, None).await
         }
         Exit::Panicked(msg) => {
             error!(panic = %msg, "record processor panicked; releasing the lease so the shard resumes from its checkpoint");

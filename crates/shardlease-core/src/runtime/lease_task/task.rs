@@ -177,6 +177,10 @@ impl Task {
                 self.tell_lost().await;
                 Exit::Panicked(msg)
             }
+            Step::Exit(Exit::GaveUp(msg)) => {
+                self.tell_lost().await;
+                Exit::GaveUp(msg)
+            }
             Step::Exit(e) => e,
         }
     }
