@@ -4,11 +4,11 @@
 //! A child that fails (exits, crashes, writes a non-JSON line, answers the wrong `responseFor`,
 //! stops answering past `timeoutInSeconds`) costs its lease alone: the child is killed, nothing
 //! it says is checkpointed any more, and the lease is given up so the shard resumes from its last
-//! checkpoint (the records it was given since are delivered again, to a new child). The runtime
-//! releases a lease whose processor panics, and that is how the lease is given up: by unwinding
-//! with [`std::panic::resume_unwind`], which runs no panic hook (nothing is printed; the runtime
-//! logs the release). The next child for that shard starts after a backoff that doubles with each
-//! failure in a row. Other leases and the daemon carry on.
+//! checkpoint (the records it was given since are delivered again, to a new child): the processor
+//! returns [`Error::ReleaseLease`], on which the runtime tells it `lease_lost` and releases the
+//! lease (an ordinary error would retry the same batch with a new child, skipping what the dead
+//! one had been given but not acknowledged). The next child for that shard starts after a backoff
+//! that doubles with each failure in a row. Other leases and the daemon carry on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardlease::{
-    Batch, BoxError, CheckpointHandle, LeaseContext, Position, ProcessorFactory, RecordProcessor,
+    Batch, BoxError, CheckpointHandle, Error, LeaseContext, Position, ProcessorFactory,
+    RecordProcessor,
 };
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
@@ -168,14 +169,13 @@ impl MultiLangProcessor {
         self.in_flight = false;
     }
 
-    /// Gives the lease up after a fault: the runtime releases it, the shard resumes from its
-    /// last checkpoint.
-    fn give_up(&self, during: &'static str) -> ! {
+    /// Gives the lease up after a fault: the error to return, on which the runtime releases the
+    /// lease and the shard resumes from its last checkpoint.
+    fn give_up(&self, during: &'static str) -> BoxError {
         self.shared.stats.leases_given_up.fetch_add(1, Ordering::SeqCst);
         metrics::counter!(telemetry::LEASES_GIVEN_UP, "shard" => self.shard.clone()).increment(1);
-        std::panic::resume_unwind(Box::new(format!(
-            "multilang child of shard {} failed during {during}; giving the lease up so the shard \
-             resumes from its last checkpoint",
+        Box::new(Error::ReleaseLease(format!(
+            "multilang child of shard {} failed during {during}",
             self.shard
         )))
     }
@@ -260,7 +260,7 @@ impl RecordProcessor for MultiLangProcessor {
         let scope = CheckpointScope::UpTo { handle: checkpointer, last: last.as_ref() };
         if let Err(fault) = self.call(&msg, scope).await {
             self.fault("processRecords", &fault).await;
-            self.give_up("processRecords");
+            return Err(self.give_up("processRecords"));
         }
         self.last_delivered = last;
         self.shared.record_success(&self.shard);
@@ -274,7 +274,7 @@ impl RecordProcessor for MultiLangProcessor {
     async fn shard_ended(&mut self, checkpointer: &CheckpointHandle) -> Result<(), BoxError> {
         let scope = CheckpointScope::ShardEnd { handle: checkpointer };
         let Some(child) = self.child.as_mut() else {
-            self.give_up("shardEnded");
+            return Err(self.give_up("shardEnded"));
         };
         self.in_flight = true;
         let result =
@@ -284,7 +284,7 @@ impl RecordProcessor for MultiLangProcessor {
         match result {
             Err(fault) => {
                 self.fault("shardEnded", &fault).await;
-                self.give_up("shardEnded");
+                Err(self.give_up("shardEnded"))
             }
             Ok(outcome) if outcome.written.iter().any(Position::is_shard_end) => {
                 self.farewell(false);
