@@ -75,7 +75,7 @@ def daemon(name, work, extra=""):
     out = os.path.join(work, "out")
     os.makedirs(out, exist_ok=True)
     # kinesalite takes any credentials; the AWS SDK's chain needs some.
-    env = dict(os.environ, MLBENCH_OUT=out, RUST_LOG="warn", AWS_ACCESS_KEY_ID="test",
+    env = dict(os.environ, MLBENCH_OUT=out, RUST_LOG=os.environ.get("MLBENCH_LOG", "warn"), AWS_ACCESS_KEY_ID="test",
                AWS_SECRET_ACCESS_KEY="test", AWS_EC2_METADATA_DISABLED="true")
     log = open(os.path.join(work, "daemon.log"), "w")
     start = time.time()

@@ -49,19 +49,22 @@ pub fn log_startup(settings: &Settings) {
     );
 }
 
+/// The KCL's `failoverTimeMillis` when the properties set none.
+const KCL_FAILOVER: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The worker configuration the settings describe.
 pub fn worker_config(settings: &Settings) -> Result<Config> {
     let mut config = Config::new(settings.namespace.as_str())?
         .with_initial_position(settings.initial_position.clone())
         .with_shutdown_timeout(settings.grace)
         .with_balance(settings.balance.clone());
-    let heartbeat = settings.heartbeat.or(settings.failover.map(|f| f / 5));
-    if let Some(h) = heartbeat {
-        config = config.with_heartbeat(h);
-    }
-    if let Some(f) = settings.failover {
-        config = config.with_failover_timeout(f);
-    }
+    // The KCL's failover default, and a heartbeat of a tenth of it: a worker starting alone
+    // takes its leases one heartbeat after its first (the start hold, docs/algorithm.md
+    // "Starting together"), so the first record reaches a child about a second after the start
+    // instead of two; a heartbeat is one small write.
+    let failover = settings.failover.unwrap_or(KCL_FAILOVER);
+    let heartbeat = settings.heartbeat.unwrap_or(failover / 10);
+    config = config.with_heartbeat(heartbeat).with_failover_timeout(failover);
     if let Some(s) = settings.shard_sync {
         config = config.with_shard_sync_interval(s);
     }

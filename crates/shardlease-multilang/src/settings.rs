@@ -86,7 +86,8 @@ pub struct Settings {
     pub initial_position: Position,
     /// `failoverTimeMillis`.
     pub failover: Option<Duration>,
-    /// `shardlease.heartbeatMillis` (else a fifth of the failover time, when that is set).
+    /// `shardlease.heartbeatMillis` (else a tenth of the failover time, the KCL's 10 s by
+    /// default).
     pub heartbeat: Option<Duration>,
     /// `shardSyncIntervalMillis`.
     pub shard_sync: Option<Duration>,

@@ -41,6 +41,10 @@ fn the_kclpy_sample() {
     let ignored: Vec<(&str, usize, bool)> =
         s.ignored.iter().map(|k| (k.key.as_str(), k.line, k.known_to_kcl)).collect();
     assert_eq!(ignored, vec![("AwsCredentialsProvider", 6, true), ("processingLanguage", 7, true)]);
+    // The KCL's failover time, and a heartbeat of a tenth of it (the start hold is a heartbeat).
+    let config = shardlease_multilang::daemon::worker_config(&s).unwrap();
+    assert_eq!(config.failover_timeout(), Duration::from_secs(10));
+    assert_eq!(config.heartbeat_interval(), Duration::from_secs(1));
 }
 
 #[test]
