@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::{
     children_gone, events, eventually, namespace, of_kind, open_store, processed, script_path, seq,
-    sqlite_url, stream_name, write_properties, Daemon, Kinesis,
+    Daemon, Kinesis, World,
 };
 use shardlease::Position;
 
@@ -31,21 +31,12 @@ async fn aws_kcl_app_processes_every_record_and_resumes_after_a_restart() {
             return;
         }
     };
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("processed.log");
-    let stream = stream_name("awskcl");
-    kinesis.create_stream(&stream, 2).await;
-    let store = sqlite_url(dir.path());
     let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aws_kcl_app/app.js");
-    let properties = write_properties(
-        dir.path(),
-        "app.properties",
-        &format!("node {}", app.display()),
-        &stream,
-        &kinesis.endpoint,
-        &store,
-        "shutdownGraceMillis = 20000\nshardlease.heartbeatMillis = 200\n",
-    );
+    let command = format!("node {}", app.display());
+    let extra = "shutdownGraceMillis = 20000\nshardlease.heartbeatMillis = 200\n";
+    let World { kinesis, dir, stream, store, properties } =
+        World::new(kinesis, "awskcl", 2, &command, extra).await;
+    let out = dir.path().join("processed.log");
     let env = [("NODE_PATH", node_path.as_str()), ("AWS_KCL_TEST_OUT", out.to_str().unwrap())];
 
     kinesis.put(&stream, 0, 20).await;

@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use common::{
     children_gone, events, eventually, kclpy_app, kclpy_or_skip, last_checkpoints, namespace,
-    of_kind, open_store, processed, seq, sqlite_url, stream_name, write_properties, Daemon,
-    Kinesis,
+    of_kind, open_store, processed, seq, Daemon, Kinesis, World,
 };
 use shardlease::{LeaseKey, Position};
 use tokio_util::sync::CancellationToken;
@@ -50,20 +49,15 @@ fn last_records(outs: &[&Path]) -> BTreeMap<String, String> {
 async fn sigterm_checkpoints_every_child_releases_the_leases_and_exits_zero() {
     let Some(kinesis) = Kinesis::or_skip() else { return };
     let Some(pythonpath) = kclpy_or_skip() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("processed.log");
-    let stream = stream_name("sigterm");
-    kinesis.create_stream(&stream, 2).await;
-    let store = sqlite_url(dir.path());
-    let properties = write_properties(
-        dir.path(),
-        "app.properties",
+    let World { kinesis, dir, stream, store, properties } = World::new(
+        kinesis,
+        "sigterm",
+        2,
         &kclpy_command(),
-        &stream,
-        &kinesis.endpoint,
-        &store,
         "shutdownGraceMillis = 20000\nshardlease.heartbeatMillis = 200\n",
-    );
+    )
+    .await;
+    let out = dir.path().join("processed.log");
     kinesis.put(&stream, 0, 20).await;
     let env = [("PYTHONPATH", pythonpath.as_str()), ("KCLPY_TEST_OUT", out.to_str().unwrap())];
     let mut daemon = Daemon::start(&properties, &env, &dir.path().join("daemon.log"));
@@ -138,23 +132,12 @@ fn past_checkpoint(out: &Path) -> bool {
 async fn kill_9_mid_stream_then_a_restart_loses_nothing_and_redoes_only_past_the_checkpoints() {
     let Some(kinesis) = Kinesis::or_skip() else { return };
     let Some(pythonpath) = kclpy_or_skip() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (out1, out2) = (dir.path().join("processed-1.log"), dir.path().join("processed-2.log"));
-    let stream = stream_name("kill9");
-    kinesis.create_stream(&stream, 2).await;
-    let store = sqlite_url(dir.path());
     // No workerId: the restarted daemon is a new worker (the default id names the process), which
     // takes the dead one's leases once they have not been renewed for failoverTimeMillis (short,
     // but not so short that a busy machine's stalled heartbeat loses a lease of the live daemon).
-    let properties = write_properties(
-        dir.path(),
-        "app.properties",
-        &kclpy_command(),
-        &stream,
-        &kinesis.endpoint,
-        &store,
-        "failoverTimeMillis = 6000\n",
-    );
+    let World { kinesis, dir, stream, store, properties } =
+        World::new(kinesis, "kill9", 2, &kclpy_command(), "failoverTimeMillis = 6000\n").await;
+    let (out1, out2) = (dir.path().join("processed-1.log"), dir.path().join("processed-2.log"));
     // Records keep coming, before, across and after the kill and the restart.
     let stop_producing = CancellationToken::new();
     let producer = kinesis.produce(&stream, 0, Duration::from_millis(20), stop_producing.clone());
@@ -274,21 +257,16 @@ async fn kill_9_mid_stream_then_a_restart_loses_nothing_and_redoes_only_past_the
 async fn a_second_daemon_joining_takes_half_the_shards_by_graceful_handoff_nothing_twice() {
     let Some(kinesis) = Kinesis::or_skip() else { return };
     let Some(pythonpath) = kclpy_or_skip() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let (out_a, out_b) = (dir.path().join("processed-a.log"), dir.path().join("processed-b.log"));
-    let stream = stream_name("join");
-    kinesis.create_stream(&stream, 4).await;
-    let store = sqlite_url(dir.path());
     // One properties file for both: same applicationName, same store.
-    let properties = write_properties(
-        dir.path(),
-        "app.properties",
+    let World { kinesis, dir, stream, store, properties } = World::new(
+        kinesis,
+        "join",
+        4,
         &kclpy_command(),
-        &stream,
-        &kinesis.endpoint,
-        &store,
         "shutdownGraceMillis = 20000\nshardlease.heartbeatMillis = 200\n",
-    );
+    )
+    .await;
+    let (out_a, out_b) = (dir.path().join("processed-a.log"), dir.path().join("processed-b.log"));
     kinesis.put(&stream, 0, 20).await;
     let env_a = [("PYTHONPATH", pythonpath.as_str()), ("KCLPY_TEST_OUT", out_a.to_str().unwrap())];
     let mut a = Daemon::start(&properties, &env_a, &dir.path().join("daemon-a.log"));
@@ -394,21 +372,16 @@ async fn a_second_daemon_joining_takes_half_the_shards_by_graceful_handoff_nothi
 async fn a_shard_split_ends_the_parent_with_a_checkpoint_before_its_children_are_read() {
     let Some(kinesis) = Kinesis::or_skip() else { return };
     let Some(pythonpath) = kclpy_or_skip() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("processed.log");
-    let stream = stream_name("split");
-    kinesis.create_stream(&stream, 1).await;
-    let store = sqlite_url(dir.path());
-    let properties = write_properties(
-        dir.path(),
-        "app.properties",
+    let World { kinesis, dir, stream, store, properties } = World::new(
+        kinesis,
+        "split",
+        1,
         &kclpy_command(),
-        &stream,
-        &kinesis.endpoint,
-        &store,
         "shutdownGraceMillis = 20000\nshardSyncIntervalMillis = 1000\n\
          shardlease.heartbeatMillis = 200\n",
-    );
+    )
+    .await;
+    let out = dir.path().join("processed.log");
     kinesis.put(&stream, 0, 10).await;
     let env = [("PYTHONPATH", pythonpath.as_str()), ("KCLPY_TEST_OUT", out.to_str().unwrap())];
     let mut daemon = Daemon::start(&properties, &env, &dir.path().join("daemon.log"));

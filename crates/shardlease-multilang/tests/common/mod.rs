@@ -206,6 +206,48 @@ pub fn write_properties(
     path
 }
 
+/// What an end-to-end test of the binary starts from: a fresh stream of `shards` shards on
+/// kinesalite, and a temporary directory holding the SQLite store and a properties file that runs
+/// `command` on that stream (with `extra` lines).
+pub struct World {
+    /// The emulator.
+    pub kinesis: Kinesis,
+    /// The test's directory (the store, the properties, the logs).
+    pub dir: tempfile::TempDir,
+    /// The stream.
+    pub stream: String,
+    /// The store's URL.
+    pub store: String,
+    /// The properties file.
+    pub properties: PathBuf,
+}
+
+impl World {
+    /// Creates the stream and writes the properties file.
+    pub async fn new(
+        kinesis: Kinesis,
+        tag: &str,
+        shards: i32,
+        command: &str,
+        extra: &str,
+    ) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let stream = stream_name(tag);
+        kinesis.create_stream(&stream, shards).await;
+        let store = sqlite_url(dir.path());
+        let properties = write_properties(
+            dir.path(),
+            "app.properties",
+            command,
+            &stream,
+            &kinesis.endpoint,
+            &store,
+            extra,
+        );
+        World { kinesis, dir, stream, store, properties }
+    }
+}
+
 /// The lease namespace [`write_properties`] gives `stream`.
 pub fn namespace(stream: &str) -> String {
     format!("app-{stream}")
