@@ -97,9 +97,7 @@ impl LoadTracker {
     ) {
         self.peers = records
             .iter()
-            .filter(|r| {
-                &r.id != me && (live.contains(&r.id) || std::env::var_os("X_ALL").is_some())
-            })
+            .filter(|r| &r.id != me && live.contains(&r.id))
             .map(|r| {
                 let load = crate::balancer::PublishedLoad::new(
                     r.load.unwrap_or(0.0),
@@ -344,6 +342,24 @@ mod tests {
         assert_eq!(get("a"), Some(0.1), "the owner's figure, not the stale record's");
         assert_eq!(get("b"), Some(0.2), "this worker's own measure");
         assert_eq!(get("c"), Some(0.4), "no figure from its owner: another record's");
+    }
+
+    #[test]
+    fn only_live_peers_publish_figures() {
+        use crate::load::LeaseLoad;
+        let record = |id: &str, key: &str, load: f64| {
+            let mut r = WorkerRecord::new(WorkerId::new(id), 7);
+            r.load = Some(load);
+            r.lease_loads = vec![LeaseLoad::new(key, load)];
+            r
+        };
+        // w2 is a dead worker's record (or an old incarnation's, back after a rollback).
+        let records = [record("w1", "a", 0.1), record("w2", "a", 0.9), record("w3", "b", 0.2)];
+        let live = BTreeSet::from([WorkerId::new("w1"), WorkerId::new("w3")]);
+        let mut t = LoadTracker::default();
+        t.set_peers(&records, &WorkerId::new("w3"), &live);
+        let peers: Vec<&str> = t.peers.keys().map(WorkerId::as_str).collect();
+        assert_eq!(peers, ["w1"], "neither this worker nor a dead record");
     }
 
     #[test]
