@@ -22,6 +22,9 @@
 //! lease moving twice and no worker both giving and receiving (unless the seed also draws stuck
 //! processors, whose hangs and catch-ups are real load swings).
 //!
+//! A fifth of the seeds have processors give their lease up now and then (`Error::ReleaseLease`):
+//! the lease is released and resumed from its checkpoint by a new processor.
+//!
 //! A quarter of the seeds also draw plug-in panics: a store call through a worker's view, the
 //! balancer's `plan` and the source's `list_shards` panic now and then, as user code with a bug
 //! would. The runtime contains them (a panicking store or source call is a failed call, a
@@ -220,6 +223,10 @@ struct Draw {
     /// Plug-in panics, for a quarter of the seeds. Drawn from an RNG of its own, like the late
     /// writes.
     panics: Option<PanicDraw>,
+    /// Processors that give their lease up (`Error::ReleaseLease`, as the MultiLang daemon does
+    /// when its child dies), for a fifth of the seeds: how many, one armed before each event.
+    /// Drawn from an RNG of its own, like the late writes.
+    give_ups: bool,
 }
 
 /// The probabilities of the plug-in panics of a seed that draws them.
@@ -261,6 +268,7 @@ fn draw(rng: &mut StdRng) -> Draw {
         load: None,
         notifications: None,
         panics: None,
+        give_ups: false,
     }
 }
 
@@ -353,6 +361,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     d.notifications = draw_notifications(seed);
     d.load = draw_load(seed);
     d.panics = draw_panics(seed);
+    d.give_ups = StdRng::seed_from_u64(seed ^ 0x6e7e_a11e).random_bool(0.2);
     let mem = MemoryBackend::new().store("sim".parse().unwrap());
     let notifier = Notifier::new(seed);
     let base: Arc<dyn LeaseStore> = match d.notifications {
@@ -405,6 +414,7 @@ async fn simulate(seed: u64) -> Result<String, String> {
     // Plug-in panics stop with the other faults.
     let clear_faults = || {
         faults.clear();
+        rec.give_up_next(0);
         panicky_balancer.clear();
         panicky_source.clear();
     };
@@ -492,6 +502,10 @@ async fn simulate(seed: u64) -> Result<String, String> {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..8_000))).await;
         if rng.random_bool(0.3) {
             copy = Some(mem.snapshot());
+        }
+        if d.give_ups {
+            // The next batch with records, on whichever lease, gives its lease up.
+            rec.give_up_next(1);
         }
         let running = cluster.running();
         let event = match rng.random_range(0..12) {
