@@ -47,7 +47,8 @@ impl SqlPool {
         on_pool_dialect(self)
     }
 
-    /// Closes every connection of the pool (an in-memory SQLite database is gone afterwards).
+    /// Closes every connection of the pool. An in-memory SQLite database cannot be reached
+    /// afterwards (a new connect opens a new one); its memory is freed with the pool's last clone.
     pub async fn close(&self) {
         on_pool!(self, p => p.close().await)
     }
@@ -190,8 +191,9 @@ where
 }
 
 /// Opens a SQLite pool: WAL and a busy timeout for a file shared by several processes; exactly
-/// one connection, never closed while the pool lives, for an in-memory database (each
-/// connection would otherwise see a database of its own, or none once the last one closed).
+/// one connection for an in-memory database (queries queue on it instead of meeting at a lock),
+/// plus a keeper connection that holds the database for as long as the pool lives (see
+/// [`open_sqlite_pool`]).
 ///
 /// A named in-memory database (`sqlite::memory:?name=NAME`) is one such pool per name for the
 /// whole process, kept in a registry: every `connect` with the name gets the same pool (so the
@@ -220,16 +222,30 @@ async fn open_sqlite_pool(
     settings: &PoolSettings,
 ) -> Result<sqlx::SqlitePool> {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    use sqlx::ConnectOptions;
     let dialect = Dialect::Sqlite;
     let mut options = SqliteConnectOptions::from_str(&parsed.sqlx_url)
         .map_err(|e| errors::connecting(dialect, url, e))?
         .busy_timeout(settings.busy_timeout);
     let pool_options = if parsed.sqlite_in_memory {
+        // sqlx opens `sqlite::memory:` as a shared-cache database of a name unique to these
+        // options, which lives while any connection to it is open. The pool's one connection is
+        // not enough: sqlx closes a connection it finds broken on release (a query cancelled by
+        // an aborted task) and opens another, which would find an empty database. A keeper
+        // connection that never runs a statement (so never takes a lock) holds it for as long
+        // as the pool lives: the pool's options own it, through this hook.
+        let keeper = std::sync::Mutex::new(
+            options.connect().await.map_err(|e| errors::connecting(dialect, url, e))?,
+        );
         SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
             .idle_timeout(None)
             .max_lifetime(None)
+            .after_connect(move |_, _| {
+                let _held = &keeper;
+                Box::pin(async { Ok(()) })
+            })
     } else {
         options = options.journal_mode(SqliteJournalMode::Wal);
         if !parsed.sqlite_mode_given {

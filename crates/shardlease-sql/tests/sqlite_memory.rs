@@ -195,3 +195,24 @@ async fn named_memory_databases_are_shared_in_the_process() {
     let err = SqlStore::builder().url("sqlite://some.db?name=x").namespace("x").connect().await;
     assert!(matches!(err, Err(shardlease_core::Error::Config(_))), "{err:?}");
 }
+
+/// The pool may close its one connection at any time (a query cancelled mid-flight by an aborted
+/// task fails the pool's check on release; sqlx then closes it and opens another). The
+/// database must outlive that connection: before, the new connection found an empty database and
+/// every operation failed with "no such table" (seen as a CI flake of the crash test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_outlives_a_replaced_connection() {
+    for url in ["sqlite::memory:", "sqlite::memory:?name=outlives_a_replaced_connection"] {
+        let store = SqlStore::builder().url(url).namespace("x").connect().await.unwrap();
+        store.create_lease(&Lease::new("k", Position::Latest)).await.unwrap();
+        let shardlease_sql::SqlPool::Sqlite(pool) = store.pool() else { unreachable!() };
+        for _ in 0..3 {
+            // What sqlx does with a connection it finds broken on release: close it.
+            let conn = pool.acquire().await.unwrap();
+            conn.close().await.unwrap();
+            let leases = store.list_leases().await.unwrap().items;
+            assert_eq!(leases.len(), 1, "{url}: the lease outlives the connection: {leases:?}");
+        }
+        store.pool().close().await;
+    }
+}
