@@ -8,7 +8,7 @@
 #   scripts/check-features.sh redis etcd # some
 set -euo pipefail
 cd "$(dirname "$0")/.."
-features=${*:-sqlite postgres mysql postgres,mysql,sql-tls redis redis-tls etcd etcd-tls dynamodb kinesis}
+features=${*:-sqlite postgres mysql postgres,mysql,sql-tls redis redis-tls etcd etcd-tls dynamodb kinesis dynamodb-streams}
 for f in $features; do
   echo "== cargo check -p shardlease --no-default-features --features $f"
   cargo check -q --locked -p shardlease --no-default-features --features "$f"

@@ -34,7 +34,9 @@
 //! are created on connect unless told not to) and `?max_connections=`.
 //!
 //! The shard source is the in-memory [`MemorySource`] or, with the `kinesis` feature, a Kinesis
-//! data stream (the `kinesis` module and `KinesisSource`; the [Kinesis guide][kinesis]).
+//! data stream (the `kinesis` module and `KinesisSource`; the [Kinesis guide][kinesis]), or with
+//! the `dynamodb-streams` feature a DynamoDB table's change stream (the `dynamodb_streams` module
+//! and `DynamoDbStreamsSource`).
 //!
 //! Every URL may carry `?namespace=NAME` (default `default`); [`connect_namespace`] takes it as an
 //! argument instead. The store returned is wrapped in an
@@ -140,6 +142,14 @@ pub use connect::{connect, connect_bare, connect_namespace, redact_url, DEFAULT_
 pub use shardlease_kinesis as kinesis;
 #[cfg(feature = "kinesis")]
 pub use shardlease_kinesis::{KinesisSource, MultiStreamSource};
+
+/// Amazon DynamoDB Streams as the [`ShardSource`] (feature `dynamodb-streams`): a table's changes,
+/// typed ([`ChangeEvent`]); see [`DynamoDbStreamsSource`] and the
+/// [DynamoDB Streams guide](https://github.com/shardlease/shardlease/blob/main/docs/dynamodb-streams.md).
+#[cfg(feature = "dynamodb-streams")]
+pub use shardlease_dynamodb_streams as dynamodb_streams;
+#[cfg(feature = "dynamodb-streams")]
+pub use shardlease_dynamodb_streams::{ChangeEvent, DynamoDbStreamsSource};
 
 /// This crate's README (its crates.io page), compiled as a doctest so it cannot drift from the
 /// API. The repository's README and guides are compiled by the examples package.
