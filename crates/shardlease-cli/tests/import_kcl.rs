@@ -570,3 +570,42 @@ async fn a_namespace_with_other_leases_needs_merge_and_conflicts_are_kept() {
     assert_eq!(all["shardId-000000000005"].lease.checkpoint, seq(SEQ_B, 9), "overwritten");
     k.drop_table().await;
 }
+
+/// The lease table of the KCL's DynamoDB Streams Kinesis Adapter 1.x is a KCL 1.x table: the
+/// same attributes the Java import reads (older KCL 1.x rows lack `checkpointSubSequenceNumber`),
+/// DynamoDB Streams shard ids and 21-digit sequence numbers. A rotated lineage: the parent
+/// finished, the child checkpointed, the grandchild not yet started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamodb_streams_adapter_table_imports() {
+    let Some(k) = kcl_table("leaseKey").await else { return };
+    let (parent, child, grandchild) = (
+        "shardId-00000001701234567890-0a1b2c3d",
+        "shardId-00000001701249000000-4e5f6a7b",
+        "shardId-00000001701263000000-8c9d0e1f",
+    );
+    let seq_child = "100000000005391461882";
+    k.java(parent, "SHARD_END", 0, &[], "").await;
+    // A KCL 1.x row written before sub-sequence numbers existed.
+    k.put(&[
+        ("leaseKey", s(child)),
+        ("checkpoint", s(seq_child)),
+        ("leaseCounter", n(7)),
+        ("leaseOwner", s("adapter-worker-1")),
+        ("parentShardId", ss(&[parent])),
+    ])
+    .await;
+    k.java(grandchild, "TRIM_HORIZON", 0, &[child], "").await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url = sqlite_url(dir.path());
+    let out = k.cli(&url, &["--json", "--observe-ms", "300"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let v = json(&out);
+    assert_eq!(v["schema"], "java", "{v}");
+    assert_eq!(v["summary"]["created"], 3, "{v}");
+    let all = leases(&url).await;
+    check(&all, parent, &Position::ShardEnd, &[]);
+    check(&all, child, &seq(seq_child, 0), &[parent]);
+    check(&all, grandchild, &Position::TrimHorizon, &[child]);
+    println!("dynamodb streams adapter (KCL 1.x table): 3 leases imported exactly");
+    k.drop_table().await;
+}
