@@ -86,18 +86,16 @@ pub async fn kinesis_source(settings: &Settings) -> Result<KinesisSource> {
     if let Some(e) = &settings.kinesis_endpoint {
         builder = builder.endpoint_url(e);
     }
+    // One reading configuration from both keys (`read_config` replaces every knob at once).
+    let mut read = shardlease::kinesis::ReadConfig::default();
     if let Some(n) = settings.max_records {
-        builder = builder.max_records(n);
+        read.max_records = n;
     }
     if let Some(idle) = settings.idle_between_reads {
-        let mut read = shardlease::kinesis::ReadConfig::default();
-        if let Some(n) = settings.max_records {
-            read.max_records = n;
-        }
         read.idle_interval = idle;
         read.min_call_interval = idle;
-        builder = builder.read_config(read);
     }
+    builder = builder.read_config(read);
     if let Retrieval::FanOut { consumer_name } = &settings.retrieval {
         builder = builder.enhanced_fan_out(consumer_name);
     }
