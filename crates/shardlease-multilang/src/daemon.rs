@@ -3,17 +3,24 @@
 //! cancelled (SIGTERM/SIGINT in the binary) or the worker stops on its own; then every child is
 //! asked to checkpoint (`shutdownRequested`, within `shutdownGraceMillis`), the leases are
 //! released, and every child has exited or been killed before [`run`] returns.
+//!
+//! With `shardlease.metricsAddress` set, the address is bound before anything else, and
+//! `/metrics` and `/health` are served until the run returns ([`crate::listener`]).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use metrics_exporter_prometheus::PrometheusHandle;
 use shardlease::kinesis::KinesisSource;
 use shardlease::store::LeaseStore;
 use shardlease::{Config, ShardSource, ShutdownReport, Worker};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::error::{MultiLangError, Result};
+use crate::listener::{self, Health, Listener};
 use crate::processor::{ChildStats, MultiLangFactory};
 use crate::settings::{Retrieval, Settings};
 
@@ -24,6 +31,18 @@ pub struct RunReport {
     pub shutdown: ShutdownReport,
     /// What the children did.
     pub children: Arc<ChildStats>,
+}
+
+/// What a run takes besides its settings, store, source and stop token: how the
+/// `shardlease.metricsAddress` listener is served (nothing here matters without that key).
+#[derive(Debug, Default)]
+pub struct RunOptions {
+    /// The recorder whose text `GET /metrics` serves; `None`: the Prometheus recorder
+    /// [`listener::install_recorder`] installs for the process (a program that installed its own
+    /// Prometheus recorder passes its handle here).
+    pub prometheus: Option<PrometheusHandle>,
+    /// Sent the address the listener is bound to, once it is (with port 0, the port picked).
+    pub listening: Option<oneshot::Sender<SocketAddr>>,
 }
 
 /// Logs, once, the keys the daemon does not use and what it does about the KCL's lease table.
@@ -119,10 +138,12 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn LeaseStore>> {
 
 /// Runs the daemon on Kinesis until `stop` is cancelled.
 pub async fn run(settings: &Settings, stop: CancellationToken) -> Result<RunReport> {
+    // First, so that an address in use fails the start before the store is opened.
+    let listener = bind(settings).await?;
     let store = open_store(settings).await?;
     let source: Arc<dyn ShardSource> = Arc::new(kinesis_source(settings).await?);
     info!(stream = %settings.stream, retrieval = ?settings.retrieval, "reading the stream");
-    run_with(settings, store, source, stop).await
+    run_bound(settings, store, source, stop, RunOptions::default(), listener).await
 }
 
 /// Runs the daemon on any store and source until `stop` is cancelled (tests run it on an
@@ -133,9 +154,77 @@ pub async fn run_with(
     source: Arc<dyn ShardSource>,
     stop: CancellationToken,
 ) -> Result<RunReport> {
+    run_with_options(settings, store, source, stop, RunOptions::default()).await
+}
+
+/// [`run_with`], the `shardlease.metricsAddress` listener served as `options` say.
+pub async fn run_with_options(
+    settings: &Settings,
+    store: Arc<dyn LeaseStore>,
+    source: Arc<dyn ShardSource>,
+    stop: CancellationToken,
+    options: RunOptions,
+) -> Result<RunReport> {
+    let listener = bind(settings).await?;
+    run_bound(settings, store, source, stop, options, listener).await
+}
+
+/// Binds `shardlease.metricsAddress`, if set.
+async fn bind(settings: &Settings) -> Result<Option<Listener>> {
+    match settings.metrics_address {
+        Some(addr) => Ok(Some(Listener::bind(addr).await?)),
+        None => Ok(None),
+    }
+}
+
+/// The run, the listener (if any) bound.
+async fn run_bound(
+    settings: &Settings,
+    store: Arc<dyn LeaseStore>,
+    source: Arc<dyn ShardSource>,
+    stop: CancellationToken,
+    options: RunOptions,
+    listener: Option<Listener>,
+) -> Result<RunReport> {
+    let health = Health::new();
+    // The server stops when the run returns, or when its future is dropped.
+    let server_stop = CancellationToken::new();
+    let _server_guard = server_stop.clone().drop_guard();
+    let server = listener.map(|listener| {
+        // Before the worker is built: shardlease registers its metrics with the recorder
+        // installed then.
+        let metrics = options.prometheus.or_else(listener::install_recorder);
+        if let Some(tx) = options.listening {
+            let _ = tx.send(listener.local_addr());
+        }
+        listener.serve(metrics, health.clone(), server_stop.clone())
+    });
+    let report = run_worker(settings, store, source, stop, &health).await;
+    if let Some(mut server) = server {
+        server_stop.cancel();
+        // The port is closed at once; open connections get a moment to finish.
+        if tokio::time::timeout(Duration::from_secs(2), &mut server).await.is_err() {
+            server.abort();
+            let _ = server.await;
+        }
+    }
+    report
+}
+
+/// The worker and its children, from start to the last child's exit.
+async fn run_worker(
+    settings: &Settings,
+    store: Arc<dyn LeaseStore>,
+    source: Arc<dyn ShardSource>,
+    stop: CancellationToken,
+    health: &Health,
+) -> Result<RunReport> {
     let factory = MultiLangFactory::new(settings.child.clone());
     let config = worker_config(settings)?;
-    let worker = Worker::builder(config, store, source, Arc::new(factory.clone())).build()?.start();
+    let worker = Arc::new(
+        Worker::builder(config, store, source, Arc::new(factory.clone())).build()?.start(),
+    );
+    health.set_worker(worker.clone());
     info!(worker = %worker.id(), command = ?settings.child.command, "daemon running");
     tokio::select! {
         _ = stop.cancelled() => info!("stopping: asking every child to checkpoint, then releasing the leases"),

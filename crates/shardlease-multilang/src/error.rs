@@ -29,6 +29,16 @@ pub enum MultiLangError {
     /// A required key is missing, or keys contradict each other.
     #[error("properties: {0}")]
     Missing(String),
+    /// The metrics and health listener (`shardlease.metricsAddress`) could not be opened (the
+    /// address is in use, or not one of this host's).
+    #[error("shardlease.metricsAddress = {addr}: cannot listen there: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The store, the stream or the worker refused to start.
     #[error(transparent)]
     Shardlease(#[from] shardlease::Error),

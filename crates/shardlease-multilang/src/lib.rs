@@ -8,7 +8,8 @@
 //! - [`settings`] maps the properties file ([`properties`] reads it);
 //! - [`protocol`] is the wire format, [`child`] a child process, [`exchange`] one call and
 //!   response with checkpoints served on the way;
-//! - [`processor`] is the shardlease record processor driving a child, [`daemon`] the worker.
+//! - [`processor`] is the shardlease record processor driving a child, [`daemon`] the worker;
+//! - [`listener`] serves `/metrics` and `/health` when `shardlease.metricsAddress` is set.
 //!
 //! The binary `shardlease-multilang --properties app.properties` is what an application runs
 //! instead of the Java daemon. Reading a properties file as the daemon does:
@@ -37,13 +38,14 @@ pub mod child;
 pub mod daemon;
 pub mod error;
 pub mod exchange;
+pub mod listener;
 pub mod processor;
 pub mod properties;
 pub mod protocol;
 pub mod settings;
 pub mod telemetry;
 
-pub use daemon::{run, run_with, RunReport};
+pub use daemon::{run, run_with, run_with_options, RunOptions, RunReport};
 pub use error::{MultiLangError, Result};
 pub use processor::{ChildStats, MultiLangFactory};
 pub use settings::Settings;

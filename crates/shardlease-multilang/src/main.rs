@@ -39,6 +39,13 @@ async fn main() -> ExitCode {
         }
     };
     daemon::log_startup(&settings);
+    if let Some(addr) = settings.metrics_address {
+        // The process's recorder, before the worker registers its metrics; the daemon serves
+        // its text on `addr` (`/metrics`, beside `/health`).
+        if shardlease_multilang::listener::install_recorder().is_some() {
+            info!(%addr, "Prometheus metrics recorder installed");
+        }
+    }
     let stop = CancellationToken::new();
     tokio::spawn(signal_stop(stop.clone()));
     match daemon::run(&settings, stop).await {

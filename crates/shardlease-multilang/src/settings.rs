@@ -4,6 +4,7 @@
 //! cannot be used is an error naming its key and line.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -103,6 +104,9 @@ pub struct Settings {
     pub grace: Duration,
     /// `shardlease.balance`: `count` (default) or `load`.
     pub balance: Balance,
+    /// `shardlease.metricsAddress`: where the daemon serves `GET /metrics` (Prometheus text) and
+    /// `GET /health`; `None` (the default) opens no listener ([`crate::listener`]).
+    pub metrics_address: Option<SocketAddr>,
     /// The keys not used, in file order.
     pub ignored: Vec<IgnoredKey>,
 }
@@ -195,6 +199,7 @@ const MAPPED: &[&str] = &[
     "shardlease.childExitTimeoutMillis",
     "shardlease.childRestartBackoffMillis",
     "shardlease.childRestartBackoffMaxMillis",
+    "shardlease.metricsAddress",
 ];
 
 /// The last entry of each key, looked up by name.
@@ -252,6 +257,17 @@ impl<'a> Keys<'a> {
                 format!("expected a whole number from {min} to {max}, got {v:?}"),
             )),
         }
+    }
+
+    fn socket_address(&self, key: &str) -> Result<Option<SocketAddr>> {
+        let Some((v, line)) = self.get(key) else { return Ok(None) };
+        v.parse().map(Some).map_err(|_| {
+            self.bad(
+                key,
+                line,
+                format!("expected an IP address and port such as 127.0.0.1:9464, got {v:?}"),
+            )
+        })
     }
 
     fn boolean(&self, key: &str) -> Result<Option<bool>> {
@@ -381,6 +397,7 @@ impl Settings {
                 .filter(|d| !d.is_zero())
                 .unwrap_or(DEFAULT_GRACE),
             balance,
+            metrics_address: keys.socket_address("shardlease.metricsAddress")?,
             ignored,
         })
     }

@@ -32,6 +32,7 @@ fn the_kclpy_sample() {
     assert_eq!(s.region.as_deref(), Some("us-east-1"));
     assert_eq!(s.initial_position, Position::TrimHorizon);
     assert_eq!(s.worker_id, None, "an empty value is unset");
+    assert_eq!(s.metrics_address, None, "no listener unless asked");
     // The KCL's default retrieval is enhanced fan-out, as the application's name.
     assert_eq!(s.retrieval, Retrieval::FanOut { consumer_name: "PythonKCLSample".into() });
     assert_eq!(s.store_url, DEFAULT_STORE_URL);
@@ -143,6 +144,9 @@ fn bad_values_name_their_key_and_line() {
         ("timeoutInSeconds = 0", "timeoutInSeconds"),
         ("shardlease.balance = random", "shardlease.balance"),
         ("consumerArn = nope", "consumerArn"),
+        ("shardlease.metricsAddress = localhost", "shardlease.metricsAddress"),
+        ("shardlease.metricsAddress = 127.0.0.1", "shardlease.metricsAddress"),
+        ("shardlease.metricsAddress = 127.0.0.1:99999", "shardlease.metricsAddress"),
     ];
     for (line, key) in cases {
         let (k, l, message) = bad(&format!("{base}# a comment\n{line}\n"));
@@ -152,6 +156,23 @@ fn bad_values_name_their_key_and_line() {
     }
     let (k, l, _) = bad("executableName=a\nstreamArn=orders\napplicationName=app\n");
     assert_eq!((k.as_str(), l), ("streamArn", 2));
+}
+
+#[test]
+fn metrics_address() {
+    let base = "executableName=a\nstreamName=s\napplicationName=app\n";
+    let s =
+        Settings::from_text(&format!("{base}shardlease.metricsAddress = 0.0.0.0:9464\n")).unwrap();
+    assert_eq!(s.metrics_address, Some("0.0.0.0:9464".parse().unwrap()));
+    assert!(s.ignored.is_empty(), "{:?}", s.ignored);
+    let s = Settings::from_text(&format!("{base}shardlease.metricsAddress = [::1]:0\n")).unwrap();
+    assert_eq!(s.metrics_address, Some("[::1]:0".parse().unwrap()));
+    // Empty is unset, as for every key.
+    let s = Settings::from_text(&format!("{base}shardlease.metricsAddress =\n")).unwrap();
+    assert_eq!(s.metrics_address, None);
+    let (key, line, message) = bad(&format!("{base}shardlease.metricsAddress = :9464\n"));
+    assert_eq!((key.as_str(), line), ("shardlease.metricsAddress", 4));
+    assert!(message.contains("127.0.0.1:9464") && message.contains(":9464"), "{message}");
 }
 
 #[test]
