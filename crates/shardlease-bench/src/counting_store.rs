@@ -29,7 +29,7 @@ mod tests {
 
     #[test]
     fn rates_are_per_second_per_worker() {
-        let ops = OpCounts { calls: [0, 0, 0, 4, 0, 0, 0, 0, 0], ..OpCounts::default() };
+        let ops = OpCounts { calls: [0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0], ..OpCounts::default() };
         let rates = rates_json(&ops, 2.0, 1);
         assert_eq!(rates["update_lease"], serde_json::json!(2.0));
         assert_eq!(per_second_per_worker(1, 0.0, 1), Value::Null);

@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::ids::{Namespace, WorkerId};
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
 use crate::notify::ChangeStream;
-use crate::store::{CreateOutcome, LeaseStore, LeaseUpdate, Listing};
+use crate::store::{CreateOutcome, FleetSignal, LeaseStore, LeaseUpdate, Listing};
 use crate::store_decorator::StoreDecorator;
 use crate::telemetry::{error_kind, KIND, NAMESPACE, OPERATION, STORE_CALL_SECONDS, STORE_ERRORS};
 use crate::worker_record::WorkerRecord;
@@ -132,6 +132,18 @@ impl StoreDecorator for InstrumentedStore {
 
     async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
         self.call("remove_worker_if", self.inner.remove_worker_if(id, beat)).await
+    }
+
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        self.call("write_fleet_signal", self.inner.write_fleet_signal(token)).await
+    }
+
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        self.call("read_fleet_signal", self.inner.read_fleet_signal()).await
+    }
+
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        self.call("get_workers", self.inner.get_workers(ids)).await
     }
 
     fn namespace(&self) -> Option<Namespace> {

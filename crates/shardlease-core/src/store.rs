@@ -149,6 +149,18 @@ impl<T> Listing<T> {
     }
 }
 
+/// What [`LeaseStore::read_fleet_signal`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FleetSignal {
+    /// The store keeps no fleet signal: the runtime lists every worker record each heartbeat.
+    Unsupported,
+    /// No signal is stored in this namespace: never written, or lost with the store's data.
+    Missing,
+    /// The token last written.
+    Token(Version),
+}
+
 /// A coordination store for one namespace. Linearizable per record.
 ///
 /// Implementations are thin translations into the store's native compare-and-set; they hold no
@@ -311,6 +323,58 @@ pub trait LeaseStore: Send + Sync + Debug {
     /// `None` (unknown; nothing is checked).
     fn namespace(&self) -> Option<Namespace> {
         None
+    }
+
+    /// Writes the namespace's **fleet signal**: one small record holding `token`, replacing
+    /// whatever token it held (a plain put; no compare-and-set). Tokens are in
+    /// `1..=`[`Version::MAX_RANDOM`] (what [`Version::random`] draws), so a store keeps one as it
+    /// keeps a version.
+    ///
+    /// A worker writes a fresh random token ([`Version::random`]) whenever it changes something
+    /// its peers must look at (it joined, left, changed a lease's owner, announced a death), and
+    /// every worker reads the signal on each heartbeat ([`read_fleet_signal`](LeaseStore::read_fleet_signal)),
+    /// listing every worker record only when the token differs from the one it saw last. So a
+    /// quiet fleet reads one record per worker per heartbeat instead of the whole fleet
+    /// (docs/algorithm.md, "A fleet too large to list each heartbeat"). Random tokens rather
+    /// than a counter: a store that lost or rolled back writes may bring back an older token,
+    /// which still differs from the newest one each reader saw, so it reads as a change and
+    /// never as "quiet".
+    ///
+    /// Default: does nothing (with [`read_fleet_signal`](LeaseStore::read_fleet_signal)
+    /// returning [`FleetSignal::Unsupported`], the runtime lists every worker record each
+    /// heartbeat, as it did before this method existed). A store implements both or neither; the
+    /// conformance case `the_fleet_signal_round_trips` checks them.
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        let _ = token;
+        Ok(())
+    }
+
+    /// Reads the namespace's fleet signal (see
+    /// [`write_fleet_signal`](LeaseStore::write_fleet_signal)): [`FleetSignal::Token`] with the
+    /// last token written, [`FleetSignal::Missing`] when none is stored (never written, or lost
+    /// with the store's data). Default: [`FleetSignal::Unsupported`].
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        Ok(FleetSignal::Unsupported)
+    }
+
+    /// Reads the worker records of `ids` that exist, in any order: each record once however
+    /// often its id is named, a missing one left out, an undecodable one in `corrupt`. The
+    /// records read are those `ids` name, not the namespace's: a worker watching two peers
+    /// reads two records whatever the fleet's size.
+    ///
+    /// Default: [`list_workers`](LeaseStore::list_workers), filtered (correct, but it reads
+    /// every record; override it with the store's multi-key read).
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        let wanted: std::collections::HashSet<&WorkerId> = ids.iter().collect();
+        let listing = self.list_workers().await?;
+        Ok(Listing {
+            items: listing.items.into_iter().filter(|w| wanted.contains(&w.id)).collect(),
+            corrupt: listing
+                .corrupt
+                .into_iter()
+                .filter(|c| wanted.iter().any(|id| id.as_str() == c.key))
+                .collect(),
+        })
     }
 
     /// Subscribes to notices of changes in this namespace, for stores that can push them (an

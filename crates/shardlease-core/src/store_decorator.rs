@@ -10,7 +10,8 @@ use crate::ids::{Namespace, WorkerId};
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
 use crate::notify::ChangeStream;
 use crate::store::{
-    check_distinct_keys, CreateOutcome, LeaseStore, LeaseUpdate, Listing, DEFAULT_BATCH_CONCURRENCY,
+    check_distinct_keys, CreateOutcome, FleetSignal, LeaseStore, LeaseUpdate, Listing,
+    DEFAULT_BATCH_CONCURRENCY,
 };
 use crate::worker_record::WorkerRecord;
 
@@ -134,6 +135,18 @@ pub trait StoreDecorator: Send + Sync {
     async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
         self.inner().remove_worker_if(id, beat).await
     }
+    /// See [`LeaseStore::write_fleet_signal`].
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        self.inner().write_fleet_signal(token).await
+    }
+    /// See [`LeaseStore::read_fleet_signal`].
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        self.inner().read_fleet_signal().await
+    }
+    /// See [`LeaseStore::get_workers`] (the inner store's multi-key read, not the default).
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        self.inner().get_workers(ids).await
+    }
     /// See [`LeaseStore::namespace`].
     fn namespace(&self) -> Option<Namespace> {
         self.inner().namespace()
@@ -181,6 +194,15 @@ impl<T: StoreDecorator + Debug> LeaseStore for T {
     }
     async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
         StoreDecorator::remove_worker_if(self, id, beat).await
+    }
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        StoreDecorator::write_fleet_signal(self, token).await
+    }
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        StoreDecorator::read_fleet_signal(self).await
+    }
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        StoreDecorator::get_workers(self, ids).await
     }
     fn namespace(&self) -> Option<Namespace> {
         StoreDecorator::namespace(self)

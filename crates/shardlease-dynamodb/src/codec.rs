@@ -18,7 +18,11 @@
 //! (N) when set (a missing `changes` reads as 0), and `lease_loads` (S: the published lease loads
 //! as one text, a line `<load> <lease key>` per lease, see
 //! `shardlease_core::store::encode_lease_loads`) when the worker publishes any: never an empty
-//! string, and a missing one (also in items written before it existed) reads as none. Attribute names are spelled out
+//! string, and a missing one (also in items written before it existed) reads as none.
+//!
+//! Fleet signal item: `token` (N), the token last written (`1..=Version::MAX_RANDOM`).
+//!
+//! Attribute names are spelled out
 //! (they count toward item size, but an operator reading the table in the console should not
 //! need a decoder ring).
 
@@ -53,6 +57,7 @@ const LOAD: &str = "load";
 const CAPACITY: &str = "capacity";
 const CHANGES: &str = "changes";
 const LEASE_LOADS: &str = "lease_loads";
+const TOKEN: &str = "token";
 
 fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
@@ -110,6 +115,27 @@ pub(crate) fn worker_item(pk: &str, record: &WorkerRecord) -> Item {
         item.insert(LEASE_LOADS.into(), s(encode_lease_loads(&record.lease_loads)));
     }
     item
+}
+
+/// The fleet signal's item holding `token`, under partition key `pk` and sort key `sk`.
+pub(crate) fn fleet_signal_item(pk: &str, sk: &str, token: Version) -> Item {
+    let mut item = Item::new();
+    item.insert(PK.into(), s(pk));
+    item.insert(SK.into(), s(sk));
+    item.insert(TOKEN.into(), n(token.0));
+    item
+}
+
+/// Decodes the fleet signal's item: its token; the reason when it cannot be decoded.
+pub(crate) fn decode_fleet_signal(item: &Item) -> Result<Version, String> {
+    let token = number(item, TOKEN)?;
+    if token == 0 || token > Version::MAX_RANDOM {
+        return Err(format!(
+            "attribute `{TOKEN}` ({token}) is not a token (1..={})",
+            Version::MAX_RANDOM
+        ));
+    }
+    Ok(Version(token))
 }
 
 /// Whether DynamoDB can hold `x` as a number (finite, magnitude within 1e-130..1e126).
@@ -267,6 +293,24 @@ mod tests {
         assert_eq!(decode_worker(&worker_item("ns/workers", &w)).unwrap(), w);
         w.load = Some(f64::NAN);
         assert_eq!(decode_worker(&worker_item("ns/workers", &w)).unwrap().load, None);
+    }
+
+    #[test]
+    fn fleet_signals_round_trip_and_bad_ones_name_the_attribute() {
+        for token in [Version(1), Version(Version::MAX_RANDOM), Version::random()] {
+            let item = fleet_signal_item("ns/fleet", "signal", token);
+            assert_eq!(decode_fleet_signal(&item).unwrap(), token);
+        }
+        let good = fleet_signal_item("ns/fleet", "signal", Version(5));
+        for bad in [Some(s("5")), Some(n(-1)), Some(n(0)), Some(n(u64::MAX)), None] {
+            let mut item = good.clone();
+            match bad {
+                Some(v) => item.insert(TOKEN.into(), v),
+                None => item.remove(TOKEN),
+            };
+            let reason = decode_fleet_signal(&item).unwrap_err();
+            assert!(reason.contains(TOKEN), "{reason}");
+        }
     }
 
     #[test]

@@ -21,8 +21,8 @@
 //! ## One table, namespaces in the key
 //!
 //! One table holds any number of namespaces (applications): partition key `pk` =
-//! `<namespace>/leases` or `<namespace>/workers`, sort key `sk` = the lease key or worker id
-//! (see the `layout` module). Why not one table per namespace, as the Java KCL does:
+//! `<namespace>/leases` or `<namespace>/workers`, sort key `sk` = the lease key or worker id,
+//! and the fleet signal one item under `<namespace>/fleet` (see the `layout` module). Why not one table per namespace, as the Java KCL does:
 //!
 //! - a store URL names a place, and the namespace is chosen apart from it (the facade's
 //!   `connect_namespace`, the bench's fresh namespace per run, tests): a table per namespace

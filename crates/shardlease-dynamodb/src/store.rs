@@ -6,13 +6,15 @@
 //! worker is `DeleteItem` if `beat = :beat`. Each asks for
 //! `ReturnValuesOnConditionCheckFailure = ALL_OLD`, so a failed condition hands back the current
 //! item and a `Conflict` carries it without a second read. Reads are strongly consistent
-//! (`GetItem`, and `Query` pages followed through `LastEvaluatedKey`).
+//! (`GetItem`, `BatchGetItem` for named worker records, and `Query` pages followed through
+//! `LastEvaluatedKey`). The fleet signal is one item of its own partition (see `store/fleet.rs`).
 //!
 //! The SDK retries throttled and failed attempts. A retried write whose first attempt did land
 //! then fails its condition against the item it wrote itself; the store recognises its own write
 //! by the version it drew (random 63 bits, so no one else wrote that version) and reports success.
 
 pub(crate) mod batch;
+mod fleet;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,8 +26,8 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 use shardlease_core::store::{
-    CorruptRecord, CreateOutcome, Lease, LeaseStore, LeaseUpdate, Listing, Version, VersionedLease,
-    WorkerRecord,
+    CorruptRecord, CreateOutcome, FleetSignal, Lease, LeaseStore, LeaseUpdate, Listing, Version,
+    VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 use tracing::debug;
@@ -127,6 +129,12 @@ impl DynamoDbStore {
         self.inner.layout.workers()
     }
 
+    /// The partition key holding this namespace's fleet signal, one item with sort key
+    /// `signal` (for operators and tests).
+    pub fn fleet_partition_key(&self) -> &str {
+        self.inner.layout.fleet()
+    }
+
     pub(crate) fn target(&self) -> &str {
         &self.inner.target
     }
@@ -135,12 +143,13 @@ impl DynamoDbStore {
         &self.inner.redactor
     }
 
-    /// Deletes every item of this namespace (leases and worker records), in batches of 25.
-    /// Returns how many went. For tests and for operators retiring an application; running
-    /// workers would recreate their records.
+    /// Deletes every item of this namespace (leases, worker records and the fleet signal), in
+    /// batches of 25. Returns how many went. For tests and for operators retiring an
+    /// application; running workers would recreate their records.
     pub async fn delete_namespace(&self) -> Result<u64> {
         let mut removed = 0;
-        for pk in [self.inner.layout.leases(), self.inner.layout.workers()] {
+        let layout = &self.inner.layout;
+        for pk in [layout.leases(), layout.workers(), layout.fleet()] {
             let items = self.query_all(pk, "the namespace's items").await?;
             for chunk in items.chunks(25) {
                 let mut requests = Vec::with_capacity(chunk.len());
@@ -309,6 +318,21 @@ impl DynamoDbStore {
     }
 }
 
+/// The worker records of `items` (worker items), and the ones that do not decode, named by
+/// their sort key: how `list_workers` and `get_workers` report what they read.
+fn worker_listing(items: Vec<Item>) -> Listing<WorkerRecord> {
+    let mut listing = Listing::default();
+    for item in items {
+        match codec::decode_worker(&item) {
+            Ok(w) => listing.items.push(w),
+            Err(reason) => {
+                listing.corrupt.push(CorruptRecord { key: codec::item_key(&item), reason })
+            }
+        }
+    }
+    listing
+}
+
 fn corrupt(key: &LeaseKey, reason: String) -> Error {
     Error::Corrupt { key: key.as_str().to_owned(), reason }
 }
@@ -436,16 +460,7 @@ impl LeaseStore for DynamoDbStore {
 
     async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
         let items = self.query_all(self.inner.layout.workers(), "workers").await?;
-        let mut listing = Listing::default();
-        for item in items {
-            match codec::decode_worker(&item) {
-                Ok(w) => listing.items.push(w),
-                Err(reason) => {
-                    listing.corrupt.push(CorruptRecord { key: codec::item_key(&item), reason })
-                }
-            }
-        }
-        Ok(listing)
+        Ok(worker_listing(items))
     }
 
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
@@ -470,5 +485,21 @@ impl LeaseStore for DynamoDbStore {
 
     fn namespace(&self) -> Option<Namespace> {
         Some(self.inner.namespace.clone())
+    }
+
+    /// A plain `PutItem` of the namespace's one signal item (partition `<namespace>/fleet`).
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        self.put_fleet_signal(token).await
+    }
+
+    /// A consistent `GetItem` of the signal item (one read unit).
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        self.get_fleet_signal().await
+    }
+
+    /// Consistent `BatchGetItem`s of the distinct ids, 100 keys each, unprocessed keys asked for
+    /// again until every one was read (see `store/fleet.rs`).
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        self.batch_get_workers(ids).await
     }
 }

@@ -6,6 +6,7 @@
 //!          "checkpoint":{"kind":"sequence","seq":"4959…","sub":0},"parents":[],"claim":null,
 //!          "attributes":{}}
 //! worker: {"format":1,"id":"w1","beat":17,"updated_at_millis":…,"lease_count":4,…}
+//! fleet signal: {"format":1,"token":5813290917448120}
 //! ```
 //!
 //! `version` is the record's [`Version`]: drawn at random by the writer for every write and
@@ -54,6 +55,12 @@ struct LeaseIn {
     claim: Option<Claim>,
     #[serde(default)]
     attributes: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FleetSignalDoc {
+    format: u32,
+    token: u64,
 }
 
 #[derive(Serialize)]
@@ -127,6 +134,25 @@ pub fn decode_worker(id: &str, value: &[u8]) -> Result<WorkerRecord, String> {
     Ok(doc.record)
 }
 
+/// The value of the fleet signal holding `token`.
+pub fn encode_fleet_signal(token: Version) -> Vec<u8> {
+    serde_json::to_vec(&FleetSignalDoc { format: FORMAT, token: token.0 }).unwrap_or_default()
+}
+
+/// Decodes the fleet signal's value; the error says why it is corrupt (a token outside
+/// `1..=Version::MAX_RANDOM` included: no writer stores one).
+pub fn decode_fleet_signal(value: &[u8]) -> Result<Version, String> {
+    let doc: FleetSignalDoc =
+        serde_json::from_slice(value).map_err(|e| format!("not a fleet signal document: {e}"))?;
+    if doc.format != FORMAT {
+        return Err(format!("unknown format {} (this version reads {FORMAT})", doc.format));
+    }
+    if !(1..=Version::MAX_RANDOM).contains(&doc.token) {
+        return Err(format!("token {} is out of range", doc.token));
+    }
+    Ok(Version(doc.token))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +172,20 @@ mod tests {
 
         let w = WorkerRecord::new(WorkerId::new("w1"), 5);
         assert_eq!(decode_worker("w1", &encode_worker(&w)), Ok(w));
+    }
+
+    #[test]
+    fn fleet_signals_round_trip_and_bad_ones_are_corrupt() {
+        for token in [Version(1), Version(42), Version(Version::MAX_RANDOM)] {
+            assert_eq!(decode_fleet_signal(&encode_fleet_signal(token)), Ok(token));
+        }
+        let text = String::from_utf8(encode_fleet_signal(Version(7))).unwrap();
+        assert_eq!(text, r#"{"format":1,"token":7}"#);
+        assert!(decode_fleet_signal(b"\xff not json").is_err());
+        assert!(decode_fleet_signal(br#"{"format":2,"token":7}"#).unwrap_err().contains("format"));
+        assert!(decode_fleet_signal(br#"{"format":1,"token":0}"#).is_err());
+        assert!(decode_fleet_signal(br#"{"format":1,"token":-3}"#).is_err());
+        assert!(decode_fleet_signal(br#"{"format":1}"#).is_err());
     }
 
     #[test]

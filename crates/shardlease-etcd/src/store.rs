@@ -8,18 +8,22 @@
 //! last version this store read or wrote are cached per lease; a compare-and-set at another
 //! version reads the record first. A failed compare returns the current record in the same
 //! round trip (`or_else: get`). The batch writes are in `batch`.
+//!
+//! The fleet signal is one key of the namespace outside the lease and worker ranges (see `keys`),
+//! written with a plain `Put` and read with a `Range` of that key; [`LeaseStore::get_workers`]
+//! is one `Txn` of `Get`s per [`WORKERS_PER_TXN`] ids.
 
 pub(crate) mod batch;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use shardlease_core::store::Redactor;
 use shardlease_core::store::{
-    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, LeaseUpdate, Listing, Version,
-    VersionedLease, WorkerRecord,
+    ChangeStream, CorruptRecord, CreateOutcome, FleetSignal, Lease, LeaseStore, LeaseUpdate,
+    Listing, Version, VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
@@ -51,6 +55,10 @@ pub struct EtcdStore {
 /// Transactions a heartbeat tries before it gives up: each failure means the record changed
 /// between two of its round trips (another process writing under the same id, a removal).
 const HEARTBEAT_ATTEMPTS: usize = 4;
+
+/// Worker records read per `Txn` by [`LeaseStore::get_workers`] at most: one `Get` each, well
+/// within etcd's default `--max-txn-ops` (128).
+const WORKERS_PER_TXN: usize = 100;
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -108,7 +116,15 @@ impl EtcdStore {
         self.keys.worker(id.as_str())
     }
 
-    /// Deletes every key of the namespace; returns how many there were.
+    /// The etcd key that holds the namespace's fleet signal
+    /// ([`LeaseStore::write_fleet_signal`]): in the namespace's range, outside the lease and
+    /// worker ranges.
+    pub fn fleet_signal_etcd_key(&self) -> String {
+        self.keys.fleet_signal()
+    }
+
+    /// Deletes every key of the namespace (its fleet signal included); returns how many there
+    /// were.
     pub async fn delete_namespace(&self) -> Result<u64> {
         let root = self.keys.root().to_owned();
         let opts = etcd_client::DeleteOptions::new().with_range(range_end(&root));
@@ -170,6 +186,20 @@ impl EtcdStore {
             }
         }
         Ok(out)
+    }
+
+    /// Adds the worker record `kv` (a key of the worker range) to `listing`: to `items` when it
+    /// decodes, to `corrupt` (named by the worker id) otherwise; a key of another kind is skipped.
+    /// The one decoding of [`LeaseStore::list_workers`] and [`LeaseStore::get_workers`].
+    fn push_worker(&self, listing: &mut Listing<WorkerRecord>, kv: &KeyValue) {
+        let id = match self.keys.classify(kv.key()) {
+            Record::Worker(id) => String::from_utf8_lossy(id).into_owned(),
+            _ => return,
+        };
+        match codec::decode_worker(&id, kv.value()) {
+            Ok(record) => listing.items.push(record),
+            Err(reason) => listing.corrupt.push(CorruptRecord { key: id, reason }),
+        }
     }
 
     /// Decodes a lease value, remembering its version; `Err(Corrupt)` when it does not decode.
@@ -383,14 +413,7 @@ impl LeaseStore for EtcdStore {
         let prefix = self.keys.worker_prefix();
         let mut listing = Listing::default();
         for kv in self.range(&prefix, "list workers").await? {
-            let id = match self.keys.classify(kv.key()) {
-                Record::Worker(id) => String::from_utf8_lossy(id).into_owned(),
-                _ => continue,
-            };
-            match codec::decode_worker(&id, kv.value()) {
-                Ok(record) => listing.items.push(record),
-                Err(reason) => listing.corrupt.push(CorruptRecord { key: id, reason }),
-            }
+            self.push_worker(&mut listing, &kv);
         }
         Ok(listing)
     }
@@ -433,6 +456,62 @@ impl LeaseStore for EtcdStore {
 
     fn namespace(&self) -> Option<Namespace> {
         Some(self.namespace.clone())
+    }
+
+    /// A plain `Put` of the signal's key (see `keys`): no compare, and no watch notice (the
+    /// watch skips the key).
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        self.client
+            .kv_client()
+            .put(self.keys.fleet_signal(), codec::encode_fleet_signal(token), None)
+            .await
+            .map_err(|e| backend(&self.redactor, "write fleet signal", e))?;
+        Ok(())
+    }
+
+    /// A `Range` of the signal's key alone; a value that does not decode is `Err(Corrupt)` named
+    /// by that key.
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        let key = self.keys.fleet_signal();
+        let resp = self
+            .client
+            .kv_client()
+            .get(key.clone(), None)
+            .await
+            .map_err(|e| backend(&self.redactor, "read fleet signal", e))?;
+        let Some(kv) = resp.kvs().first() else { return Ok(FleetSignal::Missing) };
+        match codec::decode_fleet_signal(kv.value()) {
+            Ok(token) => Ok(FleetSignal::Token(token)),
+            Err(reason) => Err(Error::Corrupt { key, reason }),
+        }
+    }
+
+    /// One `Txn` of a `Get` per distinct id, [`WORKERS_PER_TXN`] ids per `Txn` (the chunks one
+    /// after the other), each record decoded as [`list_workers`](LeaseStore::list_workers)
+    /// decodes it.
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        let mut seen = HashSet::new();
+        let keys: Vec<String> = ids
+            .iter()
+            .filter(|id| seen.insert(id.as_str()))
+            .map(|id| self.keys.worker(id.as_str()))
+            .collect();
+        let mut listing = Listing::default();
+        let mut kv = self.client.kv_client();
+        for chunk in keys.chunks(WORKERS_PER_TXN) {
+            let gets: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+            let resp = kv
+                .txn(Txn::new().and_then(gets))
+                .await
+                .map_err(|e| backend(&self.redactor, "get workers", e))?;
+            for op in resp.op_responses() {
+                let TxnOpResponse::Get(get) = op else { return Err(unexpected("get workers")) };
+                for found in get.kvs() {
+                    self.push_worker(&mut listing, found);
+                }
+            }
+        }
+        Ok(listing)
     }
 
     /// An etcd watch on the namespace's keys (unless turned off with `watch=false`): every lease

@@ -8,7 +8,7 @@
 //! would give it too, but makes the server read the previous value for every event and every
 //! watcher, which on a busy server costs more than the writes themselves. A worker
 //! record becomes a notice only when it appears (its per-key version is 1) or is deleted, never
-//! for a heartbeat. The stream ends when etcd cancels the watch (a compaction past it, a lost
+//! for a heartbeat. A write of the fleet signal is no notice at all. The stream ends when etcd cancels the watch (a compaction past it, a lost
 //! connection, a server restart); the runtime then subscribes again and lists once. Ending the
 //! stream drops the watch's request channel, which cancels it on the server.
 
@@ -135,6 +135,7 @@ fn to_change(keys: &Keys, known: &mut Known, event: &Event) -> Option<StoreChang
                 (false, _) => Some(StoreChange::Worker { id, present: false }),
             }
         }
-        Record::Other => None,
+        // The fleet signal is no lease or worker change: the runtime reads it on its heartbeat.
+        Record::FleetSignal | Record::Other => None,
     }
 }

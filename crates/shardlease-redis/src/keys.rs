@@ -10,8 +10,13 @@
 //! {shardlease:orders}:leases              sorted set (all scores 0): the lease keys
 //! {shardlease:orders}:worker:<worker id>  hash: one worker's heartbeat record
 //! {shardlease:orders}:workers             sorted set (all scores 0): the worker ids
+//! {shardlease:orders}:fleet               string: the fleet signal (a decimal token)
 //! {shardlease:orders}:changes             pub/sub channel (not a key): change notices
 //! ```
+//!
+//! The fleet signal is neither a `lease:` nor a `worker:` key nor a member of an index, so no
+//! listing ever reads it; every worker `GET`s it each heartbeat and lists the worker records
+//! only when its token moved (`LeaseStore::write_fleet_signal`).
 //!
 //! Releases before random versions also kept a `{shardlease:orders}:version` counter. Nothing
 //! reads or writes it any more; [`scan_pattern`](Keys::scan_pattern) still matches it, so deleting
@@ -69,6 +74,11 @@ impl Keys {
         format!("{}:workers", self.base)
     }
 
+    /// The string holding the namespace's fleet signal (`LeaseStore::write_fleet_signal`).
+    pub(crate) fn fleet_signal(&self) -> String {
+        format!("{}:fleet", self.base)
+    }
+
     /// The namespace's change channel (pub/sub, not a key; hash-tagged all the same, so a
     /// cluster's sharded pub/sub would keep it beside the keys).
     pub(crate) fn changes(&self) -> String {
@@ -116,6 +126,7 @@ mod tests {
                 k.lease_index(),
                 k.worker("w-1"),
                 k.worker_index(),
+                k.fleet_signal(),
             ] {
                 assert_eq!(hash_tag(&key), tag, "{key}");
             }
@@ -129,6 +140,7 @@ mod tests {
         assert_ne!(a.lease("b}:lease:c"), evil.lease("c"));
         assert_ne!(Keys::new("p", "a}b"), Keys::new("p", "a%7Db"));
         assert_eq!(Keys::new("shardlease", "orders").lease("s1"), "{shardlease:orders}:lease:s1");
+        assert_eq!(Keys::new("shardlease", "orders").fleet_signal(), "{shardlease:orders}:fleet");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! [`RedisStore`]: the [`LeaseStore`] contract on Redis (its builder is in `builder.rs`).
 //!
-//! Reads are plain commands (`HGETALL`, `ZRANGE … BYLEX` pages plus pipelined `HGETALL`s);
+//! Reads are plain commands (`HGETALL`, `ZRANGE … BYLEX` pages plus pipelined `HMGET`s, a `GET`
+//! of the fleet signal);
 //! every write that must be atomic per record is one of the Lua scripts of
 //! [`scripts`](crate::scripts). On a single server the connection is a [`ConnectionManager`]:
 //! one multiplexed connection shared by every clone of the store, re-established by itself when
@@ -15,8 +16,8 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{RedisResult, Value};
 use shardlease_core::store::{
-    check_distinct_keys, ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore,
-    LeaseUpdate, Listing, Version, VersionedLease, WorkerRecord,
+    check_distinct_keys, ChangeStream, CorruptRecord, CreateOutcome, FleetSignal, Lease,
+    LeaseStore, LeaseUpdate, Listing, Version, VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 
@@ -133,6 +134,12 @@ impl RedisStore {
         self.inner.keys.worker(id.as_str())
     }
 
+    /// The Redis key holding the namespace's fleet signal (a string, the token in decimal), e.g.
+    /// `{shardlease:orders}:fleet` (for operators and tests).
+    pub fn fleet_signal_redis_key(&self) -> String {
+        self.inner.keys.fleet_signal()
+    }
+
     /// A clone of the connection manager (to run other commands on the same connection), or
     /// `None` for a store on a Redis Cluster (see [`connection`](Self::connection)).
     pub fn manager(&self) -> Option<ConnectionManager> {
@@ -153,7 +160,8 @@ impl RedisStore {
         self.conn.is_cluster()
     }
 
-    /// Deletes every key of this namespace (leases, worker records, indexes, version counter),
+    /// Deletes every key of this namespace (leases, worker records, indexes, the fleet signal,
+    /// the old version counter),
     /// found with `SCAN` (on a cluster, on the master of the namespace's slot, which holds them
     /// all) and removed with `UNLINK` in batches. Returns how many keys went.
     /// For tests and for operators retiring an application; running workers would recreate
@@ -182,6 +190,17 @@ impl RedisStore {
                 return Ok(removed);
             }
             cursor = next;
+        }
+    }
+
+    /// How worker records are read and decoded, by `list_workers` and `get_workers` alike.
+    fn worker_reader(&self) -> RecordReader<'_, WorkerRecord> {
+        RecordReader {
+            what: "workers",
+            keys: &self.inner.keys,
+            hash_key: Keys::worker,
+            names: codec::WORKER_FIELDS,
+            decode: |id, f| codec::decode_worker(id, f),
         }
     }
 
@@ -372,20 +391,16 @@ impl RedisStore {
     }
 
     /// Lists an index page by page: `ZRANGE … BYLEX` after the last member seen, then one
-    /// pipelined `HMGET` of the fields `names` per member, the pipeline ending with the next
-    /// page's `ZRANGE` (one round trip per page). Members added or removed meanwhile may or may
-    /// not be listed; every member present throughout is listed exactly once. A member whose
-    /// hash has vanished is skipped; one that cannot be decoded is reported as corrupt. A row
-    /// with none of the fields (rare: a vanished hash, or one holding none of them) is read again
-    /// with `HGETALL`, so a hash without any known field is reported as corrupt, not skipped.
-    async fn list_index<T>(
+    /// pipelined `HMGET` of the fields `reader.names` per member, the pipeline ending with the
+    /// next page's `ZRANGE` (one round trip per page). Members added or removed meanwhile may or
+    /// may not be listed; every member present throughout is listed exactly once. The rows are
+    /// decoded by [`read_rows`](Self::read_rows).
+    async fn list_index<T: Send>(
         &self,
-        what: &str,
         index: String,
-        hash_key: impl Fn(&str) -> String,
-        names: &'static [&'static str],
-        decode: impl Fn(&str, &dyn FieldSource) -> std::result::Result<T, String>,
+        reader: &RecordReader<'_, T>,
     ) -> Result<Listing<T>> {
+        let what = reader.what;
         let mut conn = self.conn.clone();
         let mut listing = Listing { items: Vec::new(), corrupt: Vec::new() };
         let page = self.inner.page_size;
@@ -411,9 +426,7 @@ impl RedisStore {
                 .collect();
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
-            for name in names_read.iter().flatten() {
-                pipe.cmd("HMGET").arg(hash_key(name)).arg(names);
-            }
+            reader.push_reads(&mut pipe, names_read.iter().flatten().copied());
             let more = members.len() >= page;
             if more {
                 pipe.add_command(range(members.last().map(Vec::as_slice)));
@@ -432,94 +445,138 @@ impl RedisStore {
             } else {
                 Vec::new()
             };
-            if replies.len() != names_read.iter().flatten().count() {
+            self.read_rows(&mut conn, reader, names_read, replies, &mut listing).await?;
+            members = next;
+        }
+        Ok(listing)
+    }
+
+    /// Decodes the replies of the `HMGET`s [`RecordReader::push_reads`] queued, one per name
+    /// of `names_read` that is text (in order), into `listing`. A record whose hash has vanished
+    /// is skipped; one that cannot be decoded (a name that is not UTF-8, a key of another type
+    /// included) goes to `listing.corrupt`. A row with none of the fields (rare: a vanished hash,
+    /// or one holding none of them) is read again with `HGETALL`, so a hash without any known
+    /// field is reported as corrupt, not skipped. Shared by the listings and `get_workers`, so a
+    /// record decodes the same whichever read it.
+    async fn read_rows<T: Send>(
+        &self,
+        conn: &mut StoreConn,
+        reader: &RecordReader<'_, T>,
+        names_read: Vec<std::result::Result<&str, String>>,
+        replies: Vec<RedisResult<Value>>,
+        listing: &mut Listing<T>,
+    ) -> Result<()> {
+        let RecordReader { what, names, decode, .. } = *reader;
+        let hash_key = |name: &str| reader.key_of(name);
+        if replies.len() != names_read.iter().flatten().count() {
+            return Err(unexpected(
+                &format!("reading a page of {what}"),
+                "a reply count unlike the commands'",
+            ));
+        }
+        // Rows with none of the fields, read again whole (rare).
+        let mut whole: Vec<Option<RedisResult<Value>>> = Vec::new();
+        let empty: Vec<&str> = names_read
+            .iter()
+            .flatten()
+            .zip(&replies)
+            .filter(|(_, r)| matches!(r, Ok(v) if codec::lacks_every_field(names, v)))
+            .map(|(n, _)| *n)
+            .collect();
+        if !empty.is_empty() {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for name in &empty {
+                pipe.cmd("HGETALL").arg(hash_key(name));
+            }
+            let again: Vec<RedisResult<Value>> = pipe
+                .query_async(conn)
+                .await
+                .map_err(|e| self.err(&format!("reading a page of {what}"), e))?;
+            if again.len() != empty.len() {
                 return Err(unexpected(
                     &format!("reading a page of {what}"),
                     "a reply count unlike the commands'",
                 ));
             }
-            // Rows with none of the fields, read again whole (rare).
-            let mut whole: Vec<Option<RedisResult<Value>>> = Vec::new();
-            let empty: Vec<&str> = names_read
-                .iter()
-                .flatten()
-                .zip(&replies)
-                .filter(|(_, r)| matches!(r, Ok(v) if codec::lacks_every_field(names, v)))
-                .map(|(n, _)| *n)
-                .collect();
-            if !empty.is_empty() {
-                let mut pipe = redis::pipe();
-                pipe.ignore_errors();
-                for name in &empty {
-                    pipe.cmd("HGETALL").arg(hash_key(name));
-                }
-                let again: Vec<RedisResult<Value>> = pipe
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.err(&format!("reading a page of {what}"), e))?;
-                if again.len() != empty.len() {
-                    return Err(unexpected(
-                        &format!("reading a page of {what}"),
-                        "a reply count unlike the commands'",
-                    ));
-                }
-                whole = again.into_iter().map(Some).collect();
-            }
-            let mut whole = whole.into_iter();
-            let mut replies = replies.into_iter();
-            for name in names_read {
-                let name = match name {
-                    Ok(n) => n,
-                    Err(lossy) => {
-                        listing.corrupt.push(CorruptRecord {
-                            key: lossy,
-                            reason: format!("the {what} index holds a member that is not UTF-8"),
-                        });
-                        continue;
-                    }
-                };
-                let reply = replies.next().ok_or_else(|| {
-                    unexpected(&format!("reading a page of {what}"), "fewer replies than commands")
-                })?;
-                let corrupt = |reason: String| CorruptRecord { key: name.to_owned(), reason };
-                let decoded = match reply {
-                    Err(e) if e.code() == Some("WRONGTYPE") => {
-                        listing.corrupt.push(corrupt(wrong_type(&hash_key(name), "another type")));
-                        continue;
-                    }
-                    Err(e) => return Err(self.err(&format!("reading {what} {name}"), e)),
-                    Ok(v) => match codec::row_of(names, &v) {
-                        Ok(Some(row)) => decode(name, &row),
-                        Ok(None) => match whole.next().flatten() {
-                            Some(Err(e)) if e.code() == Some("WRONGTYPE") => {
-                                Err(wrong_type(&hash_key(name), "another type"))
-                            }
-                            Some(Err(e)) => {
-                                return Err(self.err(&format!("reading {what} {name}"), e))
-                            }
-                            Some(Ok(v)) => match codec::fields_of(&v) {
-                                Ok(fields) if fields.is_empty() => continue, // deleted meanwhile
-                                Ok(fields) => decode(name, &fields),
-                                Err(reason) => Err(reason),
-                            },
-                            None => {
-                                return Err(unexpected(
-                                    &format!("reading a page of {what}"),
-                                    "fewer replies than commands",
-                                ))
-                            }
-                        },
-                        Err(reason) => Err(reason),
-                    },
-                };
-                match decoded {
-                    Ok(item) => listing.items.push(item),
-                    Err(reason) => listing.corrupt.push(corrupt(reason)),
-                }
-            }
-            members = next;
+            whole = again.into_iter().map(Some).collect();
         }
-        Ok(listing)
+        let mut whole = whole.into_iter();
+        let mut replies = replies.into_iter();
+        for name in names_read {
+            let name = match name {
+                Ok(n) => n,
+                Err(lossy) => {
+                    listing.corrupt.push(CorruptRecord {
+                        key: lossy,
+                        reason: format!("the {what} index holds a member that is not UTF-8"),
+                    });
+                    continue;
+                }
+            };
+            let reply = replies.next().ok_or_else(|| {
+                unexpected(&format!("reading a page of {what}"), "fewer replies than commands")
+            })?;
+            let corrupt = |reason: String| CorruptRecord { key: name.to_owned(), reason };
+            let decoded = match reply {
+                Err(e) if e.code() == Some("WRONGTYPE") => {
+                    listing.corrupt.push(corrupt(wrong_type(&hash_key(name), "another type")));
+                    continue;
+                }
+                Err(e) => return Err(self.err(&format!("reading {what} {name}"), e)),
+                Ok(v) => match codec::row_of(names, &v) {
+                    Ok(Some(row)) => decode(name, &row),
+                    Ok(None) => match whole.next().flatten() {
+                        Some(Err(e)) if e.code() == Some("WRONGTYPE") => {
+                            Err(wrong_type(&hash_key(name), "another type"))
+                        }
+                        Some(Err(e)) => return Err(self.err(&format!("reading {what} {name}"), e)),
+                        Some(Ok(v)) => match codec::fields_of(&v) {
+                            Ok(fields) if fields.is_empty() => continue, // deleted meanwhile
+                            Ok(fields) => decode(name, &fields),
+                            Err(reason) => Err(reason),
+                        },
+                        None => {
+                            return Err(unexpected(
+                                &format!("reading a page of {what}"),
+                                "fewer replies than commands",
+                            ))
+                        }
+                    },
+                    Err(reason) => Err(reason),
+                },
+            };
+            match decoded {
+                Ok(item) => listing.items.push(item),
+                Err(reason) => listing.corrupt.push(corrupt(reason)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How one kind of record is read and decoded: what it is called in messages, the Redis key
+/// of the hash named `name`, the fields the decoder reads (one `HMGET` of them per record), and
+/// the decoder.
+struct RecordReader<'a, T> {
+    what: &'static str,
+    keys: &'a Keys,
+    hash_key: fn(&Keys, &str) -> String,
+    names: &'static [&'static str],
+    decode: fn(&str, &dyn FieldSource) -> std::result::Result<T, String>,
+}
+
+impl<T> RecordReader<'_, T> {
+    /// The Redis key of the hash of record `name`.
+    fn key_of(&self, name: &str) -> String {
+        (self.hash_key)(self.keys, name)
+    }
+
+    /// Queues on `pipe` one `HMGET` of the decoder's fields per name, in order.
+    fn push_reads<'n>(&self, pipe: &mut redis::Pipeline, names: impl Iterator<Item = &'n str>) {
+        for name in names {
+            pipe.cmd("HMGET").arg(self.key_of(name)).arg(self.names);
+        }
     }
 }
 
@@ -559,6 +616,18 @@ fn parse_reply(v: &Value) -> std::result::Result<Reply, String> {
             Ok(Reply::WrongType(format!("a {t}")))
         }
         other => Err(format!("unknown tag {other:?}")),
+    }
+}
+
+/// The token a fleet signal holds: decimal text in `1..=Version::MAX_RANDOM`.
+fn parse_token(v: &Value) -> std::result::Result<Version, String> {
+    let text = codec::text(v).ok_or_else(|| "the fleet signal is not UTF-8 text".to_owned())?;
+    match text.parse::<u64>() {
+        Ok(n) if (1..=Version::MAX_RANDOM).contains(&n) => Ok(Version(n)),
+        _ => {
+            let shown: String = text.chars().take(40).collect();
+            Err(format!("the fleet signal is not a token: {shown:?}"))
+        }
     }
 }
 
@@ -606,15 +675,14 @@ impl LeaseStore for RedisStore {
 
     async fn list_leases(&self) -> Result<Listing<VersionedLease>> {
         let keys = &self.inner.keys;
-        let decode = |k: &str, f: &dyn FieldSource| codec::decode_lease(k, f);
-        self.list_index(
-            "leases",
-            keys.lease_index(),
-            |k| keys.lease(k),
-            codec::LEASE_FIELDS,
-            decode,
-        )
-        .await
+        let reader = RecordReader {
+            what: "leases",
+            keys,
+            hash_key: Keys::lease,
+            names: codec::LEASE_FIELDS,
+            decode: |key, f| codec::decode_lease(key, f),
+        };
+        self.list_index(keys.lease_index(), &reader).await
     }
 
     async fn update_lease(&self, lease: &Lease, expected: Version) -> Result<Version> {
@@ -669,10 +737,64 @@ impl LeaseStore for RedisStore {
     }
 
     async fn list_workers(&self) -> Result<Listing<WorkerRecord>> {
-        let keys = &self.inner.keys;
-        let decode = |id: &str, f: &dyn FieldSource| codec::decode_worker(id, f);
-        let index = keys.worker_index();
-        self.list_index("workers", index, |id| keys.worker(id), codec::WORKER_FIELDS, decode).await
+        self.list_index(self.inner.keys.worker_index(), &self.worker_reader()).await
+    }
+
+    /// One pipeline of `HMGET`s of the worker hashes (the reads `list_workers` makes, decoded by
+    /// the same code) per chunk of up to `page_size` distinct ids: one round trip per chunk, plus
+    /// one `HGETALL` round trip for the ids whose hash has none of the fields (a missing worker).
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        let reader = self.worker_reader();
+        let mut wanted: Vec<&str> = ids.iter().map(WorkerId::as_str).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut conn = self.conn.clone();
+        let mut listing = Listing { items: Vec::new(), corrupt: Vec::new() };
+        for chunk in wanted.chunks(self.inner.page_size) {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            reader.push_reads(&mut pipe, chunk.iter().copied());
+            let replies: Vec<RedisResult<Value>> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err("reading named workers", e))?;
+            let names_read = chunk.iter().map(|id| Ok(*id)).collect();
+            self.read_rows(&mut conn, &reader, names_read, replies, &mut listing).await?;
+        }
+        Ok(listing)
+    }
+
+    /// `SET` of the namespace's signal key (`{prefix:namespace}:fleet`) to the token in decimal.
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let _: Value = redis::cmd("SET")
+            .arg(self.inner.keys.fleet_signal())
+            .arg(token.0.to_string())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("writing the fleet signal", e))?;
+        Ok(())
+    }
+
+    /// `GET` of the signal key: `Missing` when it does not exist; `Error::Corrupt` (keyed by the
+    /// Redis key) when it holds another type or anything but a token in decimal.
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        let redis_key = self.inner.keys.fleet_signal();
+        let mut conn = self.conn.clone();
+        let reply: RedisResult<Value> =
+            redis::cmd("GET").arg(&redis_key).query_async(&mut conn).await;
+        let corrupt = |reason: String| Error::Corrupt { key: redis_key.clone(), reason };
+        let value = match reply {
+            Ok(Value::Nil) => return Ok(FleetSignal::Missing),
+            Ok(v) => v,
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                return Err(corrupt(format!(
+                    "the Redis key {redis_key:?} holds another type, not a string (WRONGTYPE)"
+                )));
+            }
+            Err(e) => return Err(self.err("reading the fleet signal", e)),
+        };
+        parse_token(&value).map(FleetSignal::Token).map_err(corrupt)
     }
 
     async fn remove_worker(&self, id: &WorkerId) -> Result<()> {
@@ -756,5 +878,18 @@ mod tests {
         assert!(parse_reply(&Value::Int(1)).is_err());
         assert!(parse_reply(&Value::Array(vec![b("what")])).is_err());
         assert!(parse_reply(&Value::Array(vec![b("created"), b("-1")])).is_err());
+    }
+
+    #[test]
+    fn fleet_tokens_parse() {
+        let b = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert_eq!(parse_token(&b("17")).unwrap(), Version(17));
+        let max = Version::MAX_RANDOM.to_string();
+        assert_eq!(parse_token(&b(&max)).unwrap(), Version(Version::MAX_RANDOM));
+        for bad in ["0", "-3", "", "x", "9223372036854775808", " 5"] {
+            assert!(parse_token(&b(bad)).is_err(), "{bad:?}");
+        }
+        assert!(parse_token(&Value::BulkString(vec![0xff])).is_err());
+        assert!(parse_token(&Value::Int(5)).is_err());
     }
 }

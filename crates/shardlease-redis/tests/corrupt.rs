@@ -11,7 +11,9 @@ mod common;
 
 use async_trait::async_trait;
 use common::RedisFactory;
-use shardlease_core::store::{CreateOutcome, Lease, LeaseStore, LeaseUpdate, Version};
+use shardlease_core::store::{
+    CreateOutcome, FleetSignal, Lease, LeaseStore, LeaseUpdate, Version, WorkerRecord,
+};
 use shardlease_core::{Error, LeaseKey, Position, Result, WorkerId};
 use shardlease_redis::RedisConnection;
 use shardlease_testkit::extensions::{CorruptRecords, Corruption};
@@ -210,4 +212,79 @@ async fn damaged_records_in_a_batch_on_a_server() {
 async fn damaged_records_in_a_batch_on_a_cluster() {
     let Some(f) = corrupting_cluster().await else { return };
     damaged_records_in_a_batch(&f).await;
+}
+
+/// `get_workers` reports damaged worker records exactly as `list_workers` does (pages and
+/// chunks of two here), and a fleet signal that is not a token, or a key of another type, is
+/// `Error::Corrupt` keyed by its Redis key, never a panic, until the next write replaces it.
+/// The signal's key carries the
+/// namespace's hash tag and `delete_namespace` removes it.
+async fn damaged_workers_and_signal(f: &RedisFactory) {
+    with_scope(f, "redis_fleet_damage", |scope| async move {
+        let (ns, _) = scope.fresh_store().await;
+        let store = f.open(&ns).await.unwrap();
+        let mut conn = store.connection();
+        let ids: Vec<WorkerId> = ["w-a", "w-b", "w-c", "w-d", "w-e"].map(WorkerId::from).into();
+        for (i, id) in ids.iter().enumerate() {
+            store.heartbeat(&WorkerRecord::new(id.clone(), 1 + i as u64)).await.unwrap();
+        }
+        let k = |id: &WorkerId| store.worker_redis_key(id);
+        raw(&mut conn, &[b"HSET", k(&ids[1]).as_bytes(), b"beat", b"many"]).await.unwrap();
+        raw(&mut conn, &[b"DEL", k(&ids[2]).as_bytes()]).await.unwrap();
+        raw(&mut conn, &[b"SET", k(&ids[2]).as_bytes(), b"x"]).await.unwrap();
+        raw(&mut conn, &[b"DEL", k(&ids[3]).as_bytes()]).await.unwrap();
+        raw(&mut conn, &[b"HSET", k(&ids[3]).as_bytes(), b"foo", b"bar"]).await.unwrap();
+
+        let listed = store.list_workers().await.unwrap();
+        let mut wanted = ids.clone();
+        wanted.push(WorkerId::from("w-never"));
+        wanted.push(ids[1].clone());
+        let mut got = store.get_workers(&wanted).await.unwrap();
+        got.items.sort_by(|a, b| a.id.cmp(&b.id));
+        got.corrupt.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut listed_corrupt = listed.corrupt.clone();
+        listed_corrupt.sort_by(|a, b| a.key.cmp(&b.key));
+        assert_eq!(got.items, listed.items, "the intact records, as listed");
+        assert_eq!(got.corrupt.len(), 3, "{:?}", got.corrupt);
+        for (a, b) in got.corrupt.iter().zip(&listed_corrupt) {
+            assert_eq!((&a.key, &a.reason), (&b.key, &b.reason), "reported as the listing does");
+        }
+
+        let signal = store.fleet_signal_redis_key();
+        assert!(signal.starts_with(store.key_tag()), "{signal}");
+        for bad in [b"soon".as_slice(), b"0", b"-4", &[0xff, 0xfe]] {
+            raw(&mut conn, &[b"SET", signal.as_bytes(), bad]).await.unwrap();
+            match store.read_fleet_signal().await {
+                Err(Error::Corrupt { key, .. }) => assert_eq!(key, signal),
+                other => panic!("{bad:?}: expected Corrupt, got {other:?}"),
+            }
+        }
+        raw(&mut conn, &[b"DEL", signal.as_bytes()]).await.unwrap();
+        raw(&mut conn, &[b"HSET", signal.as_bytes(), b"a", b"b"]).await.unwrap();
+        match store.read_fleet_signal().await {
+            Err(Error::Corrupt { key, reason }) => {
+                assert_eq!(key, signal);
+                assert!(reason.contains("WRONGTYPE"), "{reason}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        // A write is a plain `SET`: it replaces whatever the key held, so the signal mends.
+        store.write_fleet_signal(Version(9)).await.unwrap();
+        assert_eq!(store.read_fleet_signal().await.unwrap(), FleetSignal::Token(Version(9)));
+        store.delete_namespace().await.unwrap();
+        assert_eq!(store.read_fleet_signal().await.unwrap(), FleetSignal::Missing);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_workers_and_signal_on_a_server() {
+    let Some(f) = corrupting().await else { return };
+    damaged_workers_and_signal(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_workers_and_signal_on_a_cluster() {
+    let Some(f) = corrupting_cluster().await else { return };
+    damaged_workers_and_signal(&f).await;
 }

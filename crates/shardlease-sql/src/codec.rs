@@ -259,6 +259,15 @@ fn unsigned(name: &str, v: i64) -> std::result::Result<u64, String> {
     u64::try_from(v).map_err(|_| format!("column {name} is negative ({v})"))
 }
 
+/// Decodes the `token` column of a fleet signal row: a positive `BIGINT`.
+pub(crate) fn decode_token(token: Col<i64>) -> std::result::Result<Version, String> {
+    let token = required("token", token)?;
+    match unsigned("token", token)? {
+        0 => Err("column token is 0 (tokens start at 1)".to_owned()),
+        t => Ok(Version(t)),
+    }
+}
+
 impl RawLease {
     /// The row's version, when that column decoded.
     pub(crate) fn version(&self) -> Option<i64> {

@@ -73,6 +73,15 @@ pub(crate) const LEASE_WRITE_COLUMNS: [&str; 11] = [
 pub(crate) const LEASE_COLUMNS: &str = "lease_key, owner, epoch, version, checkpoint_kind, \
      checkpoint_seq, checkpoint_sub, checkpoint_millis, parents, claim_by, claim_at, attributes";
 
+/// The most worker ids one `get_workers` statement names (`IN` list), far below every dialect's
+/// bind limit (SQLite's smallest, 999; PostgreSQL's and MySQL's, 65535). More ids take more
+/// statements.
+pub(crate) const GET_WORKERS_CHUNK: usize = 1 << (GET_WORKERS_WIDTHS - 1);
+
+/// How many `get_workers` statements there are: one per width 1, 2, 4, ... up to
+/// [`GET_WORKERS_CHUNK`] (see [`Queries::get_workers`]).
+const GET_WORKERS_WIDTHS: usize = 10;
+
 /// The columns of a worker row, in the order every `SELECT` returns them.
 pub(crate) const WORKER_COLUMNS: &str =
     "worker_id, beat, updated_at_millis, lease_count, load_figure, capacity, changes, lease_loads";
@@ -83,6 +92,7 @@ pub(crate) struct Tables {
     pub(crate) leases: String,
     pub(crate) workers: String,
     pub(crate) namespaces: String,
+    pub(crate) fleet: String,
     pub(crate) migrations: String,
 }
 
@@ -93,6 +103,7 @@ impl Tables {
             leases: format!("{prefix}leases"),
             workers: format!("{prefix}workers"),
             namespaces: format!("{prefix}namespaces"),
+            fleet: format!("{prefix}fleet"),
             migrations: format!("{prefix}schema_migrations"),
         }
     }
@@ -114,7 +125,14 @@ pub(crate) struct Queries {
     pub(crate) list_workers: Sql,
     pub(crate) remove_worker: Sql,
     pub(crate) remove_worker_if: Sql,
-    pub(crate) delete_namespace: [Sql; 3],
+    /// `get_workers`: entry `i` reads `2^i` worker ids (`namespace` first, then the ids); the
+    /// last reads [`GET_WORKERS_CHUNK`]. See [`Queries::get_workers`].
+    pub(crate) get_workers: [Sql; GET_WORKERS_WIDTHS],
+    /// The upsert of the namespace's fleet signal: `namespace`, `token`.
+    pub(crate) write_fleet_signal: Sql,
+    /// The read of the namespace's fleet signal: `namespace`.
+    pub(crate) read_fleet_signal: Sql,
+    pub(crate) delete_namespace: [Sql; 4],
     pub(crate) schema_version: Sql,
     /// PostgreSQL: the writes that announce themselves (see `crate::notify`).
     pub(crate) notifying: Option<Notifying>,
@@ -153,8 +171,15 @@ impl Queries {
     /// The statements of `dialect` over `tables`.
     pub(crate) fn new(dialect: Dialect, tables: &Tables) -> Self {
         let d = dialect;
-        let Tables { leases, workers, namespaces, migrations } = tables;
+        let Tables { leases, workers, namespaces, fleet, migrations } = tables;
         let p = |n| d.ph(n);
+        // The fleet signal is a plain put: the row keeps whatever token was written last.
+        let fleet_upsert = match d {
+            Dialect::MySql => " ON DUPLICATE KEY UPDATE token = VALUES(token)",
+            Dialect::Postgres | Dialect::Sqlite => {
+                " ON CONFLICT (namespace) DO UPDATE SET token = excluded.token"
+            }
+        };
         let on_conflict_nothing = match d {
             // MySQL has no "do nothing" that is not INSERT IGNORE (which also turns data errors
             // into warnings); its duplicate-key error is mapped to "already exists" instead.
@@ -270,7 +295,20 @@ impl Queries {
                 p(2),
                 p(3)
             )),
-            delete_namespace: [leases, workers, namespaces]
+            get_workers: std::array::from_fn(|i| {
+                sql(format!(
+                    "SELECT {WORKER_COLUMNS} FROM {workers} WHERE namespace = {} \
+                     AND worker_id IN ({})",
+                    p(1),
+                    d.phs(2, 1 << i)
+                ))
+            }),
+            write_fleet_signal: sql(format!(
+                "INSERT INTO {fleet} (namespace, token) VALUES ({}){fleet_upsert}",
+                d.phs(1, 2)
+            )),
+            read_fleet_signal: sql(format!("SELECT token FROM {fleet} WHERE namespace = {}", p(1))),
+            delete_namespace: [leases, workers, namespaces, fleet]
                 .map(|t| sql(format!("DELETE FROM {t} WHERE namespace = {}", p(1)))),
             schema_version: sql(format!("SELECT MAX(version) FROM {migrations}")),
             notifying: None,
@@ -285,6 +323,20 @@ impl Queries {
 
 fn sql(s: String) -> Sql {
     Arc::from(s)
+}
+
+impl Queries {
+    /// The `get_workers` statement for `count` ids (at most [`GET_WORKERS_CHUNK`]) and how many
+    /// ids it binds: the narrowest of widths 1, 2, 4, ... that fits. The caller repeats its last id
+    /// in the spare placeholders (`IN` matches a row once however often it is named), so a few
+    /// statement texts serve every count and stay in the drivers' prepared-statement caches.
+    pub(crate) fn get_workers(&self, count: usize) -> (&Sql, usize) {
+        let width = count.clamp(1, GET_WORKERS_CHUNK).next_power_of_two();
+        let index = width.trailing_zeros() as usize;
+        // `index < GET_WORKERS_WIDTHS` since `width <= GET_WORKERS_CHUNK`.
+        let last = &self.get_workers[GET_WORKERS_WIDTHS - 1];
+        (self.get_workers.get(index).unwrap_or(last), width)
+    }
 }
 
 /// Column types of the schema, per dialect.
@@ -454,6 +506,20 @@ pub(crate) fn schema_v3(dialect: Dialect, tables: &Tables, _mysql_collation: &st
     )]
 }
 
+/// The statements of schema version 4: the fleet signal table, one row per namespace holding the
+/// token workers write when they change something their peers must look at (see
+/// `LeaseStore::write_fleet_signal`). Only a new table, which neither the lease nor the worker
+/// listing reads, so workers of the previous release keep working on migrated tables.
+pub(crate) fn schema_v4(dialect: Dialect, tables: &Tables, mysql_collation: &str) -> Vec<String> {
+    let Types { name, int, table_options, .. } = types(dialect, mysql_collation);
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {fleet} (\
+         namespace {name} NOT NULL PRIMARY KEY, \
+         token {int} NOT NULL){table_options}",
+        fleet = tables.fleet
+    )]
+}
+
 /// Whether a migration statement failed only because the column it adds exists already (another
 /// worker migrating at the same moment, or a run interrupted before it recorded the version).
 pub(crate) fn is_duplicate_column(e: &sqlx::Error) -> bool {
@@ -508,6 +574,40 @@ mod tests {
             let n = q.notifying.as_ref().map(|n| n.heartbeat.to_string()).unwrap_or_default();
             assert!(n.contains("pg_notify($10, $11)"), "{n}");
         }
+    }
+
+    #[test]
+    fn get_workers_statements_fit_every_count() {
+        let tables = Tables::new("shardlease_");
+        for d in [Dialect::Postgres, Dialect::Sqlite, Dialect::MySql] {
+            let q = Queries::new(d, &tables);
+            for count in 1..=GET_WORKERS_CHUNK {
+                let (statement, width) = q.get_workers(count);
+                assert!(width >= count && width < 2 * count, "{d}: {count} ids, width {width}");
+                let binds = match d {
+                    Dialect::Postgres => statement.matches('$').count(),
+                    _ => statement.matches('?').count(),
+                };
+                assert_eq!(binds, width + 1, "{d}: namespace and {width} ids: {statement}");
+            }
+            assert_eq!(q.get_workers(GET_WORKERS_CHUNK).1, GET_WORKERS_CHUNK);
+            assert!(q.get_workers(1).0.contains("FROM shardlease_workers WHERE namespace = "));
+        }
+    }
+
+    #[test]
+    fn the_fleet_signal_is_an_upsert_of_its_own_table() {
+        let tables = Tables::new("p_");
+        for d in [Dialect::Postgres, Dialect::Sqlite, Dialect::MySql] {
+            let q = Queries::new(d, &tables);
+            assert!(q.write_fleet_signal.starts_with("INSERT INTO p_fleet (namespace, token)"));
+            assert!(q.read_fleet_signal.starts_with("SELECT token FROM p_fleet WHERE"));
+            assert!(q.delete_namespace.iter().any(|s| s.starts_with("DELETE FROM p_fleet ")));
+            let s = &schema_v4(d, &tables, "utf8mb4_bin")[0];
+            assert!(s.starts_with("CREATE TABLE IF NOT EXISTS p_fleet ("), "{s}");
+        }
+        assert!(Queries::new(Dialect::MySql, &tables).write_fleet_signal.contains("ON DUPLICATE"));
+        assert!(Queries::new(Dialect::Sqlite, &tables).write_fleet_signal.contains("ON CONFLICT"));
     }
 
     #[test]

@@ -54,6 +54,12 @@
 //!   releases drew versions from. It is no longer read or written (versions are random now,
 //!   below) but stays in schema 1, so that no migration is needed and older and newer workers can
 //!   share the tables; [`SqlStore::delete_namespace`] still clears a namespace's row.
+//! - `<prefix>fleet` (since schema 4): `namespace` (primary key), `token` (a positive `BIGINT`):
+//!   the namespace's fleet signal (`LeaseStore::write_fleet_signal`), a random token a worker
+//!   writes with one upsert whenever it changes something its peers must look at (a join, a
+//!   leave, an ownership change). Neither listing reads it. Schema 4 only adds the table, so
+//!   workers of the previous release can still open migrated tables (they never touch it);
+//!   [`SqlStore::delete_namespace`] clears the namespace's row.
 //!
 //! Keys compare byte by byte in every dialect (`COLLATE "C"` on PostgreSQL, a binary no-pad
 //! collation on MySQL), so `a`, `A` and `a ` are three leases. Namespaces, keys and worker ids
@@ -80,6 +86,13 @@
 //!
 //! `remove_worker_if` (removing a dead worker's record only while its beat is the one seen) is
 //! one `DELETE ... WHERE namespace = ? AND worker_id = ? AND beat = ?`.
+//!
+//! What a heartbeat reads: the `<prefix>fleet` row of the namespace (`SELECT token ... WHERE
+//! namespace = ?`, one primary-key lookup), plus the records of the peers the worker watches
+//! with `get_workers` (`SELECT ... FROM <prefix>workers WHERE namespace = ? AND worker_id IN
+//! (...)`, up to 512 ids per statement, the `IN` list padded to a power of two so a few
+//! statement texts stay prepared); the whole `<prefix>workers` listing only when the token
+//! differs from the one the worker saw last.
 //!
 //! Listing pages by key (1000 rows per query, keyset pagination), so a namespace of any size is
 //! never one huge result. A row that does not decode (a hand edit gone wrong) is reported as

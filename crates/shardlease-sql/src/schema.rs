@@ -39,10 +39,15 @@ const MIGRATIONS: &[Migration] = &[
         description: "worker records publish their heaviest leases' loads",
         statements: dialect::schema_v3,
     },
+    Migration {
+        version: 4,
+        description: "the per-namespace fleet signal",
+        statements: dialect::schema_v4,
+    },
 ];
 
 /// The schema version this build reads and writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Runs the missing migrations when `create` is set, then checks that the schema is there.
 pub(crate) async fn prepare(shared: &Shared, create: bool) -> Result<()> {

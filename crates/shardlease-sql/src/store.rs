@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shardlease_core::store::{
-    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, LeaseUpdate, Listing, Version,
-    VersionedLease, WorkerRecord,
+    ChangeStream, CorruptRecord, CreateOutcome, FleetSignal, Lease, LeaseStore, LeaseUpdate,
+    Listing, Version, VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Namespace, Result, WorkerId};
 use sqlx::AssertSqlSafe;
@@ -20,8 +20,9 @@ use tracing::debug;
 
 use crate::codec::{
     self, check_name, encode_lease, encode_worker, new_version, read_lease, read_worker, RawLease,
+    RawWorker,
 };
-use crate::dialect::{Dialect, Notifying, Queries, Sql, Tables};
+use crate::dialect::{Dialect, Notifying, Queries, Sql, Tables, GET_WORKERS_CHUNK};
 use crate::errors::{self, redact_url};
 use crate::pool::{open_pool, PoolSettings, Shared, SqlPool};
 use crate::schema;
@@ -371,8 +372,9 @@ impl SqlStore {
         &self.shared.pool
     }
 
-    /// Deletes every lease and worker record of this namespace (and its row in the
-    /// `<prefix>namespaces` table that releases before random versions kept). Only for a namespace
+    /// Deletes every lease and worker record of this namespace, its fleet signal (the
+    /// `<prefix>fleet` row) and its row in the `<prefix>namespaces` table that releases before
+    /// random versions kept. Only for a namespace
     /// no worker uses any more (tests, decommissioning): running workers would recreate records.
     pub async fn delete_namespace(&self) -> Result<()> {
         for statement in &self.shared.queries.delete_namespace {
@@ -663,11 +665,35 @@ impl LeaseStore for SqlStore {
             .map(|rows| rows.iter().map(read_worker).collect()));
         let rows = rows.map_err(|e| self.fail("list workers", e))?;
         let mut listing = Listing::ok(Vec::new());
-        for raw in rows {
-            match raw.decode() {
-                Ok(w) => listing.items.push(w),
-                Err(bad) => listing.corrupt.push(bad),
-            }
+        add_workers(&mut listing, rows);
+        Ok(listing)
+    }
+
+    /// `SELECT ... WHERE namespace = ? AND worker_id IN (...)`, up to 512 distinct
+    /// ids per statement, rows decoded as [`list_workers`](LeaseStore::list_workers) decodes
+    /// them. An id the store could not hold (a NUL, more than 255 characters) names no record
+    /// and is left out.
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        let mut seen = std::collections::HashSet::with_capacity(ids.len());
+        let wanted: Vec<&str> = ids
+            .iter()
+            .map(WorkerId::as_str)
+            .filter(|id| check_name("worker id", id).is_ok() && seen.insert(*id))
+            .collect();
+        let ns = self.namespace.as_str();
+        let mut listing = Listing::ok(Vec::new());
+        for chunk in wanted.chunks(GET_WORKERS_CHUNK) {
+            let Some(&last) = chunk.last() else { continue };
+            let (sql, width) = self.shared.queries.get_workers(chunk.len());
+            let padding = std::iter::repeat_n(last, width.saturating_sub(chunk.len()));
+            let rows: SqlxResult<Vec<RawWorker>> = on_pool!(&self.shared.pool, p => {
+                let mut query = sqlx::query(stmt(sql)).bind(ns);
+                for id in chunk.iter().copied().chain(padding) {
+                    query = query.bind(id);
+                }
+                query.fetch_all(p).await.map(|rows| rows.iter().map(read_worker).collect())
+            });
+            add_workers(&mut listing, rows.map_err(|e| self.fail("read workers", e))?);
         }
         Ok(listing)
     }
@@ -711,6 +737,46 @@ impl LeaseStore for SqlStore {
         removed.map(|n| n > 0).map_err(|e| self.fail("remove a worker conditionally", e))
     }
 
+    /// An upsert of the namespace's row in `<prefix>fleet`.
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        let token = i64::try_from(token.0).map_err(|_| {
+            Error::InvalidInput(format!(
+                "fleet signal token {} does not fit the SQL store's BIGINT column",
+                token.0
+            ))
+        })?;
+        let sql = stmt(&self.shared.queries.write_fleet_signal);
+        let ns = self.namespace.as_str();
+        let _turn = self.write_turn().await;
+        let done: SqlxResult<()> = on_pool!(&self.shared.pool, p => sqlx::query(sql)
+            .bind(ns)
+            .bind(token)
+            .execute(p)
+            .await
+            .map(|_| ()));
+        done.map_err(|e| self.fail("write the fleet signal", e))
+    }
+
+    /// The namespace's row in `<prefix>fleet`; a token that does not decode (a hand edit) is
+    /// `Error::Corrupt`.
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        let sql = stmt(&self.shared.queries.read_fleet_signal);
+        let ns = self.namespace.as_str();
+        let token: SqlxResult<Option<codec::Col<i64>>> = on_pool!(&self.shared.pool, p => {
+            sqlx::query(sql)
+                .bind(ns)
+                .fetch_optional(p)
+                .await
+                .map(|row| row.map(|r| codec::col(&r, 0)))
+        });
+        match token.map_err(|e| self.fail("read the fleet signal", e))? {
+            None => Ok(FleetSignal::Missing),
+            Some(token) => codec::decode_token(token).map(FleetSignal::Token).map_err(|reason| {
+                Error::Corrupt { key: format!("fleet signal of namespace {ns}"), reason }
+            }),
+        }
+    }
+
     fn namespace(&self) -> Option<Namespace> {
         Some(self.namespace.clone())
     }
@@ -725,6 +791,17 @@ impl LeaseStore for SqlStore {
                 crate::notify::subscribe(pool, channel).await.map(Some)
             }
             _ => Ok(None),
+        }
+    }
+}
+
+/// Adds decoded worker rows to `listing`: the records that decode to `items`, the others to
+/// `corrupt` (`list_workers` and `get_workers` alike).
+fn add_workers(listing: &mut Listing<WorkerRecord>, rows: Vec<RawWorker>) {
+    for raw in rows {
+        match raw.decode() {
+            Ok(w) => listing.items.push(w),
+            Err(bad) => listing.corrupt.push(bad),
         }
     }
 }

@@ -253,7 +253,7 @@ where
     assert_eq!((row.epoch, row.checkpoint), (Epoch(2), all10.last_position().unwrap()));
     assert_eq!(rows_by(&pool, &table).await, (10, 10));
     store.delete_namespace().await.unwrap();
-    for t in ["sink", "leases", "workers", "namespaces", "schema_migrations"] {
+    for t in ["sink", "leases", "workers", "namespaces", "fleet", "schema_migrations"] {
         DB::drop_table(&pool, &format!("{prefix}{t}")).await;
     }
 }

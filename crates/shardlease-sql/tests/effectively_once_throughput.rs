@@ -111,7 +111,9 @@ async fn measure(pool: &sqlx::PgPool, source: &MemorySource, path: Path, batch: 
     let rows: i64 = sqlx::Postgres::counts(pool, &table).await.values().sum();
     assert_eq!(rows, (SHARDS * PER_SHARD) as i64);
     store.delete_namespace().await.unwrap();
-    for t in ["sink", "checkpoints", "leases", "workers", "namespaces", "schema_migrations"] {
+    for t in
+        ["sink", "checkpoints", "leases", "workers", "namespaces", "fleet", "schema_migrations"]
+    {
         sqlx::Postgres::drop_table(pool, &format!("{prefix}{t}")).await;
     }
     (SHARDS * PER_SHARD) as f64 / secs

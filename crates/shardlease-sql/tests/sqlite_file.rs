@@ -48,6 +48,12 @@ async fn migrates_version_2_tables() {
     common::migrates_version_2_tables(&file.url()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrates_version_3_tables() {
+    let file = TempDb::new("migrate-v3");
+    common::migrates_version_3_tables(&file.url()).await;
+}
+
 /// Read-modify-CAS increments of one lease from `tasks` tasks on `store`; returns conflicts.
 async fn increment(store: Arc<dyn LeaseStore>, key: &str, tasks: usize, each: u64) -> u64 {
     let handles: Vec<_> = (0..tasks)

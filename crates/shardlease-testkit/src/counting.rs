@@ -1,8 +1,9 @@
 //! [`CountingStore`]: a [`LeaseStore`] wrapper that counts every call by operation, so a test or
 //! the bench can tell what a fleet costs the store (reads and writes, calls and records).
 //!
-//! Reads are `get_lease`, `list_leases` and `list_workers`; writes are `create_lease`,
-//! `update_lease`, `delete_lease`, `heartbeat`, `remove_worker` and `remove_worker_if`. A call is
+//! Reads are `get_lease`, `list_leases`, `list_workers`, `read_fleet_signal` and `get_workers`;
+//! writes are `create_lease`, `update_lease`, `delete_lease`, `heartbeat`, `remove_worker`,
+//! `remove_worker_if` and `write_fleet_signal`. A call is
 //! counted when it is made, whatever its outcome; compare-and-set conflicts are also counted on
 //! their own. `namespace` is forwarded and not counted (it is not a call to the store).
 //!
@@ -16,12 +17,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use shardlease_core::store::{
-    CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
+    CreateOutcome, FleetSignal, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Result, WorkerId};
 
 /// The operations of the store contract, in reporting order.
-pub const OPERATIONS: [&str; 9] = [
+pub const OPERATIONS: [&str; OPERATION_COUNT] = [
     "create_lease",
     "get_lease",
     "list_leases",
@@ -31,18 +32,24 @@ pub const OPERATIONS: [&str; 9] = [
     "list_workers",
     "remove_worker",
     "remove_worker_if",
+    "write_fleet_signal",
+    "read_fleet_signal",
+    "get_workers",
 ];
+
+/// How many operations [`OPERATIONS`] names.
+pub const OPERATION_COUNT: usize = 12;
 
 /// Whether an operation of [`OPERATIONS`] reads (as opposed to writes).
 pub fn is_read(op: &str) -> bool {
-    matches!(op, "get_lease" | "list_leases" | "list_workers")
+    matches!(op, "get_lease" | "list_leases" | "list_workers" | "read_fleet_signal" | "get_workers")
 }
 
 /// Calls per operation, indexed like [`OPERATIONS`], plus conflicts of `update_lease`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpCounts {
     /// Calls per operation, in the order of [`OPERATIONS`].
-    pub calls: [u64; 9],
+    pub calls: [u64; OPERATION_COUNT],
     /// `update_lease` calls refused with a conflict.
     pub update_conflicts: u64,
     /// Records (rows, items, keys) the read calls returned.
@@ -92,7 +99,7 @@ impl OpCounts {
 #[derive(Debug)]
 pub struct CountingStore {
     inner: Arc<dyn LeaseStore>,
-    calls: [AtomicU64; 9],
+    calls: [AtomicU64; OPERATION_COUNT],
     update_conflicts: AtomicU64,
     records_read: AtomicU64,
 }
@@ -117,7 +124,7 @@ impl CountingStore {
 
     /// The calls counted so far.
     pub fn counts(&self) -> OpCounts {
-        let mut calls = [0; 9];
+        let mut calls = [0; OPERATION_COUNT];
         for (c, a) in calls.iter_mut().zip(&self.calls) {
             *c = a.load(Ordering::Relaxed);
         }
@@ -230,6 +237,25 @@ impl shardlease_core::store::StoreDecorator for CountingStore {
         self.count(8);
         self.inner.remove_worker_if(id, beat).await
     }
+
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        self.count(9);
+        self.inner.write_fleet_signal(token).await
+    }
+
+    /// One record read (the signal), present or not, as a `get_lease` of a missing key.
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        self.count(10);
+        self.read(1);
+        self.inner.read_fleet_signal().await
+    }
+
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        self.count(11);
+        let listing = self.inner.get_workers(ids).await?;
+        self.read(listing.items.len() + listing.corrupt.len());
+        Ok(listing)
+    }
 }
 
 #[cfg(test)]
@@ -254,13 +280,19 @@ mod tests {
         store.remove_worker(&WorkerId::new("w")).await.unwrap();
         assert!(!store.remove_worker_if(&WorkerId::new("w"), 1).await.unwrap());
         store.delete_lease(&lease.key, v2).await.unwrap();
+        store.write_fleet_signal(Version(3)).await.unwrap();
+        assert_eq!(store.read_fleet_signal().await.unwrap(), FleetSignal::Token(Version(3)));
+        store.heartbeat(&WorkerRecord::new(WorkerId::new("v"), 1)).await.unwrap();
+        let ids = [WorkerId::new("v"), WorkerId::new("missing")];
+        assert_eq!(store.get_workers(&ids).await.unwrap().items.len(), 1);
         assert_eq!(store.namespace().map(|n| n.to_string()).as_deref(), Some("default"));
         let c = store.counts();
-        assert_eq!(c.calls, [1, 1, 1, 2, 1, 1, 1, 1, 1]);
+        assert_eq!(c.calls, [1, 1, 1, 2, 1, 2, 1, 1, 1, 1, 1, 1]);
         assert_eq!(c.update_conflicts, 1);
-        // get (1) + the listing of one lease (1) + the listing of one worker (1).
-        assert_eq!((c.records_read, c.records_written), (3, 7));
-        assert_eq!((c.reads(), c.writes()), (3, 7));
+        // get (1) + the listing of one lease (1) + the listing of one worker (1) + the signal
+        // (1) + the one named worker that exists (1).
+        assert_eq!((c.records_read, c.records_written), (5, 9));
+        assert_eq!((c.reads(), c.writes()), (5, 9));
         assert_eq!(c.since(&c), OpCounts::default());
     }
 }

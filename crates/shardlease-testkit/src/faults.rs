@@ -20,7 +20,7 @@ use futures::StreamExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shardlease_core::store::{
-    ChangeStream, CorruptRecord, CreateOutcome, Lease, LeaseStore, Listing, Version,
+    ChangeStream, CorruptRecord, CreateOutcome, FleetSignal, Lease, LeaseStore, Listing, Version,
     VersionedLease, WorkerRecord,
 };
 use shardlease_core::{Error, LeaseKey, Result, WorkerId};
@@ -529,6 +529,23 @@ impl shardlease_core::store::StoreDecorator for FaultyStore {
             return Err(e);
         }
         self.run("remove_worker_if", Kind::Write, self.inner.remove_worker_if(id, beat)).await
+    }
+
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        if let Some(e) = self.late("write_fleet_signal", move |s| async move {
+            let _ = s.write_fleet_signal(token).await;
+        }) {
+            return Err(e);
+        }
+        self.run("write_fleet_signal", Kind::Write, self.inner.write_fleet_signal(token)).await
+    }
+
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        self.run("read_fleet_signal", Kind::Read, self.inner.read_fleet_signal()).await
+    }
+
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        self.run("get_workers", Kind::Read, self.inner.get_workers(ids)).await
     }
 
     /// A partitioned worker cannot subscribe, and its open stream ends at the first notice after

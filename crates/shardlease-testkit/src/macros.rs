@@ -32,6 +32,8 @@ macro_rules! __conformance_cases {
             worker_records_keep_lease_loads
             remove_worker_if_checks_the_beat
             a_heartbeat_never_moves_the_beat_back
+            the_fleet_signal_round_trips
+            get_workers_reads_the_named_records
             notices_announce_ownership_changes_only
             a_dropped_subscription_ends_its_stream
             one_worker_takes_every_lease_in_one_pass

@@ -21,7 +21,9 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 use crate::ids::{Namespace, WorkerId};
 use crate::lease::{Lease, LeaseKey, Version, VersionedLease};
-use crate::store::{check_distinct_keys, CreateOutcome, LeaseStore, LeaseUpdate, Listing};
+use crate::store::{
+    check_distinct_keys, CreateOutcome, FleetSignal, LeaseStore, LeaseUpdate, Listing,
+};
 use crate::worker_record::WorkerRecord;
 
 /// The records of one namespace.
@@ -29,6 +31,8 @@ use crate::worker_record::WorkerRecord;
 pub(super) struct NamespaceState {
     pub(super) leases: BTreeMap<LeaseKey, VersionedLease>,
     pub(super) workers: BTreeMap<WorkerId, WorkerRecord>,
+    /// The fleet signal ([`LeaseStore::write_fleet_signal`]); rolled back and wiped with the rest.
+    pub(super) fleet_signal: Option<Version>,
 }
 
 /// What a backend shares between its handles.
@@ -258,6 +262,24 @@ impl LeaseStore for MemoryStore {
             state.workers.remove(id);
         }
         Ok(current)
+    }
+
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        self.lock().fleet_signal = Some(token);
+        Ok(())
+    }
+
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        Ok(self.lock().fleet_signal.map_or(FleetSignal::Missing, FleetSignal::Token))
+    }
+
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        let state = self.lock();
+        let mut items: Vec<WorkerRecord> =
+            ids.iter().filter_map(|id| state.workers.get(id).cloned()).collect();
+        items.sort_by(|a, b| a.id.cmp(&b.id));
+        items.dedup_by(|a, b| a.id == b.id);
+        Ok(Listing::ok(items))
     }
 
     fn namespace(&self) -> Option<Namespace> {

@@ -37,7 +37,7 @@ use crate::lease::{Lease, LeaseKey, LeaseToken, Version, VersionedLease};
 use crate::notify::ChangeStream;
 use crate::position::Position;
 use crate::source::{ShardInfo, ShardReader, ShardSource};
-use crate::store::{CreateOutcome, LeaseStore, LeaseUpdate, Listing};
+use crate::store::{CreateOutcome, FleetSignal, LeaseStore, LeaseUpdate, Listing};
 use crate::worker_record::WorkerRecord;
 
 /// After how many passes in a row whose balancer panicked the built-in balancer plans instead.
@@ -191,6 +191,15 @@ impl LeaseStore for Contained<dyn LeaseStore> {
     }
     async fn remove_worker_if(&self, id: &WorkerId, beat: u64) -> Result<bool> {
         call(&self.log, STORE, "remove_worker_if", self.inner.remove_worker_if(id, beat)).await
+    }
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        call(&self.log, STORE, "write_fleet_signal", self.inner.write_fleet_signal(token)).await
+    }
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        call(&self.log, STORE, "read_fleet_signal", self.inner.read_fleet_signal()).await
+    }
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        call(&self.log, STORE, "get_workers", self.inner.get_workers(ids)).await
     }
     fn namespace(&self) -> Option<Namespace> {
         call_sync(&self.log, STORE, "namespace", None, || self.inner.namespace())

@@ -67,6 +67,12 @@ macro_rules! server_tests {
             let Some(url) = $url else { return };
             common::migrates_version_2_tables(&url).await;
         }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn migrates_version_3_tables() {
+            let Some(url) = $url else { return };
+            common::migrates_version_3_tables(&url).await;
+        }
     };
 }
 
@@ -501,6 +507,7 @@ pub async fn concurrent_migrations(url: &str) {
         again.leases_table().to_owned(),
         again.workers_table().to_owned(),
         format!("{prefix}namespaces"),
+        format!("{prefix}fleet"),
         migrations,
     ] {
         exec_raw(&again, &format!("DROP TABLE {table}"), &[]).await;
@@ -508,7 +515,7 @@ pub async fn concurrent_migrations(url: &str) {
 }
 
 /// Tables of `prefix` on `url`, created at the current schema, then taken back by hand to schema
-/// `version` (1 or 2): the columns later migrations add dropped and their records deleted. The
+/// `version` (1, 2 or 3): the tables and columns later migrations add dropped and their records deleted. The
 /// returned store (`create_schema` off) is on a new pool: SQLite compiles DDL against the schema
 /// a connection cached, and a connection of the migrating pool may have cached the table before
 /// another one added a column ("no such column", seen once in CI on a loaded machine). New
@@ -525,7 +532,11 @@ async fn tables_at_version(url: &str, prefix: &str, version: i64) -> SqlStore {
         .unwrap();
     let workers = current.workers_table().to_owned();
     let migrations = format!("{prefix}schema_migrations");
-    // Newest first, each column with the migration that added it.
+    // Newest first: each table and column with the migration that added it.
+    if version < 4 {
+        exec_raw(&current, &format!("DROP TABLE {prefix}fleet"), &[]).await;
+        exec_raw(&current, &format!("DELETE FROM {migrations} WHERE version = 4"), &[]).await;
+    }
     for (added_by, column) in [(3, "lease_loads"), (2, "changes")] {
         if added_by > version {
             exec_raw(&current, &format!("ALTER TABLE {workers} DROP COLUMN {column}"), &[]).await;
@@ -547,10 +558,35 @@ async fn drop_tables(store: &SqlStore) {
         store.leases_table().to_owned(),
         store.workers_table().to_owned(),
         format!("{prefix}namespaces"),
+        format!("{prefix}fleet"),
         format!("{prefix}schema_migrations"),
     ] {
         exec_raw(store, &format!("DROP TABLE {table}"), &[]).await;
     }
+}
+
+/// Tables left at schema version 3 (no fleet table) are refused without `create_schema` and
+/// migrated with it: the fleet signal starts missing and round-trips, the worker rows written
+/// before are still listed and read by id, and `delete_namespace` clears the signal.
+pub async fn migrates_version_3_tables(url: &str) {
+    use shardlease_core::store::FleetSignal;
+    let prefix = format!("f{}_", fresh_namespace("").replace('-', "_").trim_start_matches("ns_"));
+    let current = tables_at_version(url, &prefix, 3).await;
+    current.heartbeat(&WorkerRecord::new("old".into(), 7)).await.unwrap();
+    match SqlStore::builder().url(url).table_prefix(&prefix).create_schema(false).connect().await {
+        Err(Error::Config(m)) => assert!(m.contains("schema version 3"), "{m}"),
+        other => panic!("version 3 tables without create_schema: expected Config, got {other:?}"),
+    }
+    let migrated = SqlStore::builder().url(url).table_prefix(&prefix).connect().await.unwrap();
+    assert_eq!(migrated.read_fleet_signal().await.unwrap(), FleetSignal::Missing);
+    migrated.write_fleet_signal(Version(42)).await.unwrap();
+    assert_eq!(migrated.read_fleet_signal().await.unwrap(), FleetSignal::Token(Version(42)));
+    let got = migrated.get_workers(&["old".into(), "new".into()]).await.unwrap();
+    assert_eq!(got.items.len(), 1, "{got:?}");
+    assert_eq!(migrated.list_workers().await.unwrap().items.len(), 1);
+    migrated.delete_namespace().await.unwrap();
+    assert_eq!(migrated.read_fleet_signal().await.unwrap(), FleetSignal::Missing);
+    drop_tables(&migrated).await;
 }
 
 /// Tables left at schema version 2 (worker rows without `lease_loads`) are refused without

@@ -14,6 +14,7 @@
 mod batch;
 mod check;
 mod create;
+mod fleet;
 mod lease_loop;
 mod lifecycle;
 mod listing;
@@ -37,6 +38,7 @@ pub use batch::{
     an_empty_batch_does_nothing, LARGE_BATCH,
 };
 pub use create::{create_and_get_round_trip, create_race_is_idempotent};
+pub use fleet::{get_workers_reads_the_named_records, the_fleet_signal_round_trips, MANY_WORKERS};
 pub use lease_loop::{
     a_crashed_workers_leases_are_taken_over,
     a_graceful_leave_releases_leases_and_keeps_checkpoints,
