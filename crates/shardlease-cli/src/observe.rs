@@ -48,9 +48,11 @@ impl Observation {
         let leases = store.list_leases().await.map_err(CliError::Store)?;
         let before: HashMap<&WorkerId, u64> =
             first_workers.items.iter().map(|w| (&w.id, w.beat)).collect();
+        // Death notices (`<id>#dead`) are records about workers, not workers.
         let views = workers
             .items
             .into_iter()
+            .filter(|record| record.notice_of().is_none())
             .map(|record| {
                 let alive = before.get(&record.id).is_none_or(|b| *b != record.beat);
                 (record.id.clone(), WorkerView { record, alive })

@@ -43,6 +43,9 @@ pub struct LivenessChange {
     pub vanished: Vec<WorkerId>,
     /// Workers whose beat went backwards within one process: the store lost writes.
     pub went_back: Vec<WorkerId>,
+    /// Of `newly_dead`, those judged dead by a peer's death notice rather than by this
+    /// observer's own clock.
+    pub by_notice: Vec<WorkerId>,
 }
 
 impl LivenessChange {
@@ -75,6 +78,7 @@ impl Liveness {
     }
 
     /// Records a listing of worker records that was sent at `sent` and answered at `received`.
+    #[cfg(test)]
     ///
     /// The records describe some moment between the two. A beat seen for the first time is timed
     /// from `received` (the latest it can have been written), and the standstill is judged at
@@ -86,6 +90,28 @@ impl Liveness {
         sent: Instant,
         received: Instant,
     ) -> LivenessChange {
+        self.observe_some(records, None, &[], sent, received)
+    }
+
+    /// [`observe`](Liveness::observe) of an observation that read only the records of
+    /// `observed` (`None`: every record of the namespace), with the death notices of the
+    /// namespace's last full listing.
+    ///
+    /// Only observed workers are judged: a record of `records` whose id is not observed is a
+    /// copy of an older listing, and says nothing of now (its beat may have moved since, unseen),
+    /// and an observed id missing from `records` has vanished. A notice `(id, beat)` (a peer
+    /// that watches `id` judged it dead at `beat`, docs/algorithm.md, "A fleet too large to list
+    /// each heartbeat") makes `id` dead while its record, as this observer last saw it, still
+    /// shows that beat.
+    pub fn observe_some(
+        &mut self,
+        records: &[WorkerRecord],
+        observed: Option<&BTreeSet<WorkerId>>,
+        notices: &[(WorkerId, u64)],
+        sent: Instant,
+        received: Instant,
+    ) -> LivenessChange {
+        let seen_now = |id: &WorkerId| observed.is_none_or(|o| o.contains(id));
         if self.last_observed.is_some_and(|last| sent < last) {
             // A listing sent before the one already applied (two tasks of the worker list the
             // records): it would show beats going back. The newer view stands.
@@ -95,15 +121,19 @@ impl Liveness {
         self.last_observed = Some(now);
         let mut change = LivenessChange::default();
         let listed: BTreeSet<&WorkerId> = records.iter().map(|r| &r.id).collect();
-        let gone: Vec<WorkerId> =
-            self.workers.keys().filter(|id| !listed.contains(id)).cloned().collect();
+        let gone: Vec<WorkerId> = self
+            .workers
+            .keys()
+            .filter(|id| !listed.contains(id) && seen_now(id))
+            .cloned()
+            .collect();
         for id in gone {
             self.workers.remove(&id);
             self.dead.remove(&id);
             self.absent_owners.insert(id.clone(), first_seen);
             change.vanished.push(id);
         }
-        for r in records {
+        for r in records.iter().filter(|r| seen_now(&r.id)) {
             self.absent_owners.remove(&r.id);
             match self.workers.get_mut(&r.id) {
                 Some(seen) if seen.beat == r.beat => {}
@@ -131,11 +161,18 @@ impl Liveness {
                 }
             }
         }
-        for (id, seen) in &self.workers {
+        for (id, seen) in self.workers.iter().filter(|(id, _)| seen_now(id)) {
             if now.saturating_duration_since(seen.since) >= self.failover_timeout
                 && self.dead.insert(id.clone())
             {
                 change.newly_dead.push(id.clone());
+            }
+        }
+        for (id, beat) in notices {
+            let current = self.workers.get(id).is_some_and(|seen| seen.beat == *beat);
+            if current && self.dead.insert(id.clone()) {
+                change.newly_dead.push(id.clone());
+                change.by_notice.push(id.clone());
             }
         }
         change
@@ -210,6 +247,46 @@ mod tests {
 
     fn rec(id: &str, beat: u64) -> WorkerRecord {
         WorkerRecord::new(WorkerId::new(id), beat)
+    }
+
+    /// A partial observation judges only the workers it read: a copy of an older record says
+    /// nothing of now, so a peer nobody read for longer than the failover timeout is not judged
+    /// dead by it; an observed id without a record has vanished, the others have not.
+    #[tokio::test(start_paused = true)]
+    async fn only_observed_workers_are_judged() {
+        let fo = Duration::from_secs(10);
+        let mut l = Liveness::new(fo);
+        let t0 = Instant::now();
+        l.observe(&[rec("a", 1), rec("b", 1), rec("c", 1)], t0, t0);
+        let later = t0 + fo * 2;
+        let watched: BTreeSet<WorkerId> = ["b".into(), "c".into()].into();
+        // b stood still (read now), c's record is gone, a was not read.
+        let change = l.observe_some(&[rec("a", 1), rec("b", 1)], Some(&watched), &[], later, later);
+        assert_eq!(change.newly_dead, [WorkerId::from("b")]);
+        assert_eq!(change.vanished, [WorkerId::from("c")]);
+        assert!(l.live_workers().contains(&WorkerId::from("a")), "a was not observed");
+        // A full listing that shows a's beat where it was long ago judges it.
+        let change = l.observe(&[rec("a", 1), rec("b", 1)], later, later);
+        assert_eq!(change.newly_dead, [WorkerId::from("a")]);
+    }
+
+    /// A death notice makes its worker dead while the worker's record shows the beat it names,
+    /// and only then: a notice of an older beat (the worker beat since) changes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_death_notice_holds_while_the_beat_stands() {
+        let fo = Duration::from_secs(10);
+        let mut l = Liveness::new(fo);
+        let t0 = Instant::now();
+        l.observe(&[rec("a", 5), rec("b", 7)], t0, t0);
+        let t1 = t0 + Duration::from_secs(1);
+        let notices = [(WorkerId::from("a"), 5), (WorkerId::from("b"), 6)];
+        let change = l.observe_some(&[rec("a", 5), rec("b", 7)], None, &notices, t1, t1);
+        assert_eq!(change.newly_dead, [WorkerId::from("a")]);
+        assert_eq!(change.by_notice, [WorkerId::from("a")]);
+        assert_eq!(l.live_workers(), [WorkerId::from("b")].into());
+        // Heard again, it is not news.
+        let change = l.observe_some(&[rec("a", 5), rec("b", 8)], None, &notices, t1, t1);
+        assert!(change.newly_dead.is_empty(), "{change:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -96,6 +96,29 @@ impl WorkerRecord {
         !Self::same_process(stored, new) || stored < new
     }
 
+    /// The id suffix of a death notice (see [`WorkerRecord::death_notice`]): after the
+    /// incarnation separator `#`, which configured ids cannot contain, and not the 8 hex digits of
+    /// an incarnation, so a notice's id is never a worker's.
+    pub const DEATH_NOTICE_SUFFIX: &'static str = "#dead";
+
+    /// A **death notice**: the record a worker writes when, watching `dead`, it judged it dead
+    /// at `beat` (docs/algorithm.md, "A fleet too large to list each heartbeat"). It is stored
+    /// as a worker record (every store keeps those) under the id `<dead>#dead`, with the dead
+    /// worker's beat. Peers that list it take `dead` for dead while `dead`'s own record still
+    /// shows that beat; it is never a worker and never counted as one.
+    pub fn death_notice(dead: &WorkerId, beat: u64) -> WorkerRecord {
+        WorkerRecord::new(
+            WorkerId::new(format!("{}{}", dead.as_str(), Self::DEATH_NOTICE_SUFFIX)),
+            beat,
+        )
+    }
+
+    /// The worker this record announces dead, if it is a death notice
+    /// ([`WorkerRecord::death_notice`]).
+    pub fn notice_of(&self) -> Option<WorkerId> {
+        self.id.as_str().strip_suffix(Self::DEATH_NOTICE_SUFFIX).map(WorkerId::new)
+    }
+
     /// A record for `id` at beat `beat`, stamped with the current wall-clock time.
     pub fn new(id: WorkerId, beat: u64) -> Self {
         WorkerRecord {

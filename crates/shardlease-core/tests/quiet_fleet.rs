@@ -109,11 +109,19 @@ async fn a_settled_fleet_lists_no_leases() {
     assert_eq!(f.listings(), listings, "no balance pass listed the leases");
     assert_eq!(ops.of("list_leases"), 0, "nothing listed the leases: {ops:?}");
     assert_eq!(ops.of("get_lease"), 0, "nothing read a lease: {ops:?}");
-    // The window was real: every worker beat and listed the worker records all along.
-    assert!(ops.of("list_workers") >= 4 * 15, "{ops:?}");
+    // The window was real: every worker beat and read the fleet signal all along.
+    assert!(ops.of("read_fleet_signal") >= 4 * 15, "{ops:?}");
     assert!(ops.of("heartbeat") >= 4 * 15, "{ops:?}");
-    // What a quiet worker reads is worker records: four per listing.
-    assert_eq!(ops.records_read, ops.of("list_workers") * 4, "{ops:?}");
+    // Nothing moved, so nobody wrote the signal, and the worker records were listed only by
+    // the safety net (every 10 heartbeats, docs/algorithm.md, "A fleet too large to list each
+    // heartbeat"); the other heartbeats read the two watched peers.
+    assert_eq!(ops.of("write_fleet_signal"), 0, "{ops:?}");
+    assert!(ops.of("list_workers") <= 4 * 3, "{ops:?}");
+    assert!(ops.of("get_workers") >= 4 * 12, "{ops:?}");
+    // What a quiet worker reads: the signal, two watched records, four per listing.
+    let expected =
+        ops.of("read_fleet_signal") + 2 * ops.of("get_workers") + 4 * ops.of("list_workers");
+    assert_eq!(ops.records_read, expected, "{ops:?}");
     f.cluster.shutdown_all().await;
 }
 

@@ -174,7 +174,9 @@ impl Watch {
         self.reads.worker_listings += 1;
         let now = Instant::now();
         let wall = SystemTime::now();
-        let mut changed = self.observe_workers(listing.items, sent, now, wall, first);
+        // Death notices (`<id>#dead`) are records about workers, not workers.
+        let records = listing.items.into_iter().filter(|r| r.notice_of().is_none()).collect();
+        let mut changed = self.observe_workers(records, sent, now, wall, first);
         self.corrupt_workers = listing.corrupt;
         changed |= self.list_every.is_some_and(|every| {
             self.listed_at.is_none_or(|t| now.saturating_duration_since(t) >= every)

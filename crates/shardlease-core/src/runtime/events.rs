@@ -19,15 +19,8 @@ use crate::worker_record::WorkerRecord;
 pub(crate) enum Event {
     /// A lease task ended (however it ended: an abort or a panic too).
     Exited(Exited),
-    /// The heartbeat listed the worker records: sent at `sent`, answered at `received`.
-    Workers {
-        /// The decoded records.
-        records: Vec<WorkerRecord>,
-        /// When the listing was sent.
-        sent: Instant,
-        /// When its answer arrived.
-        received: Instant,
-    },
+    /// The heartbeat observed the worker records.
+    Workers(Observation),
     /// The watchdog fenced this worker: `old` was its incarnation until now. Every task of that
     /// incarnation was told to stop already (its fence token).
     Fenced {
@@ -61,6 +54,25 @@ pub(crate) enum Event {
     Remember(Lease, Instant),
     /// A request from the handle or the shard sync.
     Request(Request),
+}
+
+/// One observation of the worker records by the heartbeat: sent at `sent`, answered at
+/// `received` (see `fleet_view`).
+pub(crate) struct Observation {
+    /// The view of the worker records: a full listing, or the last one with the records of
+    /// `observed` read since (death notices left out).
+    pub records: Vec<WorkerRecord>,
+    /// The death notices of the last full listing that still hold: `(dead worker, beat)`.
+    pub notices: Vec<(WorkerId, u64)>,
+    /// The workers this observation read (`None`: every one, a full listing).
+    pub observed: Option<std::collections::BTreeSet<WorkerId>>,
+    /// Whether the fleet's observations are gated by the fleet signal (this worker then
+    /// announces the deaths it judges, see `fleet_view`).
+    pub gated: bool,
+    /// When the read was sent.
+    pub sent: Instant,
+    /// When its answer arrived.
+    pub received: Instant,
 }
 
 /// A request to the balance loop, answered through its `oneshot`.

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::events::Event;
+use super::fleet_view::{self, FleetView};
 use super::shared::{Incarnation, Shared, Timing, INCARNATION_SEPARATOR};
 use crate::ids::WorkerId;
 use crate::worker_record::WorkerRecord;
@@ -30,6 +31,11 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
     let mut changes = shared.changes.subscribe();
     // When the first heartbeat that succeeded was sent.
     let mut first_ok: Option<Instant> = None;
+    let by_count = matches!(shared.cfg.balance(), crate::Balance::ByCount);
+    let mut fleet = FleetView::new(by_count, shared.cfg.failover_timeout());
+    // The published change count the fleet signal last announced (`None`: not yet, for this
+    // incarnation).
+    let mut announced: Option<u64> = None;
     loop {
         beat += 1;
         let sent = Instant::now();
@@ -50,6 +56,15 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                     info!(worker = %record.id, "heartbeat succeeded again; resuming as a new incarnation");
                     shared.tell(Event::Resumed);
                     remove_former_records(&shared);
+                    announced = None;
+                }
+                // Peers read the record at their next full listing: announce a join (the first
+                // beat of this incarnation) and every change of the published count.
+                if fleet.gated()
+                    && announced != Some(record.changes)
+                    && fleet_view::signal(&shared, "joined or changed owners").await
+                {
+                    announced = Some(record.changes);
                 }
                 first_ok.get_or_insert(sent);
                 shared.heartbeat_ok.send_replace(Some(sent));
@@ -57,21 +72,8 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
             Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), beat, "heartbeat failed"),
             Err(_) => warn!(beat, ?hb, "heartbeat timed out"),
         }
-        let list_started = Instant::now();
-        match timeout(hb, shared.store.list_workers()).await {
-            Ok(Ok(listing)) => {
-                for c in &listing.corrupt {
-                    warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
-                }
-                let received = Instant::now();
-                shared.tell(Event::Workers {
-                    records: listing.items,
-                    sent: list_started,
-                    received,
-                });
-            }
-            Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), "listing workers failed"),
-            Err(_) => warn!("listing workers timed out"),
+        if let Some(event) = fleet_view::observe(&shared, &mut fleet).await {
+            shared.tell(event);
         }
         shared.metrics.leases_held(running);
         let now = Instant::now();

@@ -11,6 +11,7 @@ mod cas;
 mod contain;
 mod core_share;
 mod events;
+mod fleet_view;
 mod heartbeat;
 mod heartbeat_thread;
 mod lease_task;
@@ -456,11 +457,17 @@ async fn remove_record(shared: &Shared) -> Result<()> {
         result = tokio::time::timeout(limit, shared.store.remove_worker(&me))
             .await
             .unwrap_or_else(|_| Err(timed_out()));
-        let back = match tokio::time::timeout(limit, shared.store.list_workers()).await {
+        let mine = std::slice::from_ref(&me);
+        let back = match tokio::time::timeout(limit, shared.store.get_workers(mine)).await {
             Ok(Ok(l)) => l.items.iter().any(|r| r.id == me),
             _ => false,
         };
         if !back {
+            // Peers that read only the fleet signal and a few neighbours list again, and see
+            // the leave at their next heartbeat.
+            if result.is_ok() {
+                fleet_view::signal(shared, "left").await;
+            }
             break;
         }
         warn!(

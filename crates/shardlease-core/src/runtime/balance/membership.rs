@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::super::events::Observation;
+use super::super::fleet_view;
 use super::super::shared::Shared;
 use crate::ids::WorkerId;
 use crate::liveness::Liveness;
@@ -132,15 +134,24 @@ impl Membership {
 
     /// A listing of the worker records: the liveness view, the peers' published change counts,
     /// the holds, and what they call for.
-    pub(crate) fn seen(
-        &mut self,
-        shared: &Shared,
-        records: &[WorkerRecord],
-        sent: Instant,
-        received: Instant,
-    ) -> Seen {
+    pub(crate) fn seen(&mut self, shared: &Shared, observation: &Observation) -> Seen {
+        let Observation { records, notices, observed, gated, sent, received } = observation;
+        let (records, sent) = (records.as_slice(), *sent);
         let mut seen = Seen::default();
-        let change = self.observe(records, sent, received);
+        let change = self.observe(records, observed.as_ref(), notices, sent, *received);
+        if *gated {
+            // Deaths this worker judged on its own clock (a peer it watches, or any peer at a
+            // full listing) are announced, so peers that do not watch the dead worker count it
+            // out at once rather than a failover timeout after their next full listing.
+            let me = shared.id();
+            let dead: Vec<(WorkerId, u64)> = change
+                .newly_dead
+                .iter()
+                .filter(|w| !change.by_notice.contains(w) && **w != me)
+                .filter_map(|w| records.iter().find(|r| &r.id == w).map(|r| (w.clone(), r.beat)))
+                .collect();
+            fleet_view::announce_deaths(shared, dead);
+        }
         self.check_balance_modes(shared, records);
         if !change.went_back.is_empty() {
             // A running owner repairs what it runs within a (jittered) pass; give it that and a
@@ -186,12 +197,18 @@ impl Membership {
     pub(crate) fn observe(
         &mut self,
         records: &[WorkerRecord],
+        observed: Option<&BTreeSet<WorkerId>>,
+        notices: &[(WorkerId, u64)],
         sent: Instant,
         received: Instant,
     ) -> crate::liveness::LivenessChange {
-        let change = self.liveness.observe(records, sent, received);
+        let change = self.liveness.observe_some(records, observed, notices, sent, received);
         for w in &change.newly_dead {
-            info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
+            if change.by_notice.contains(w) {
+                info!(worker = %w, "peer judged dead (a peer watching it announced its death)");
+            } else {
+                info!(worker = %w, "peer judged dead (heartbeat stood still for the failover timeout)");
+            }
         }
         for w in &change.vanished {
             info!(worker = %w, "peer left");

@@ -11,11 +11,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::super::events::{Event, Request};
+use super::super::events::{Event, Observation, Request};
 use super::super::lease_task::Exited;
 use super::super::shared::{Shared, Timing};
 use super::super::shutdown_report::ShutdownReport;
-use crate::worker_record::WorkerRecord;
 
 /// Everything the balance loop owns.
 pub(crate) struct LoopState {
@@ -81,9 +80,7 @@ impl LoopState {
     pub(crate) fn apply(&mut self, shared: &Shared, event: Event) {
         match event {
             Event::Exited(exited) => self.on_exit(shared, exited),
-            Event::Workers { records, sent, received } => {
-                self.on_workers(shared, &records, sent, received)
-            }
+            Event::Workers(observation) => self.on_workers(shared, &observation),
             Event::Fenced { old } => {
                 // The fence token stopped every task of the old incarnation already; their
                 // `Exited` events follow. Its claims and grants mean nothing to the new one.
@@ -174,17 +171,11 @@ impl LoopState {
 
     /// A listing of the worker records: the membership view, the peers' published loads, and
     /// the listings they call for.
-    fn on_workers(
-        &mut self,
-        shared: &Shared,
-        records: &[WorkerRecord],
-        sent: Instant,
-        received: Instant,
-    ) {
-        let seen = self.membership.seen(shared, records, sent, received);
+    fn on_workers(&mut self, shared: &Shared, observation: &Observation) {
+        let seen = self.membership.seen(shared, observation);
         if matches!(shared.cfg.balance(), crate::Balance::ByLoad(_)) {
             let live = self.membership.liveness().live_workers();
-            self.loads.set_peers(records, &shared.id(), &live);
+            self.loads.set_peers(&observation.records, &shared.id(), &live);
         }
         if seen.list_now {
             self.want_listing(true);

@@ -349,21 +349,29 @@ pub(super) async fn look_again_at_owners_judged_dead(
     me: &WorkerId,
     leases: &[VersionedLease],
 ) -> bool {
-    let judged_dead = {
+    let judged_dead: BTreeSet<WorkerId> = {
         let former = shared.incarnation.borrow().former.clone();
         let live = state.membership.liveness().live_workers();
         leases
             .iter()
             .filter_map(|v| v.lease.owner.as_ref())
-            .any(|o| o != me && !former.contains(o) && !live.contains(o))
+            .filter(|o| *o != me && !former.contains(o) && !live.contains(*o))
+            .cloned()
+            .collect()
     };
-    if !judged_dead {
+    if judged_dead.is_empty() {
         return true;
     }
+    // Only those owners' records: what is asked is whether they beat since, and a fleet of
+    // thousands costs a few records, not a listing.
+    let ids: Vec<WorkerId> = judged_dead.iter().cloned().collect();
     let started = Instant::now();
-    match tokio::time::timeout(shared.cfg.heartbeat_interval(), shared.store.list_workers()).await {
+    let limit = shared.cfg.heartbeat_interval();
+    match tokio::time::timeout(limit, shared.store.get_workers(&ids)).await {
         Ok(Ok(listing)) => {
-            state.membership.observe(&listing.items, started, Instant::now());
+            let records: Vec<_> =
+                listing.items.into_iter().filter(|r| r.notice_of().is_none()).collect();
+            state.membership.observe(&records, Some(&judged_dead), &[], started, Instant::now());
             true
         }
         Ok(Err(e)) => {

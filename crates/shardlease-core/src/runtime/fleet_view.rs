@@ -1,0 +1,424 @@
+//! What the heartbeat knows of the fleet between full listings of the worker records, and when it
+//! lists them all (docs/algorithm.md, "A fleet too large to list each heartbeat").
+//!
+//! Listing every worker record on every heartbeat costs each worker W records and the fleet W²
+//! per interval: 1,000 workers at a 2 s heartbeat read 500,000 records a second doing nothing.
+//! Where the store keeps a fleet signal ([`LeaseStore::write_fleet_signal`]) and the fleet
+//! balances by count, a heartbeat instead reads the signal, and:
+//! - lists every record when the signal moved since the last full listing (someone joined, left,
+//!   changed owners or announced a death), or when the safety net is due;
+//! - otherwise reads only the few peers it watches (its successors in the ring of ids), so each
+//!   peer is still timed on some observer's own clock every heartbeat, and merges them into the
+//!   view of the last full listing.
+//!
+//! [`LeaseStore::write_fleet_signal`]: crate::store::LeaseStore::write_fleet_signal
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use tokio::time::{timeout, Instant};
+use tracing::{debug, warn};
+
+use super::events::{Event, Observation};
+use super::shared::Shared;
+use crate::ids::WorkerId;
+use crate::lease::Version;
+use crate::store::FleetSignal;
+use crate::worker_record::WorkerRecord;
+
+/// How many live-looking peers each worker watches: each worker is watched by as many, so a
+/// crash is timed by two observers, and both must die with it for the crash to wait for the
+/// ring to heal.
+pub(crate) const WATCHED: usize = 2;
+
+/// At most this many records are read per quiet heartbeat: watched peers whose beat stands still
+/// (dead, or about to be judged so) are read too, and the next ones in the ring are added until
+/// [`WATCHED`] live-looking ones are, so the ring heals before the dead are removed.
+const MAX_WATCH_READS: usize = 2 * WATCHED + 2;
+
+/// The safety net lists every record at least every this many heartbeats...
+const NET_MIN_BEATS: u64 = 10;
+
+/// ...and otherwise every `W / NET_RECORDS_PER_BEAT` heartbeats, so it costs each worker about
+/// this many records per heartbeat whatever the fleet's size.
+const NET_RECORDS_PER_BEAT: u64 = 2;
+
+/// The heartbeat's view of the fleet (see the module documentation).
+pub(crate) struct FleetView {
+    /// Whether observations read the signal and the watched peers (the store keeps a signal and
+    /// the fleet balances by count), rather than every record.
+    gated: bool,
+    /// The worker records of the last full listing, with the watched peers' records read since.
+    records: BTreeMap<WorkerId, WorkerRecord>,
+    /// The death notices of the last full listing: `(dead worker, its beat)`.
+    notices: Vec<(WorkerId, u64)>,
+    /// The signal read before the last full listing (`None`: no full listing yet).
+    token: Option<FleetSignal>,
+    /// Observations since the last full listing.
+    since_full: u64,
+    /// Each known peer's last beat and when this heartbeat saw it move (or first saw it).
+    moved: HashMap<WorkerId, (u64, Instant)>,
+    /// The peers whose beat stood still for the failover timeout when this heartbeat last read
+    /// them: they look dead, and the watch reaches past them.
+    standing: BTreeSet<WorkerId>,
+    /// The failover timeout.
+    failover: Duration,
+}
+
+impl FleetView {
+    /// A view with nothing listed yet; `gated` when the fleet balances by count (balancing by
+    /// load reads every peer's loads each heartbeat, so it lists every record).
+    pub(crate) fn new(gated: bool, failover: Duration) -> Self {
+        FleetView {
+            gated,
+            records: BTreeMap::new(),
+            notices: Vec::new(),
+            token: None,
+            since_full: 0,
+            moved: HashMap::new(),
+            standing: BTreeSet::new(),
+            failover,
+        }
+    }
+
+    /// Whether observations are gated by the fleet signal.
+    pub(crate) fn gated(&self) -> bool {
+        self.gated
+    }
+
+    /// Whether the next observation must list every record, given the signal just read.
+    fn full_due(&self, signal: FleetSignal) -> bool {
+        let net = NET_MIN_BEATS.max(self.records.len() as u64 / NET_RECORDS_PER_BEAT);
+        self.token != Some(signal) || self.since_full >= net
+    }
+
+    /// The peers to read on a quiet heartbeat: `me`'s successors in the ring of known ids, until
+    /// [`WATCHED`] of them look alive (their beat moved within the failover timeout, as this
+    /// heartbeat read it), at most [`MAX_WATCH_READS`].
+    pub(crate) fn watched(&self, me: &WorkerId) -> Vec<WorkerId> {
+        let after = self
+            .records
+            .range::<WorkerId, _>((std::ops::Bound::Excluded(me), std::ops::Bound::Unbounded));
+        let before = self.records.range::<WorkerId, _>(..me);
+        let mut ids = Vec::new();
+        let mut alive = 0;
+        for id in after.chain(before).map(|(id, _)| id).filter(|id| *id != me) {
+            if alive == WATCHED || ids.len() == MAX_WATCH_READS {
+                break;
+            }
+            if !self.standing.contains(id) {
+                alive += 1;
+            }
+            ids.push(id.clone());
+        }
+        ids
+    }
+
+    /// Remembers, for each record read at `at`, when its beat moved (or was first seen), and
+    /// whether it has stood still for the failover timeout since.
+    fn note_beats(&mut self, records: &[&WorkerRecord], at: Instant) {
+        for r in records {
+            let since = match self.moved.get_mut(&r.id) {
+                Some((beat, since)) if *beat == r.beat => *since,
+                Some(entry) => {
+                    *entry = (r.beat, at);
+                    at
+                }
+                None => {
+                    self.moved.insert(r.id.clone(), (r.beat, at));
+                    at
+                }
+            };
+            if at.saturating_duration_since(since) >= self.failover {
+                self.standing.insert(r.id.clone());
+            } else {
+                self.standing.remove(&r.id);
+            }
+        }
+    }
+
+    /// A full listing: the view is exactly it. Returns the stale death notices (their worker's
+    /// record is gone or shows another beat), for removal.
+    fn apply_full(
+        &mut self,
+        items: Vec<WorkerRecord>,
+        token: Option<FleetSignal>,
+        at: Instant,
+    ) -> Vec<WorkerRecord> {
+        let (notices, records): (Vec<_>, Vec<_>) =
+            items.into_iter().partition(|r| r.notice_of().is_some());
+        self.records = records.into_iter().map(|r| (r.id.clone(), r)).collect();
+        self.moved.retain(|id, _| self.records.contains_key(id));
+        self.standing.clear();
+        let records: Vec<WorkerRecord> = self.records.values().cloned().collect();
+        self.note_beats(&records.iter().collect::<Vec<_>>(), at);
+        self.notices.clear();
+        let mut stale = Vec::new();
+        for n in notices {
+            let Some(dead) = n.notice_of() else { continue };
+            if self.records.get(&dead).is_some_and(|r| r.beat == n.beat) {
+                self.notices.push((dead, n.beat));
+            } else {
+                stale.push(n);
+            }
+        }
+        if token.is_some() {
+            self.token = token;
+        }
+        self.since_full = 0;
+        stale
+    }
+
+    /// A read of the watched peers `ids`: their records replace the listed ones, and an id
+    /// without a record is dropped from the view.
+    fn apply_watched(&mut self, ids: &[WorkerId], items: Vec<WorkerRecord>, at: Instant) {
+        let present: BTreeSet<WorkerId> = items.iter().map(|r| r.id.clone()).collect();
+        for id in ids.iter().filter(|id| !present.contains(*id)) {
+            self.records.remove(id);
+            self.moved.remove(id);
+            self.standing.remove(id);
+        }
+        let records: Vec<&WorkerRecord> = items.iter().collect();
+        self.note_beats(&records, at);
+        for r in items {
+            self.records.insert(r.id.clone(), r);
+        }
+        self.since_full += 1;
+    }
+
+    /// The event telling the balance loop what this observation saw.
+    fn event(
+        &self,
+        observed: Option<BTreeSet<WorkerId>>,
+        sent: Instant,
+        received: Instant,
+    ) -> Event {
+        Event::Workers(Observation {
+            records: self.records.values().cloned().collect(),
+            notices: self.notices.clone(),
+            observed,
+            gated: self.gated,
+            sent,
+            received,
+        })
+    }
+}
+
+/// One observation of the fleet after a heartbeat: the signal and the watched peers, or every
+/// record (see the module documentation). `None` when the store could not be read (nothing is
+/// judged from a stale view).
+pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Event> {
+    let hb = shared.cfg.heartbeat_interval();
+    let mut token = None;
+    if view.gated {
+        let signal = match timeout(hb, shared.store.read_fleet_signal()).await {
+            Ok(Ok(signal)) => signal,
+            Ok(Err(e)) => {
+                warn!(error = %crate::error::ErrorChain(&e), "reading the fleet signal failed");
+                return None;
+            }
+            Err(_) => {
+                warn!("reading the fleet signal timed out");
+                return None;
+            }
+        };
+        if signal == FleetSignal::Unsupported {
+            debug!("the store keeps no fleet signal: listing every worker record each heartbeat");
+            view.gated = false;
+        } else if !view.full_due(signal) {
+            let me = shared.id();
+            let sent = Instant::now();
+            let ids = view.watched(&me);
+            return match timeout(hb, shared.store.get_workers(&ids)).await {
+                Ok(Ok(listing)) => {
+                    for c in &listing.corrupt {
+                        warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
+                    }
+                    let received = Instant::now();
+                    view.apply_watched(&ids, listing.items, received);
+                    Some(view.event(Some(ids.into_iter().collect()), sent, received))
+                }
+                Ok(Err(e)) => {
+                    warn!(error = %crate::error::ErrorChain(&e), "reading the watched workers failed");
+                    None
+                }
+                Err(_) => {
+                    warn!("reading the watched workers timed out");
+                    None
+                }
+            };
+        } else {
+            token = Some(signal);
+        }
+    }
+    let sent = Instant::now();
+    match timeout(hb, shared.store.list_workers()).await {
+        Ok(Ok(listing)) => {
+            for c in &listing.corrupt {
+                warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
+            }
+            let received = Instant::now();
+            let stale = view.apply_full(listing.items, token, received);
+            remove_stale_notices(shared, stale);
+            Some(view.event(None, sent, received))
+        }
+        Ok(Err(e)) => {
+            warn!(error = %crate::error::ErrorChain(&e), "listing workers failed");
+            None
+        }
+        Err(_) => {
+            warn!("listing workers timed out");
+            None
+        }
+    }
+}
+
+/// Removes death notices whose worker's record is gone or moved on (each on the condition that
+/// the notice is still the one listed), from a task of its own.
+fn remove_stale_notices(shared: &Shared, stale: Vec<WorkerRecord>) {
+    if stale.is_empty() {
+        return;
+    }
+    let store = shared.store.clone();
+    let limit = shared.cfg.heartbeat_interval();
+    tokio::spawn(async move {
+        for n in stale {
+            if let Ok(Err(e)) = timeout(limit, store.remove_worker_if(&n.id, n.beat)).await {
+                debug!(notice = %n.id, error = %crate::error::ErrorChain(&e), "removing a stale death notice failed");
+            }
+        }
+    });
+}
+
+/// Writes a fresh fleet signal: peers list every worker record at their next heartbeat.
+pub(crate) async fn signal(shared: &Shared, why: &str) -> bool {
+    write_signal(&*shared.store, shared.cfg.heartbeat_interval(), why).await
+}
+
+/// [`signal`] on `store`, waiting at most `limit`.
+async fn write_signal(store: &dyn crate::store::LeaseStore, limit: Duration, why: &str) -> bool {
+    match timeout(limit, store.write_fleet_signal(Version::random())).await {
+        Ok(Ok(())) => {
+            debug!(why, "fleet signal written");
+            true
+        }
+        Ok(Err(e)) => {
+            warn!(why, error = %crate::error::ErrorChain(&e), "writing the fleet signal failed");
+            false
+        }
+        Err(_) => {
+            warn!(why, "writing the fleet signal timed out");
+            false
+        }
+    }
+}
+
+/// Announces the peers this worker judged dead from its own observation (`dead`: id and beat),
+/// from a task of its own: a death notice each, then the signal, so every peer lists and takes
+/// them for dead too without waiting for a failover timeout of its own (docs/algorithm.md, "A
+/// fleet too large to list each heartbeat").
+pub(crate) fn announce_deaths(shared: &Shared, dead: Vec<(WorkerId, u64)>) {
+    if dead.is_empty() {
+        return;
+    }
+    let store = shared.store.clone();
+    let limit = shared.cfg.heartbeat_interval();
+    tokio::spawn(async move {
+        let mut wrote = false;
+        for (id, beat) in dead {
+            let notice = WorkerRecord::death_notice(&id, beat);
+            match timeout(limit, store.heartbeat(&notice)).await {
+                Ok(Ok(())) => wrote = true,
+                Ok(Err(e)) => {
+                    warn!(worker = %id, error = %crate::error::ErrorChain(&e), "writing a death notice failed")
+                }
+                Err(_) => warn!(worker = %id, "writing a death notice timed out"),
+            }
+        }
+        if wrote {
+            write_signal(&*store, limit, "a watched peer died").await;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, beat: u64) -> WorkerRecord {
+        WorkerRecord::new(WorkerId::from(id), beat)
+    }
+
+    fn ids(v: &[&str]) -> Vec<WorkerId> {
+        v.iter().map(|s| WorkerId::from(*s)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_worker_watches_its_successors_in_the_ring() {
+        let mut view = FleetView::new(true, Duration::from_secs(10));
+        let now = Instant::now();
+        let all = ["a", "b", "c", "d", "e"].map(|id| rec(id, 1)).to_vec();
+        view.apply_full(all, Some(FleetSignal::Missing), now);
+        assert_eq!(view.watched(&"a".into()), ids(&["b", "c"]));
+        assert_eq!(view.watched(&"d".into()), ids(&["e", "a"]), "the ring wraps");
+        assert_eq!(view.watched(&"e".into()), ids(&["a", "b"]));
+        // A worker the view does not list yet still watches the next ones.
+        assert_eq!(view.watched(&"bb".into()), ids(&["c", "d"]));
+        let mut two = FleetView::new(true, Duration::from_secs(10));
+        two.apply_full(vec![rec("a", 1), rec("b", 1)], Some(FleetSignal::Missing), now);
+        assert_eq!(two.watched(&"a".into()), ids(&["b"]), "never itself");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watched_peer_that_stands_still_adds_the_next_one() {
+        let mut view = FleetView::new(true, Duration::from_secs(10));
+        let t0 = Instant::now();
+        let all = ["a", "b", "c", "d", "e"].map(|id| rec(id, 1)).to_vec();
+        view.apply_full(all, Some(FleetSignal::Missing), t0);
+        let fo = Duration::from_secs(10);
+        let later = t0 + fo;
+        // b stood still; c moved.
+        view.apply_watched(&ids(&["b", "c"]), vec![rec("b", 1), rec("c", 2)], later);
+        assert_eq!(view.watched(&"a".into()), ids(&["b", "c", "d"]), "d was not read: unknown");
+        // Read moving again, b counts again.
+        view.apply_watched(&ids(&["b"]), vec![rec("b", 2)], later);
+        assert_eq!(view.watched(&"a".into()), ids(&["b", "c"]));
+        // Once gone from the records, b is not read at all.
+        view.apply_watched(&ids(&["b"]), vec![], later);
+        assert_eq!(view.watched(&"a".into()), ids(&["c", "d"]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_signal_or_the_safety_net_calls_for_a_full_listing() {
+        let mut view = FleetView::new(true, Duration::from_secs(10));
+        let t = Instant::now();
+        let token = FleetSignal::Token(Version(7));
+        assert!(view.full_due(token), "nothing listed yet");
+        view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token), t);
+        assert!(!view.full_due(token), "quiet");
+        assert!(view.full_due(FleetSignal::Token(Version(8))), "the signal moved");
+        assert!(view.full_due(FleetSignal::Missing), "the signal was lost");
+        for _ in 0..NET_MIN_BEATS {
+            view.apply_watched(&ids(&["b"]), vec![rec("b", 2)], t);
+        }
+        assert!(view.full_due(token), "the safety net is due");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn death_notices_hold_while_their_worker_shows_that_beat() {
+        let mut view = FleetView::new(true, Duration::from_secs(10));
+        let t = Instant::now();
+        let listing = vec![
+            rec("a", 5),
+            rec("b", 9),
+            WorkerRecord::death_notice(&"a".into(), 5),
+            WorkerRecord::death_notice(&"b".into(), 8),
+            WorkerRecord::death_notice(&"gone".into(), 3),
+        ];
+        let stale = view.apply_full(listing, Some(FleetSignal::Missing), t);
+        assert_eq!(view.notices, [(WorkerId::from("a"), 5)]);
+        let stale: Vec<String> = stale.iter().map(|r| r.id.to_string()).collect();
+        assert_eq!(stale, ["b#dead", "gone#dead"]);
+        assert_eq!(view.records.len(), 2, "notices are not workers");
+    }
+}
