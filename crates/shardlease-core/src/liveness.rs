@@ -216,6 +216,12 @@ impl Liveness {
         seen.process_since.is_some_and(|t| now.saturating_duration_since(t) < window)
     }
 
+    /// How many worker records this observer knows of, dead ones included (until their record
+    /// is gone).
+    pub fn known(&self) -> usize {
+        self.workers.len()
+    }
+
     /// The workers with a record that were alive at the last observation.
     pub fn live_workers(&self) -> BTreeSet<WorkerId> {
         self.workers.keys().filter(|id| !self.dead.contains(*id)).cloned().collect()

@@ -141,7 +141,7 @@ pub const METRICS: &[MetricInfo] = {
     &[
         info(LEASES_HELD, Gauge, BY_WORKER, "Leases this worker is running."),
         info(LEASES_STUCK, Gauge, BY_WORKER, "Leases whose processor fails with an error retrying cannot fix."),
-        info(LIVE_WORKERS, Gauge, BY_WORKER, "Worker records listed at the last heartbeat."),
+        info(LIVE_WORKERS, Gauge, BY_WORKER, "Worker records in this worker's view at its last heartbeat (dead ones until removed)."),
         info(BALANCE_PASSES, Counter, BY_WORKER, "Balance passes that listed the leases."),
         info(SELF_FENCED, Counter, BY_WORKER, "Times this worker fenced itself (no heartbeat succeeded in time)."),
         info(NAMESPACE_VANISHED, Counter, BY_WORKER, "Listings that found every lease of the namespace gone."),

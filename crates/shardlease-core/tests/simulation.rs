@@ -194,6 +194,12 @@ enum Event {
     /// A shard splits and one child splits or merges again before any shard sync ran, while
     /// the parent's lease lags behind.
     NestedResharding,
+    /// A crash that takes the crashed worker's watchers with it (its predecessors in the ring of
+    /// worker ids): nobody left times it until the ring is listed again.
+    CrashWithWatchers(usize),
+    /// The fleet signal alone goes back to a token read earlier (a lagging replica of that one
+    /// record).
+    SignalBack,
 }
 
 /// What a seed draws besides its events.
@@ -343,6 +349,15 @@ fn draw_panics(seed: u64) -> Option<PanicDraw> {
     })
 }
 
+/// A big fleet for an eighth of the seeds that balance by count: 16 to 160 workers from the
+/// start, so most heartbeats read only the fleet signal and two watched peers, and a worker is
+/// timed by its watchers alone (docs/algorithm.md, "A fleet too large to list each heartbeat").
+/// Drawn from an RNG of its own, like the late writes.
+fn draw_big_fleet(seed: u64) -> Option<usize> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xb16_f1ee7);
+    rng.random_bool(0.125).then(|| rng.random_range(16..=160))
+}
+
 /// Late writes for a third of the seeds: up to 1 in 10 writes, landing up to 3 heartbeats late.
 fn draw_late_writes(seed: u64) -> (f64, Duration) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x1a7e_0f1a_7e00);
@@ -440,6 +455,13 @@ async fn simulate(seed: u64) -> Result<String, String> {
         }
     }
     let first_workers = rng.random_range(1..=4);
+    let big = draw_big_fleet(seed).filter(|_| d.load.is_none());
+    let first_workers = big.unwrap_or(first_workers);
+    // What only the new events draw, from an RNG of their own so every other draw of a seed is
+    // what it was before they existed: crashes that take the watchers too, and the signal
+    // going back.
+    let mut watch_rng = StdRng::seed_from_u64(seed ^ 0x3a7c_4e55);
+    let mut old_signal = None;
     cluster.start_workers(first_workers).map_err(|e| e.to_string())?;
     if d.start == Position::Latest {
         // Records written before a LATEST lease is first opened are skipped by definition; the
@@ -508,9 +530,25 @@ async fn simulate(seed: u64) -> Result<String, String> {
             rec.give_up_next(1);
         }
         let running = cluster.running();
+        if watch_rng.random_bool(0.2) {
+            let signal = base.read_fleet_signal().await.map_err(|e| e.to_string())?;
+            match old_signal.replace(signal) {
+                Some(older @ shardlease_core::store::FleetSignal::Token(token))
+                    if watch_rng.random_bool(0.5) =>
+                {
+                    base.write_fleet_signal(token).await.map_err(|e| e.to_string())?;
+                    old_signal = Some(older);
+                    events.push(Event::SignalBack);
+                }
+                _ => {}
+            }
+        }
         let event = match rng.random_range(0..12) {
+            0 if running.len() > 3 && watch_rng.random_bool(0.5) => {
+                Event::CrashWithWatchers(watch_rng.random_range(1..=2))
+            }
             0 if running.len() > 1 => Event::Crash,
-            1 if running.len() < 6 => Event::Join,
+            1 if running.len() < big.map_or(6, |n| n + 2) => Event::Join,
             2 if running.len() > 1 => Event::Leave,
             3 => Event::Partition(Duration::from_millis(rng.random_range(500..15_000))),
             4 => Event::Split,
@@ -528,6 +566,17 @@ async fn simulate(seed: u64) -> Result<String, String> {
                 dropped_abruptly.insert(w.to_string());
                 cluster.crash(w);
             }
+            Event::CrashWithWatchers(watchers) => {
+                let mut ring = running.clone();
+                ring.sort();
+                let i = rng.random_range(0..ring.len());
+                for k in 0..=*watchers {
+                    let w = &ring[(i + ring.len() - k) % ring.len()];
+                    dropped_abruptly.insert(w.to_string());
+                    cluster.crash(w);
+                }
+            }
+            Event::SignalBack => {}
             Event::Join => {
                 cluster.start_worker().map_err(|e| e.to_string())?;
             }

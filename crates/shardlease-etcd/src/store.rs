@@ -486,7 +486,7 @@ impl LeaseStore for EtcdStore {
         }
     }
 
-    /// One `Txn` of a `Get` per distinct id, [`WORKERS_PER_TXN`] ids per `Txn` (the chunks one
+    /// One `Txn` of a `Get` per distinct id, `WORKERS_PER_TXN` ids per `Txn` (the chunks one
     /// after the other), each record decoded as [`list_workers`](LeaseStore::list_workers)
     /// decodes it.
     async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {

@@ -301,7 +301,22 @@ pub async fn finish(
         other => other,
     });
     let torn_down = fleet.teardown().await;
-    let report = measured?;
-    torn_down?;
+    let mut report = measured?;
+    // The figures were measured before the teardown: a shutdown that fails (a fleet of a
+    // thousand workers whose store is slow to answer) says so in the line, but keeps them.
+    if let Err(e) = torn_down {
+        report.set("teardown_error", e.to_string());
+    }
+    if let Some(kib) = peak_rss_kib() {
+        report.set("peak_rss_mib", (kib as f64 / 1024.0).round());
+    }
     Ok(report)
+}
+
+/// The process's peak resident memory so far, in KiB (`VmHWM` of `/proc/self/status`; `None`
+/// where there is no such file).
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }

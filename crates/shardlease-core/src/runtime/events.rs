@@ -59,8 +59,8 @@ pub(crate) enum Event {
 /// One observation of the worker records by the heartbeat: sent at `sent`, answered at
 /// `received` (see `fleet_view`).
 pub(crate) struct Observation {
-    /// The view of the worker records: a full listing, or the last one with the records of
-    /// `observed` read since (death notices left out).
+    /// The records read: every worker record (a full listing), or those of `observed` that
+    /// exist (death notices left out).
     pub records: Vec<WorkerRecord>,
     /// The death notices of the last full listing that still hold: `(dead worker, beat)`.
     pub notices: Vec<(WorkerId, u64)>,

@@ -36,6 +36,10 @@ pub(crate) const WATCHED: usize = 2;
 /// [`WATCHED`] live-looking ones are, so the ring heals before the dead are removed.
 const MAX_WATCH_READS: usize = 2 * WATCHED + 2;
 
+/// How many observations after a start list every record whatever the signal says: past the one
+/// that ends the start hold (the second), so every peer that started together is in that view.
+const FULL_AT_START: u32 = 3;
+
 /// The safety net lists every record at least every this many heartbeats...
 const NET_MIN_BEATS: u64 = 10;
 
@@ -63,6 +67,11 @@ pub(crate) struct FleetView {
     standing: BTreeSet<WorkerId>,
     /// The failover timeout.
     failover: Duration,
+    /// Full listings still owed whatever the signal says: the first ones after a start (the
+    /// observation that ends the start hold must show every peer that started with this one,
+    /// including one whose signal write has not landed yet), and one after the store announced
+    /// a worker record created or removed (its signal may land after the notice).
+    full_owed: u32,
 }
 
 impl FleetView {
@@ -78,6 +87,7 @@ impl FleetView {
             moved: HashMap::new(),
             standing: BTreeSet::new(),
             failover,
+            full_owed: FULL_AT_START,
         }
     }
 
@@ -89,7 +99,13 @@ impl FleetView {
     /// Whether the next observation must list every record, given the signal just read.
     fn full_due(&self, signal: FleetSignal) -> bool {
         let net = NET_MIN_BEATS.max(self.records.len() as u64 / NET_RECORDS_PER_BEAT);
-        self.token != Some(signal) || self.since_full >= net
+        self.full_owed > 0 || self.token != Some(signal) || self.since_full >= net
+    }
+
+    /// The next observation lists every record (the store announced a worker record created
+    /// or removed).
+    pub(crate) fn list_next(&mut self) {
+        self.full_owed = self.full_owed.max(1);
     }
 
     /// The peers to read on a quiet heartbeat: `me`'s successors in the ring of known ids, until
@@ -166,6 +182,7 @@ impl FleetView {
             self.token = token;
         }
         self.since_full = 0;
+        self.full_owed = self.full_owed.saturating_sub(1);
         stale
     }
 
@@ -186,15 +203,17 @@ impl FleetView {
         self.since_full += 1;
     }
 
-    /// The event telling the balance loop what this observation saw.
+    /// The event telling the balance loop what this observation saw: `records`, the records
+    /// read (every one, when `observed` is `None`).
     fn event(
         &self,
+        records: Vec<WorkerRecord>,
         observed: Option<BTreeSet<WorkerId>>,
         sent: Instant,
         received: Instant,
     ) -> Event {
         Event::Workers(Observation {
-            records: self.records.values().cloned().collect(),
+            records,
             notices: self.notices.clone(),
             observed,
             gated: self.gated,
@@ -235,8 +254,9 @@ pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Eve
                         warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
                     }
                     let received = Instant::now();
+                    let read = listing.items.clone();
                     view.apply_watched(&ids, listing.items, received);
-                    Some(view.event(Some(ids.into_iter().collect()), sent, received))
+                    Some(view.event(read, Some(ids.into_iter().collect()), sent, received))
                 }
                 Ok(Err(e)) => {
                     warn!(error = %crate::error::ErrorChain(&e), "reading the watched workers failed");
@@ -260,7 +280,8 @@ pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Eve
             let received = Instant::now();
             let stale = view.apply_full(listing.items, token, received);
             remove_stale_notices(shared, stale);
-            Some(view.event(None, sent, received))
+            let all = view.records.values().cloned().collect();
+            Some(view.event(all, None, sent, received))
         }
         Ok(Err(e)) => {
             warn!(error = %crate::error::ErrorChain(&e), "listing workers failed");
@@ -394,8 +415,15 @@ mod tests {
         let t = Instant::now();
         let token = FleetSignal::Token(Version(7));
         assert!(view.full_due(token), "nothing listed yet");
-        view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token), t);
+        for _ in 0..FULL_AT_START {
+            assert!(view.full_due(token), "the first listings after a start are full");
+            view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token), t);
+        }
         assert!(!view.full_due(token), "quiet");
+        view.list_next();
+        assert!(view.full_due(token), "a worker record came or went");
+        view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token), t);
+        assert!(!view.full_due(token), "quiet again");
         assert!(view.full_due(FleetSignal::Token(Version(8))), "the signal moved");
         assert!(view.full_due(FleetSignal::Missing), "the signal was lost");
         for _ in 0..NET_MIN_BEATS {

@@ -99,11 +99,12 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 tokio::select! {
                     biased;
                     _ = tokio::time::sleep_until((sent + hb / 4).min(next)) => {}
-                    _ = shared.workers_changed.notified() => {}
+                    _ = shared.workers_changed.notified() => fleet.list_next(),
                     _ = shared.cancel.cancelled() => return,
                 }
             }
-            _ = shared.workers_changed.notified() => {} // a worker came or went: list now
+            // A worker came or went: list now (all of them: its signal may not have landed).
+            _ = shared.workers_changed.notified() => fleet.list_next(),
             _ = shared.cancel.cancelled() => return,
         }
     }

@@ -167,8 +167,17 @@ impl Membership {
             );
         }
         let me = shared.id();
-        let now: BTreeMap<_, _> =
-            records.iter().filter(|r| r.id != me).map(|r| (r.id.clone(), r.changes)).collect();
+        let read = records.iter().filter(|r| r.id != me).map(|r| (r.id.clone(), r.changes));
+        let now: BTreeMap<_, _> = match (observed, &self.peers) {
+            // A read of a few peers: the others are as the last full listing showed them.
+            (Some(ids), Some(before)) => {
+                let mut now = before.clone();
+                now.retain(|id, _| !ids.contains(id));
+                now.extend(read);
+                now
+            }
+            _ => read.collect(),
+        };
         let moved = self.peers.as_ref() != Some(&now);
         if moved {
             debug!("a peer changed owners, came or went: the next pass lists the leases");
@@ -185,7 +194,7 @@ impl Membership {
             seen.list_now = true;
         }
         self.remove_long_dead(shared);
-        shared.metrics.live_workers(records.len());
+        shared.metrics.live_workers(self.liveness.known());
         seen.list_now |= change.needs_balance() || !change.went_back.is_empty();
         seen.peer_moved = moved;
         seen
