@@ -61,7 +61,7 @@ pub(crate) enum Event {
 pub(crate) struct Observation {
     /// The records read: every worker record (a full listing), or those of `observed` that
     /// exist (death notices left out).
-    pub records: Vec<WorkerRecord>,
+    pub records: std::sync::Arc<Vec<WorkerRecord>>,
     /// The death notices of the last full listing that still hold: `(dead worker, beat)`.
     pub notices: Vec<(WorkerId, u64)>,
     /// The workers this observation read (`None`: every one, a full listing).

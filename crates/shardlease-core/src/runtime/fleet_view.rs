@@ -13,7 +13,8 @@
 //!
 //! [`LeaseStore::write_fleet_signal`]: crate::store::LeaseStore::write_fleet_signal
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{timeout, Instant};
@@ -52,8 +53,9 @@ pub(crate) struct FleetView {
     /// Whether observations read the signal and the watched peers (the store keeps a signal and
     /// the fleet balances by count), rather than every record.
     gated: bool,
-    /// The worker records of the last full listing, with the watched peers' records read since.
-    records: BTreeMap<WorkerId, WorkerRecord>,
+    /// The worker records of the last full listing, with the watched peers' records read since,
+    /// sorted by id (the ring); shared with the balance loop.
+    records: Arc<Vec<WorkerRecord>>,
     /// The death notices of the last full listing: `(dead worker, its beat)`.
     notices: Vec<(WorkerId, u64)>,
     /// The signal read before the last full listing (`None`: no full listing yet).
@@ -80,7 +82,7 @@ impl FleetView {
     pub(crate) fn new(gated: bool, failover: Duration) -> Self {
         FleetView {
             gated,
-            records: BTreeMap::new(),
+            records: Arc::new(Vec::new()),
             notices: Vec::new(),
             token: None,
             since_full: 0,
@@ -108,19 +110,29 @@ impl FleetView {
         self.full_owed = self.full_owed.max(1);
     }
 
+    /// Where `id` is (`Ok`) or would be (`Err`) in the records, sorted by id.
+    fn find(&self, id: &WorkerId) -> Result<usize, usize> {
+        self.records.binary_search_by(|r| r.id.cmp(id))
+    }
+
     /// The peers to read on a quiet heartbeat: `me`'s successors in the ring of known ids, until
     /// [`WATCHED`] of them look alive (their beat moved within the failover timeout, as this
     /// heartbeat read it), at most [`MAX_WATCH_READS`].
     pub(crate) fn watched(&self, me: &WorkerId) -> Vec<WorkerId> {
-        let after = self
-            .records
-            .range::<WorkerId, _>((std::ops::Bound::Excluded(me), std::ops::Bound::Unbounded));
-        let before = self.records.range::<WorkerId, _>(..me);
+        let n = self.records.len();
+        let first = match self.find(me) {
+            Ok(i) => i + 1,
+            Err(i) => i,
+        };
         let mut ids = Vec::new();
         let mut alive = 0;
-        for id in after.chain(before).map(|(id, _)| id).filter(|id| *id != me) {
+        for k in 0..n {
             if alive == WATCHED || ids.len() == MAX_WATCH_READS {
                 break;
+            }
+            let id = &self.records[(first + k) % n].id;
+            if id == me {
+                continue;
             }
             if !self.standing.contains(id) {
                 alive += 1;
@@ -130,9 +142,9 @@ impl FleetView {
         ids
     }
 
-    /// Remembers, for each record read at `at`, when its beat moved (or was first seen), and
-    /// whether it has stood still for the failover timeout since.
-    fn note_beats(&mut self, records: &[&WorkerRecord], at: Instant) {
+    /// Remembers, for each watched record read at `at`, when its beat moved (or was first
+    /// read), and whether it has stood still for the failover timeout since.
+    fn note_beats(&mut self, records: &[WorkerRecord], at: Instant) {
         for r in records {
             let since = match self.moved.get_mut(&r.id) {
                 Some((beat, since)) if *beat == r.beat => *since,
@@ -154,25 +166,27 @@ impl FleetView {
     }
 
     /// A full listing: the view is exactly it. Returns the stale death notices (their worker's
-    /// record is gone or shows another beat), for removal.
+    /// record is gone or shows another beat), for removal. Cheap for a large fleet: the records
+    /// are moved, sorted, and shared with the balance loop, never copied.
     fn apply_full(
         &mut self,
         items: Vec<WorkerRecord>,
         token: Option<FleetSignal>,
-        at: Instant,
     ) -> Vec<WorkerRecord> {
-        let (notices, records): (Vec<_>, Vec<_>) =
+        let (notices, mut records): (Vec<_>, Vec<_>) =
             items.into_iter().partition(|r| r.notice_of().is_some());
-        self.records = records.into_iter().map(|r| (r.id.clone(), r)).collect();
-        self.moved.retain(|id, _| self.records.contains_key(id));
-        self.standing.clear();
-        let records: Vec<WorkerRecord> = self.records.values().cloned().collect();
-        self.note_beats(&records.iter().collect::<Vec<_>>(), at);
+        records.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        records.dedup_by(|a, b| a.id == b.id);
+        self.records = Arc::new(records);
+        let listed = |id: &WorkerId| self.records.binary_search_by(|r| r.id.cmp(id)).is_ok();
+        self.moved.retain(|id, _| listed(id));
+        self.standing.retain(|id| listed(id));
         self.notices.clear();
         let mut stale = Vec::new();
         for n in notices {
             let Some(dead) = n.notice_of() else { continue };
-            if self.records.get(&dead).is_some_and(|r| r.beat == n.beat) {
+            let holds = self.find(&dead).is_ok_and(|i| self.records[i].beat == n.beat);
+            if holds {
                 self.notices.push((dead, n.beat));
             } else {
                 stale.push(n);
@@ -188,17 +202,21 @@ impl FleetView {
 
     /// A read of the watched peers `ids`: their records replace the listed ones, and an id
     /// without a record is dropped from the view.
-    fn apply_watched(&mut self, ids: &[WorkerId], items: Vec<WorkerRecord>, at: Instant) {
-        let present: BTreeSet<WorkerId> = items.iter().map(|r| r.id.clone()).collect();
-        for id in ids.iter().filter(|id| !present.contains(*id)) {
-            self.records.remove(id);
-            self.moved.remove(id);
-            self.standing.remove(id);
-        }
-        let records: Vec<&WorkerRecord> = items.iter().collect();
-        self.note_beats(&records, at);
-        for r in items {
-            self.records.insert(r.id.clone(), r);
+    fn apply_watched(&mut self, ids: &[WorkerId], items: &[WorkerRecord], at: Instant) {
+        self.note_beats(items, at);
+        let records = Arc::make_mut(&mut self.records);
+        for id in ids {
+            let read = items.iter().find(|r| &r.id == id);
+            match (records.binary_search_by(|r| r.id.cmp(id)), read) {
+                (Ok(i), Some(r)) => records[i] = r.clone(),
+                (Err(i), Some(r)) => records.insert(i, r.clone()),
+                (Ok(i), None) => {
+                    records.remove(i);
+                    self.moved.remove(id);
+                    self.standing.remove(id);
+                }
+                (Err(_), None) => {}
+            }
         }
         self.since_full += 1;
     }
@@ -207,7 +225,7 @@ impl FleetView {
     /// read (every one, when `observed` is `None`).
     fn event(
         &self,
-        records: Vec<WorkerRecord>,
+        records: Arc<Vec<WorkerRecord>>,
         observed: Option<BTreeSet<WorkerId>>,
         sent: Instant,
         received: Instant,
@@ -254,8 +272,8 @@ pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Eve
                         warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
                     }
                     let received = Instant::now();
-                    let read = listing.items.clone();
-                    view.apply_watched(&ids, listing.items, received);
+                    view.apply_watched(&ids, &listing.items, received);
+                    let read = Arc::new(listing.items);
                     Some(view.event(read, Some(ids.into_iter().collect()), sent, received))
                 }
                 Ok(Err(e)) => {
@@ -278,10 +296,9 @@ pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Eve
                 warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
             }
             let received = Instant::now();
-            let stale = view.apply_full(listing.items, token, received);
+            let stale = view.apply_full(listing.items, token);
             remove_stale_notices(shared, stale);
-            let all = view.records.values().cloned().collect();
-            Some(view.event(all, None, sent, received))
+            Some(view.event(view.records.clone(), None, sent, received))
         }
         Ok(Err(e)) => {
             warn!(error = %crate::error::ErrorChain(&e), "listing workers failed");
@@ -377,16 +394,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn each_worker_watches_its_successors_in_the_ring() {
         let mut view = FleetView::new(true, Duration::from_secs(10));
-        let now = Instant::now();
         let all = ["a", "b", "c", "d", "e"].map(|id| rec(id, 1)).to_vec();
-        view.apply_full(all, Some(FleetSignal::Missing), now);
+        view.apply_full(all, Some(FleetSignal::Missing));
         assert_eq!(view.watched(&"a".into()), ids(&["b", "c"]));
         assert_eq!(view.watched(&"d".into()), ids(&["e", "a"]), "the ring wraps");
         assert_eq!(view.watched(&"e".into()), ids(&["a", "b"]));
         // A worker the view does not list yet still watches the next ones.
         assert_eq!(view.watched(&"bb".into()), ids(&["c", "d"]));
         let mut two = FleetView::new(true, Duration::from_secs(10));
-        two.apply_full(vec![rec("a", 1), rec("b", 1)], Some(FleetSignal::Missing), now);
+        two.apply_full(vec![rec("a", 1), rec("b", 1)], Some(FleetSignal::Missing));
         assert_eq!(two.watched(&"a".into()), ids(&["b"]), "never itself");
     }
 
@@ -395,17 +411,19 @@ mod tests {
         let mut view = FleetView::new(true, Duration::from_secs(10));
         let t0 = Instant::now();
         let all = ["a", "b", "c", "d", "e"].map(|id| rec(id, 1)).to_vec();
-        view.apply_full(all, Some(FleetSignal::Missing), t0);
+        view.apply_full(all, Some(FleetSignal::Missing));
         let fo = Duration::from_secs(10);
         let later = t0 + fo;
-        // b stood still; c moved.
-        view.apply_watched(&ids(&["b", "c"]), vec![rec("b", 1), rec("c", 2)], later);
+        view.apply_watched(&ids(&["b", "c"]), &[rec("b", 1), rec("c", 1)], t0);
+        assert_eq!(view.watched(&"a".into()), ids(&["b", "c"]));
+        // A failover timeout later b stood still; c moved.
+        view.apply_watched(&ids(&["b", "c"]), &[rec("b", 1), rec("c", 2)], later);
         assert_eq!(view.watched(&"a".into()), ids(&["b", "c", "d"]), "d was not read: unknown");
         // Read moving again, b counts again.
-        view.apply_watched(&ids(&["b"]), vec![rec("b", 2)], later);
+        view.apply_watched(&ids(&["b"]), &[rec("b", 2)], later);
         assert_eq!(view.watched(&"a".into()), ids(&["b", "c"]));
         // Once gone from the records, b is not read at all.
-        view.apply_watched(&ids(&["b"]), vec![], later);
+        view.apply_watched(&ids(&["b"]), &[], later);
         assert_eq!(view.watched(&"a".into()), ids(&["c", "d"]));
     }
 
@@ -417,17 +435,17 @@ mod tests {
         assert!(view.full_due(token), "nothing listed yet");
         for _ in 0..FULL_AT_START {
             assert!(view.full_due(token), "the first listings after a start are full");
-            view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token), t);
+            view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token));
         }
         assert!(!view.full_due(token), "quiet");
         view.list_next();
         assert!(view.full_due(token), "a worker record came or went");
-        view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token), t);
+        view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token));
         assert!(!view.full_due(token), "quiet again");
         assert!(view.full_due(FleetSignal::Token(Version(8))), "the signal moved");
         assert!(view.full_due(FleetSignal::Missing), "the signal was lost");
         for _ in 0..NET_MIN_BEATS {
-            view.apply_watched(&ids(&["b"]), vec![rec("b", 2)], t);
+            view.apply_watched(&ids(&["b"]), &[rec("b", 2)], t);
         }
         assert!(view.full_due(token), "the safety net is due");
     }
@@ -435,7 +453,6 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn death_notices_hold_while_their_worker_shows_that_beat() {
         let mut view = FleetView::new(true, Duration::from_secs(10));
-        let t = Instant::now();
         let listing = vec![
             rec("a", 5),
             rec("b", 9),
@@ -443,7 +460,7 @@ mod tests {
             WorkerRecord::death_notice(&"b".into(), 8),
             WorkerRecord::death_notice(&"gone".into(), 3),
         ];
-        let stale = view.apply_full(listing, Some(FleetSignal::Missing), t);
+        let stale = view.apply_full(listing, Some(FleetSignal::Missing));
         assert_eq!(view.notices, [(WorkerId::from("a"), 5)]);
         let stale: Vec<String> = stale.iter().map(|r| r.id.to_string()).collect();
         assert_eq!(stale, ["b#dead", "gone#dead"]);

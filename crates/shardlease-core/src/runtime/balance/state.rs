@@ -175,7 +175,7 @@ impl LoopState {
         let seen = self.membership.seen(shared, observation);
         if matches!(shared.cfg.balance(), crate::Balance::ByLoad(_)) {
             let live = self.membership.liveness().live_workers();
-            self.loads.set_peers(&observation.records, &shared.id(), &live);
+            self.loads.set_peers(observation.records.as_slice(), &shared.id(), &live);
         }
         if seen.list_now {
             self.want_listing(true);
