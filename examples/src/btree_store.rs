@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use shardlease::store::{
-    CreateOutcome, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
+    CreateOutcome, FleetSignal, Lease, LeaseStore, Listing, Version, VersionedLease, WorkerRecord,
 };
 use shardlease::{async_trait, Error, LeaseKey, Namespace, Result, WorkerId};
 
@@ -20,6 +20,8 @@ use shardlease::{async_trait, Error, LeaseKey, Namespace, Result, WorkerId};
 struct Tables {
     leases: BTreeMap<(String, String), VersionedLease>,
     workers: BTreeMap<(String, String), WorkerRecord>,
+    /// Each namespace's fleet signal: the token last written.
+    signals: BTreeMap<String, Version>,
 }
 
 /// The shared data behind any number of [`BTreeStore`]s (one per namespace), like a database
@@ -154,6 +156,32 @@ impl LeaseStore for BTreeStore {
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// One record per namespace, apart from the worker records so no listing returns it.
+    async fn write_fleet_signal(&self, token: Version) -> Result<()> {
+        self.lock().signals.insert(self.namespace.as_str().to_owned(), token);
+        Ok(())
+    }
+
+    async fn read_fleet_signal(&self) -> Result<FleetSignal> {
+        let t = self.lock();
+        Ok(t.signals
+            .get(self.namespace.as_str())
+            .map_or(FleetSignal::Missing, |v| FleetSignal::Token(*v)))
+    }
+
+    /// The named records only: a worker watching two peers reads two records.
+    async fn get_workers(&self, ids: &[WorkerId]) -> Result<Listing<WorkerRecord>> {
+        let t = self.lock();
+        let mut ids: Vec<&WorkerId> = ids.iter().collect();
+        ids.sort();
+        ids.dedup();
+        Ok(Listing::ok(
+            ids.into_iter()
+                .filter_map(|id| t.workers.get(&self.id(id.as_str())).cloned())
+                .collect(),
+        ))
     }
 
     fn namespace(&self) -> Option<Namespace> {
