@@ -16,6 +16,9 @@ use shardlease_dynamodb::DynamoDbStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+mod fake_http;
+use fake_http::read_head;
+
 const TABLE: &str = "throttled";
 
 /// A fake DynamoDB: throttles the first `throttles` data calls with `code`, then answers `{}`.
@@ -70,27 +73,6 @@ async fn serve(mut conn: TcpStream, code: &str, throttles: usize, calls: Arc<Ato
         );
         if conn.write_all(reply.as_bytes()).await.is_err() {
             return;
-        }
-    }
-}
-
-/// Reads until a full request head is buffered: (head length, body length, X-Amz-Target).
-async fn read_head(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(usize, usize, String)> {
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let header = |name: &str| {
-                head.lines()
-                    .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
-                    .unwrap_or_default()
-            };
-            let len = header("content-length:").parse().unwrap_or(0);
-            return Some((end + 4, len, header("x-amz-target:")));
-        }
-        let mut chunk = [0u8; 4096];
-        match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
 }
