@@ -172,21 +172,31 @@ impl Membership {
         }
         let me = shared.id();
         let read = records.iter().filter(|r| r.id != me).map(|r| (r.id.clone(), r.changes));
-        let now: BTreeMap<_, _> = match (observed, &self.peers) {
-            // A read of a few peers: the others are as the last full listing showed them.
-            (Some(ids), Some(before)) => {
-                let mut now = before.clone();
-                now.retain(|id, _| !ids.contains(id));
-                now.extend(read);
-                now
+        let moved = match (observed, self.peers.as_mut()) {
+            // A read of a few peers updates their entries in place: the others are as the last
+            // full listing showed them, and copying the whole map on every heartbeat cost O(W).
+            (Some(ids), Some(peers)) => {
+                let read: BTreeMap<_, _> = read.collect();
+                let mut moved = false;
+                for id in ids.iter().filter(|id| **id != me) {
+                    let was = match read.get(id) {
+                        Some(changes) => peers.insert(id.clone(), *changes),
+                        None => peers.remove(id),
+                    };
+                    moved |= was != read.get(id).copied();
+                }
+                moved
             }
-            _ => read.collect(),
+            (_, peers) => {
+                let now: BTreeMap<_, _> = read.collect();
+                let moved = peers.is_none_or(|p| *p != now);
+                self.peers = Some(now);
+                moved
+            }
         };
-        let moved = self.peers.as_ref() != Some(&now);
         if moved {
             debug!("a peer changed owners, came or went: the next pass lists the leases");
         }
-        self.peers = Some(now);
         let held = self.before_full_view();
         self.workers_listed = self.workers_listed.max(Some(sent));
         if held && change.needs_balance() {
