@@ -17,6 +17,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::Rng;
 use tokio::time::{timeout, Instant};
 use tracing::{debug, warn};
 
@@ -48,6 +50,19 @@ const NET_MIN_BEATS: u64 = 10;
 /// this many records per heartbeat whatever the fleet's size.
 const NET_RECORDS_PER_BEAT: u64 = 2;
 
+/// While the signal keeps moving (a fleet starting, a big rebalance), full listings cost each
+/// worker about this many records per heartbeat once its burst is spent: one listing every
+/// `W / CHURN_RECORDS_PER_BEAT` heartbeats. Without this a thousand workers starting together
+/// each listed a thousand records every heartbeat for as long as leases moved, the store's reply
+/// queue grew past the heartbeat timeout, workers fenced themselves, came back as new
+/// incarnations and moved the signal again: the fleet never settled on Redis or PostgreSQL.
+const CHURN_RECORDS_PER_BEAT: f64 = 32.0;
+
+/// Full listings a worker may make back to back before the pacing applies, and so what a quiet
+/// worker has at hand for the next join, leave or death (each listed at once). A worker starts
+/// with this many: the listings of a start ([`FULL_AT_START`]) are never paced.
+const LISTING_BURST: f64 = FULL_AT_START as f64;
+
 /// The heartbeat's view of the fleet (see the module documentation).
 pub(crate) struct FleetView {
     /// Whether observations read the signal and the watched peers (the store keeps a signal and
@@ -74,12 +89,26 @@ pub(crate) struct FleetView {
     /// including one whose signal write has not landed yet), and one after the store announced
     /// a worker record created or removed (its signal may land after the notice).
     full_owed: u32,
+    /// Full listings this worker may make before waiting for more: refilled by about
+    /// `min(1, CHURN_RECORDS_PER_BEAT / W)` per observation, at most [`LISTING_BURST`].
+    credit: f64,
+    /// When the start hold's full view is due (one heartbeat interval after the first
+    /// successful heartbeat), until a full listing sent at or after it has been applied: every
+    /// observation before it lists every record (credit allowing), however many observations the
+    /// store's notices brought first (a read of the watched peers ends no start hold).
+    hold_view_at: Option<Instant>,
+    /// Whether that full listing has been applied.
+    hold_listed: bool,
+    /// Draws each refill between none and twice the mean: workers that started together spent
+    /// their credit together, and refilled alike they all listed at the same heartbeat again
+    /// (512 listings timed out at once in one Redis bench run).
+    rng: StdRng,
 }
 
 impl FleetView {
     /// A view with nothing listed yet; `gated` when the fleet balances by count (balancing by
     /// load reads every peer's loads each heartbeat, so it lists every record).
-    pub(crate) fn new(gated: bool, failover: Duration) -> Self {
+    pub(crate) fn new(gated: bool, failover: Duration, rng: StdRng) -> Self {
         FleetView {
             gated,
             records: Arc::new(Vec::new()),
@@ -90,6 +119,10 @@ impl FleetView {
             standing: BTreeSet::new(),
             failover,
             full_owed: FULL_AT_START,
+            credit: LISTING_BURST,
+            hold_view_at: None,
+            hold_listed: false,
+            rng,
         }
     }
 
@@ -98,10 +131,42 @@ impl FleetView {
         self.gated
     }
 
-    /// Whether the next observation must list every record, given the signal just read.
+    /// Whether the next observation must list every record, given the signal just read: the
+    /// pacing allows one, and nothing is listed yet, a listing is owed, the signal moved or the
+    /// safety net is due. A listing the pacing defers stays due: the token is taken only when a
+    /// full listing succeeds.
     fn full_due(&self, signal: FleetSignal) -> bool {
         let net = NET_MIN_BEATS.max(self.records.len() as u64 / NET_RECORDS_PER_BEAT);
-        self.full_owed > 0 || self.token != Some(signal) || self.since_full >= net
+        self.credit >= 1.0
+            && (self.token.is_none()
+                || !self.hold_listed
+                || self.full_owed > 0
+                || self.token != Some(signal)
+                || self.since_full >= net)
+    }
+
+    /// Charges one full listing to the pacing's credit.
+    fn spend(&mut self) {
+        self.credit = (self.credit - 1.0).max(0.0);
+    }
+
+    /// One observation's refill of the pacing's credit: on average a listing's worth every
+    /// `W / CHURN_RECORDS_PER_BEAT` observations, each refill drawn between none and twice that;
+    /// the whole burst in a fleet of at most `CHURN_RECORDS_PER_BEAT` workers.
+    fn refill(&mut self) {
+        let per_beat = CHURN_RECORDS_PER_BEAT / self.records.len().max(1) as f64;
+        if per_beat >= 1.0 {
+            // A fleet this small lists whenever it is due: nothing to pace.
+            self.credit = LISTING_BURST;
+            return;
+        }
+        let drawn = per_beat * self.rng.random_range(0.0..=2.0);
+        self.credit = (self.credit + drawn).min(LISTING_BURST);
+    }
+
+    /// The start hold's full view is due at `at` (set once, at the first successful heartbeat).
+    pub(crate) fn start_hold_view_at(&mut self, at: Instant) {
+        self.hold_view_at.get_or_insert(at);
     }
 
     /// The next observation lists every record (the store announced a worker record created
@@ -172,7 +237,9 @@ impl FleetView {
         &mut self,
         items: Vec<WorkerRecord>,
         token: Option<FleetSignal>,
+        sent: Instant,
     ) -> Vec<WorkerRecord> {
+        self.hold_listed |= self.hold_view_at.is_some_and(|at| sent >= at);
         let (notices, mut records): (Vec<_>, Vec<_>) =
             items.into_iter().partition(|r| r.notice_of().is_some());
         records.sort_unstable_by(|a, b| a.id.cmp(&b.id));
@@ -247,6 +314,7 @@ impl FleetView {
 pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Event> {
     let hb = shared.cfg.heartbeat_interval();
     let mut token = None;
+    view.refill();
     if view.gated {
         let signal = match timeout(hb, shared.store.read_fleet_signal()).await {
             Ok(Ok(signal)) => signal,
@@ -263,6 +331,11 @@ pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Eve
             debug!("the store keeps no fleet signal: listing every worker record each heartbeat");
             view.gated = false;
         } else if !view.full_due(signal) {
+            if view.token.is_none() {
+                // Nothing listed yet (the first listings failed and the pacing holds the next):
+                // there is no ring to watch, and nothing to judge.
+                return None;
+            }
             let me = shared.id();
             let sent = Instant::now();
             let ids = view.watched(&me);
@@ -289,6 +362,9 @@ pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Eve
             token = Some(signal);
         }
     }
+    // A listing is charged when it is tried: one that failed or timed out (the store is
+    // overloaded, most likely by everyone's listings) waits its turn like any other.
+    view.spend();
     let sent = Instant::now();
     match timeout(hb, shared.store.list_workers()).await {
         Ok(Ok(listing)) => {
@@ -296,7 +372,7 @@ pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Eve
                 warn!(worker = %c.key, reason = %c.reason, "corrupt worker record skipped");
             }
             let received = Instant::now();
-            let stale = view.apply_full(listing.items, token);
+            let stale = view.apply_full(listing.items, token, sent);
             remove_stale_notices(shared, stale);
             Some(view.event(view.records.clone(), None, sent, received))
         }
@@ -387,31 +463,45 @@ mod tests {
         WorkerRecord::new(WorkerId::from(id), beat)
     }
 
+    /// A full listing as `observe` makes it: charged, then applied.
+    fn list(view: &mut FleetView, items: Vec<WorkerRecord>, token: FleetSignal) {
+        view.spend();
+        view.apply_full(items, Some(token), Instant::now());
+    }
+
+    /// A view whose start hold is over (its full view was listed).
+    fn view_of(gated: bool) -> FleetView {
+        use rand::SeedableRng;
+        let mut view = FleetView::new(gated, Duration::from_secs(10), StdRng::seed_from_u64(7));
+        view.hold_listed = true;
+        view
+    }
+
     fn ids(v: &[&str]) -> Vec<WorkerId> {
         v.iter().map(|s| WorkerId::from(*s)).collect()
     }
 
     #[tokio::test(start_paused = true)]
     async fn each_worker_watches_its_successors_in_the_ring() {
-        let mut view = FleetView::new(true, Duration::from_secs(10));
+        let mut view = view_of(true);
         let all = ["a", "b", "c", "d", "e"].map(|id| rec(id, 1)).to_vec();
-        view.apply_full(all, Some(FleetSignal::Missing));
+        view.apply_full(all, Some(FleetSignal::Missing), Instant::now());
         assert_eq!(view.watched(&"a".into()), ids(&["b", "c"]));
         assert_eq!(view.watched(&"d".into()), ids(&["e", "a"]), "the ring wraps");
         assert_eq!(view.watched(&"e".into()), ids(&["a", "b"]));
         // A worker the view does not list yet still watches the next ones.
         assert_eq!(view.watched(&"bb".into()), ids(&["c", "d"]));
-        let mut two = FleetView::new(true, Duration::from_secs(10));
-        two.apply_full(vec![rec("a", 1), rec("b", 1)], Some(FleetSignal::Missing));
+        let mut two = view_of(true);
+        two.apply_full(vec![rec("a", 1), rec("b", 1)], Some(FleetSignal::Missing), Instant::now());
         assert_eq!(two.watched(&"a".into()), ids(&["b"]), "never itself");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_watched_peer_that_stands_still_adds_the_next_one() {
-        let mut view = FleetView::new(true, Duration::from_secs(10));
+        let mut view = view_of(true);
         let t0 = Instant::now();
         let all = ["a", "b", "c", "d", "e"].map(|id| rec(id, 1)).to_vec();
-        view.apply_full(all, Some(FleetSignal::Missing));
+        view.apply_full(all, Some(FleetSignal::Missing), Instant::now());
         let fo = Duration::from_secs(10);
         let later = t0 + fo;
         view.apply_watched(&ids(&["b", "c"]), &[rec("b", 1), rec("c", 1)], t0);
@@ -429,21 +519,25 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_signal_or_the_safety_net_calls_for_a_full_listing() {
-        let mut view = FleetView::new(true, Duration::from_secs(10));
+        let mut view = view_of(true);
         let t = Instant::now();
         let token = FleetSignal::Token(Version(7));
         assert!(view.full_due(token), "nothing listed yet");
         for _ in 0..FULL_AT_START {
+            view.credit = LISTING_BURST;
             assert!(view.full_due(token), "the first listings after a start are full");
-            view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token));
+            list(&mut view, vec![rec("a", 1), rec("b", 1)], token);
         }
         assert!(!view.full_due(token), "quiet");
+        view.credit = LISTING_BURST; // pacing is another test's
         view.list_next();
         assert!(view.full_due(token), "a worker record came or went");
-        view.apply_full(vec![rec("a", 1), rec("b", 1)], Some(token));
+        list(&mut view, vec![rec("a", 1), rec("b", 1)], token);
         assert!(!view.full_due(token), "quiet again");
+        view.credit = LISTING_BURST; // pacing is another test's
         assert!(view.full_due(FleetSignal::Token(Version(8))), "the signal moved");
         assert!(view.full_due(FleetSignal::Missing), "the signal was lost");
+        view.credit = LISTING_BURST;
         for _ in 0..NET_MIN_BEATS {
             view.apply_watched(&ids(&["b"]), &[rec("b", 2)], t);
         }
@@ -451,8 +545,111 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_signal_that_keeps_moving_is_listed_at_a_paced_rate() {
+        let fleet: Vec<WorkerRecord> = (0..320).map(|i| rec(&format!("w{i:03}"), 1)).collect();
+        let mut view = view_of(true);
+        let t = Instant::now();
+        // A start: its listings are never paced, whatever the signal does.
+        for i in 0..FULL_AT_START {
+            view.refill();
+            let token = FleetSignal::Token(Version(u64::from(i) + 1));
+            assert!(view.full_due(token), "start listing {i}");
+            list(&mut view, fleet.clone(), token);
+        }
+        // Then the signal moves at every heartbeat: 320 workers at 32 records a heartbeat list
+        // once every ten heartbeats (the safety net, every 160, is not reached).
+        let mut full = 0;
+        for beat in 0..100u64 {
+            view.refill();
+            let token = FleetSignal::Token(Version(1_000 + beat));
+            if view.full_due(token) {
+                list(&mut view, fleet.clone(), token);
+                full += 1;
+            } else {
+                view.apply_watched(&ids(&["w001"]), &[rec("w001", beat + 2)], t);
+            }
+        }
+        assert!((8..=12).contains(&full), "{full} full listings in 100 heartbeats of churn");
+        // A deferred listing stays due: the signal stops moving, and it is listed once credit
+        // has come back, then the fleet is quiet.
+        let quiet = FleetSignal::Token(Version(5_000));
+        let mut waited = 0;
+        loop {
+            view.refill();
+            if view.full_due(quiet) {
+                list(&mut view, fleet.clone(), quiet);
+                break;
+            }
+            view.apply_watched(&ids(&["w001"]), &[rec("w001", 200)], t);
+            waited += 1;
+        }
+        assert!(waited <= 14, "listed after {waited} heartbeats");
+        view.refill();
+        assert!(!view.full_due(quiet), "quiet");
+        // A quiet fleet earns its burst back, so the next join, leave or death is listed at
+        // once.
+        for _ in 0..(6 * 10) {
+            view.refill();
+            assert!(!view.full_due(quiet));
+            view.apply_watched(&ids(&["w001"]), &[rec("w001", 300)], t);
+        }
+        for i in 0..FULL_AT_START {
+            let moved = FleetSignal::Token(Version(6_000 + u64::from(i)));
+            view.refill();
+            assert!(view.full_due(moved), "burst listing {i}");
+            list(&mut view, fleet.clone(), moved);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_start_holds_full_view_is_a_full_listing_however_many_came_first() {
+        use rand::SeedableRng;
+        let hb = Duration::from_secs(60);
+        let mut view = FleetView::new(true, hb * 5, StdRng::seed_from_u64(1));
+        let token = FleetSignal::Token(Version(3));
+        let first = Instant::now();
+        view.start_hold_view_at(first + hb);
+        // The store's notices bring five observations in the first second: all full.
+        for i in 0..5 {
+            view.refill();
+            assert!(view.full_due(token), "observation {i}");
+            list(&mut view, vec![rec("a", 1), rec("b", 1)], token);
+        }
+        tokio::time::advance(hb).await;
+        view.refill();
+        assert!(view.full_due(token), "the observation that ends the start hold lists");
+        view.spend();
+        view.apply_full(vec![rec("a", 2), rec("b", 2)], Some(token), Instant::now());
+        view.refill();
+        assert!(!view.full_due(token), "then the fleet is quiet");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_that_failed_is_charged_like_one_that_succeeded() {
+        let fleet: Vec<WorkerRecord> = (0..320).map(|i| rec(&format!("w{i:03}"), 1)).collect();
+        let mut view = view_of(true);
+        view.apply_full(fleet, Some(FleetSignal::Missing), Instant::now());
+        let moved = FleetSignal::Token(Version(9));
+        // Three listings of an overloaded store time out: the next waits its paced turn
+        // instead of piling onto the store at every heartbeat.
+        for i in 0..3 {
+            view.refill();
+            assert!(view.full_due(moved), "try {i}");
+            view.spend();
+        }
+        let mut waited = 0;
+        while {
+            view.refill();
+            !view.full_due(moved)
+        } {
+            waited += 1;
+        }
+        assert!((3..=14).contains(&waited), "the next try came {waited} heartbeats later");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn death_notices_hold_while_their_worker_shows_that_beat() {
-        let mut view = FleetView::new(true, Duration::from_secs(10));
+        let mut view = view_of(true);
         let listing = vec![
             rec("a", 5),
             rec("b", 9),
@@ -460,7 +657,7 @@ mod tests {
             WorkerRecord::death_notice(&"b".into(), 8),
             WorkerRecord::death_notice(&"gone".into(), 3),
         ];
-        let stale = view.apply_full(listing, Some(FleetSignal::Missing));
+        let stale = view.apply_full(listing, Some(FleetSignal::Missing), Instant::now());
         assert_eq!(view.notices, [(WorkerId::from("a"), 5)]);
         let stale: Vec<String> = stale.iter().map(|r| r.id.to_string()).collect();
         assert_eq!(stale, ["b#dead", "gone#dead"]);

@@ -32,7 +32,7 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
     // When the first heartbeat that succeeded was sent.
     let mut first_ok: Option<Instant> = None;
     let by_count = matches!(shared.cfg.balance(), crate::Balance::ByCount);
-    let mut fleet = FleetView::new(by_count, shared.cfg.failover_timeout());
+    let mut fleet = FleetView::new(by_count, shared.cfg.failover_timeout(), shared.rng(9));
     // The published change count the fleet signal last announced (`None`: not yet, for this
     // incarnation).
     let mut announced: Option<u64> = None;
@@ -66,7 +66,8 @@ pub(crate) async fn heartbeat_loop(shared: Arc<Shared>) {
                 {
                     announced = Some(record.changes);
                 }
-                first_ok.get_or_insert(sent);
+                let first = *first_ok.get_or_insert(sent);
+                fleet.start_hold_view_at(first + hb);
                 shared.heartbeat_ok.send_replace(Some(sent));
             }
             Ok(Err(e)) => warn!(error = %crate::error::ErrorChain(&e), beat, "heartbeat failed"),

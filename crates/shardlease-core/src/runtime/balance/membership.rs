@@ -29,7 +29,7 @@ pub(crate) struct Membership {
     liveness: Liveness,
     /// Each peer's published count of ownership changes, as last listed.
     peers: Option<BTreeMap<WorkerId, u64>>,
-    /// When the latest listing of the worker records was sent.
+    /// When the latest full listing of the worker records was sent.
     workers_listed: Option<Instant>,
     /// Until when this worker takes no lease that merely looks available: the store was seen
     /// going back in time (a worker's beat went backwards), so a lease may look free only because
@@ -198,7 +198,11 @@ impl Membership {
             debug!("a peer changed owners, came or went: the next pass lists the leases");
         }
         let held = self.before_full_view();
-        self.workers_listed = self.workers_listed.max(Some(sent));
+        if observed.is_none() {
+            // Only a full listing shows every peer that started with this one: a read of the
+            // watched peers (the pacing of full listings may put one first) ends no start hold.
+            self.workers_listed = self.workers_listed.max(Some(sent));
+        }
         if held && change.needs_balance() {
             debug!(left = ?change.vanished, died = ?change.newly_dead, "a peer left or died during the start hold: ending it");
             self.fleet_changed_in_hold = true;
