@@ -331,11 +331,9 @@ pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Eve
             debug!("the store keeps no fleet signal: listing every worker record each heartbeat");
             view.gated = false;
         } else if !view.full_due(signal) {
-            if view.token.is_none() {
-                // Nothing listed yet (the first listings failed and the pacing holds the next):
-                // there is no ring to watch, and nothing to judge.
-                return None;
-            }
+            // Nothing listed yet (the first listings failed and the pacing holds the next):
+            // there is no ring to watch, and nothing to judge.
+            view.token?;
             let me = shared.id();
             let sent = Instant::now();
             let ids = view.watched(&me);
