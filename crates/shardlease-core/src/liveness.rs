@@ -205,6 +205,19 @@ impl Liveness {
         observed.saturating_duration_since(since) < self.failover_timeout
     }
 
+    /// When the first of the owners with no worker record that [`Liveness::is_alive`] is timing
+    /// will be judged dead (their failover timeout from first notice), if that is after `now`:
+    /// a pass that found nothing else to do lists again then, not at every pass until then.
+    /// (One judged dead already needs no reminder: its active leases are available.)
+    pub fn absent_owners_due(&self, now: Instant) -> Option<Instant> {
+        self.absent_owners
+            .iter()
+            .filter(|(id, _)| !self.workers.contains_key(*id))
+            .map(|(_, since)| *since + self.failover_timeout)
+            .filter(|due| *due > now)
+            .min()
+    }
+
     /// Whether the process now running under `id` started less than `window` before the last
     /// observation (a worker restarted under the same id, or one that just started). Such a
     /// process knows only what it listed since: a peer must not leave the repair of a lease the

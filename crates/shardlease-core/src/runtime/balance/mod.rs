@@ -142,7 +142,12 @@ async fn run(shared: &Arc<Shared>, events: &mut UnboundedReceiver<Event>, state:
                 Some(token) => {
                     let outcome = pass(shared, events, state).await.map(|outcome| {
                         let net = safety_net_interval(&shared.cfg, outcome.leases);
-                        (outcome.settled, state.timing.jittered(net))
+                        let mut net = state.timing.jittered(net);
+                        if let Some(at) = outcome.recheck_at {
+                            // The net counts from this listing's start, a moment ago.
+                            net = net.min(at.saturating_duration_since(Instant::now()));
+                        }
+                        (outcome.settled, net)
                     });
                     state.schedule.listed(token, outcome);
                 }

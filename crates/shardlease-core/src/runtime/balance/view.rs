@@ -27,6 +27,9 @@ pub(crate) struct PassOutcome {
     pub settled: bool,
     /// Leases listed (decoded or not).
     pub leases: usize,
+    /// When a settled worker must list again whatever signals: the first failover deadline of
+    /// an owner the listing names with no worker record.
+    pub recheck_at: Option<Instant>,
 }
 
 /// One balance pass: lists the leases and acts on them. `None` when the listing failed. The
@@ -89,7 +92,7 @@ pub(super) async fn list_and_act(
         && resume.is_empty()
         && retake.is_empty()
         && stopped == 0
-        && nothing_pending(state, &me, leases, &active);
+        && nothing_pending(&me, leases, &active, &live);
     for VersionedLease { lease, version } in resume {
         lease_task::spawn(shared, state, lease, version);
     }
@@ -150,7 +153,8 @@ pub(super) async fn list_and_act(
     // After the plan, which answers claims: only a claim this pass could not answer counts.
     yield_unanswered_claims(shared, state, &me, leases, view.list_sent, now, &answered);
     settled &= state.claims.none_mine();
-    Some(PassOutcome { settled, leases: view.listed })
+    let recheck_at = state.membership.liveness().absent_owners_due(Instant::now());
+    Some(PassOutcome { settled, leases: view.listed, recheck_at })
 }
 
 /// The first phase: lists the leases, applies what happened meanwhile, asks for a full shard
@@ -297,9 +301,13 @@ fn log_pass_view(
 }
 
 /// Whether a listing shows nothing waiting for this worker to act: every active lease owned by
-/// this worker or by one whose heartbeat moves, and no claim by or on this worker. (A lease of a
-/// worker that stopped beating needs passes until its failover timeout is up and someone takes
-/// it.) A claim left on a lease that finished since (its shard ended while the handoff was
+/// a worker of `live` (the pass's: this worker, those whose heartbeat moves, and owners with no
+/// record yet within their failover timeout, which the pass lists again at its end, see
+/// [`PassOutcome::recheck_at`]), and no claim by or on this worker. (A lease of a worker that
+/// stopped beating needs passes until its failover timeout is up and someone takes it.) An owner
+/// with no record is most often a worker that joined since this worker's last full listing of the
+/// workers, which the pacing of full listings may put off for a while: counting its leases as
+/// pending had every worker list every lease each pass meanwhile. A claim left on a lease that finished since (its shard ended while the handoff was
 /// pending) waits for nobody: counting it kept a quiet fleet listing every lease on every pass for
 /// as long as the finished lease stayed in the store.
 ///
@@ -310,12 +318,11 @@ fn log_pass_view(
 /// fleet: 512 workers settling 2,048 leases on Redis read lease records at
 /// `W × N / balance interval` and never converged.
 pub(super) fn nothing_pending(
-    state: &LoopState,
     me: &WorkerId,
     leases: &[VersionedLease],
     active: &HashSet<&LeaseKey>,
+    live: &BTreeSet<WorkerId>,
 ) -> bool {
-    let live = state.membership.liveness().live_workers();
     leases.iter().all(|VersionedLease { lease: l, .. }| {
         let owned_live = l.owner.as_ref().is_some_and(|o| o == me || live.contains(o));
         let claim_of_mine =
@@ -487,4 +494,43 @@ pub(super) fn reconcile(
         l.is_owned_by(me) && tasks.granted(&l.key) == Some(l.epoch)
     });
     (resume, retake, stopped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{Claim, Version};
+    use crate::Position;
+
+    fn lease(key: &str, owner: Option<&str>, claim_by: Option<&str>) -> VersionedLease {
+        let mut l = Lease::new(LeaseKey::new(key), Position::TrimHorizon);
+        l.owner = owner.map(WorkerId::new);
+        l.claim = claim_by.map(|by| Claim { by: WorkerId::new(by), at: l.epoch });
+        VersionedLease { lease: l, version: Version(1) }
+    }
+
+    /// What keeps `me` listing: only what it must act on or watch for.
+    #[test]
+    fn only_what_concerns_this_worker_keeps_it_listing() {
+        let me = WorkerId::new("me");
+        let live: BTreeSet<WorkerId> = ["me", "a", "b"].into_iter().map(WorkerId::new).collect();
+        // (what, owner, claimant, pending?)
+        let cases: &[(&str, Option<&str>, Option<&str>, bool)] = &[
+            ("mine, unclaimed", Some("me"), None, false),
+            ("a live peer's, unclaimed", Some("a"), None, false),
+            ("a claim between two other live workers", Some("a"), Some("b"), false),
+            ("a claim on my lease", Some("me"), Some("a"), true),
+            ("my claim on a peer's lease", Some("a"), Some("me"), true),
+            ("no owner", None, None, true),
+            ("an owner not live", Some("dead"), None, true),
+            ("a claim on a lease whose owner is not live", Some("dead"), Some("a"), true),
+        ];
+        for (what, owner, claim, pending) in cases {
+            let leases = [lease("k", *owner, *claim)];
+            let active: HashSet<&LeaseKey> = leases.iter().map(|v| &v.lease.key).collect();
+            assert_eq!(!nothing_pending(&me, &leases, &active, &live), *pending, "{what}");
+            let inactive = HashSet::new();
+            assert!(nothing_pending(&me, &leases, &inactive, &live), "{what}, lease inactive");
+        }
+    }
 }
