@@ -72,6 +72,8 @@ pub struct Args {
     /// Whether the workers' store sends batches as single writes (the store contract's default
     /// bodies), the baseline of the stores' batch writes.
     pub unbatched: bool,
+    /// Store connections the workers share (`--clients`), their calls spread over them in turn.
+    pub clients: usize,
     /// Whether heartbeats run on the runtime's dedicated heartbeat thread.
     pub dedicated_heartbeat: bool,
     /// Overrides how often conditions are polled.
@@ -180,6 +182,12 @@ struct Flags {
     /// updates 16 at a time, creations one after another), to compare against its batches.
     #[arg(long)]
     unbatched: bool,
+    /// Open the store K times and spread the workers' calls over the K clients in turn (one
+    /// client, shared by every worker, by default). A thousand workers in one process on one
+    /// Redis or PostgreSQL connection queue every heartbeat behind every listing, which
+    /// separate processes do not.
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = at_least_one)]
+    clients: usize,
     /// dedicated: the runtime's own heartbeat thread; shared: the heartbeat runs among the lease
     /// tasks, as before it had a thread.
     #[arg(long, value_name = "T", value_enum, default_value_t = HeartbeatThread::Dedicated)]
@@ -346,6 +354,7 @@ fn validate(f: Flags) -> Result<Args, (ErrorKind, String)> {
         timeout: f.timeout_s,
         cpu_hogs: f.cpu_hogs,
         unbatched: f.unbatched,
+        clients: f.clients,
         dedicated_heartbeat: matches!(f.heartbeat_thread, HeartbeatThread::Dedicated),
         poll: f.poll_ms.map(Duration::from_millis),
         skew: Skew {

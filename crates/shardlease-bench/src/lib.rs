@@ -19,6 +19,7 @@ pub mod report;
 pub mod scenarios;
 pub mod skew_load;
 pub mod skew_processor;
+pub mod spread;
 pub mod streams;
 pub mod unbatched;
 pub mod wait;

@@ -127,6 +127,7 @@ impl Run<'_> {
         r.set("seed", a.seed.map_or(Value::Null, Value::from));
         r.set("cpu_hogs", a.cpu_hogs);
         r.set("unbatched", a.unbatched);
+        r.set("clients", a.clients);
         r.set("heartbeat_thread", if a.dedicated_heartbeat { "dedicated" } else { "shared" });
         r
     }
@@ -269,6 +270,17 @@ pub async fn run(
             return Err((run.report(), e.into()));
         }
     };
+    let mut more = Vec::new();
+    for _ in 1..args.clients {
+        match shardlease::connect_namespace(&args.store, &namespace).await {
+            Ok(s) => more.push(s),
+            Err(e) => {
+                let run = Run { args, scenario, policy, namespace, store };
+                return Err((run.report(), e.into()));
+            }
+        }
+    }
+    let store = crate::spread::Spread::wrap(store, more);
     let store = if args.unbatched { crate::unbatched::Unbatched::wrap(store) } else { store };
     let run = Run { args, scenario, policy, namespace, store };
     let result = match scenario {

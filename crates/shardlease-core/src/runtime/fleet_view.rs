@@ -60,8 +60,18 @@ const CHURN_RECORDS_PER_BEAT: f64 = 32.0;
 
 /// Full listings a worker may make back to back before the pacing applies, and so what a quiet
 /// worker has at hand for the next join, leave or death (each listed at once). A worker starts
-/// with this many: the listings of a start ([`FULL_AT_START`]) are never paced.
-const LISTING_BURST: f64 = FULL_AT_START as f64;
+/// with this many, and the listings of a start ([`FULL_AT_START`]) leave it three for what
+/// follows: a join at a thousand workers took two rounds of claims of two signals each, and
+/// with a burst of three its second round waited for the pacing (balanced in 12.6 s).
+const LISTING_BURST: f64 = 2.0 * FULL_AT_START as f64;
+
+/// After this many heartbeats in a row that found the signal where this worker last listed it,
+/// the fleet is quiet and the whole burst is at hand again, whatever the refill brought: a fleet
+/// that just settled from a mass start (its credit spent) answers the next join at once instead of
+/// `W / 32` heartbeats later (a join at a thousand workers right after the start balanced in
+/// 9.9 s). A signal that keeps coming back at just this period costs each worker a listing per
+/// period, `W / 10` records a heartbeat: the bound on what pacing lets through.
+const QUIET_BEATS: u32 = 10;
 
 /// The heartbeat's view of the fleet (see the module documentation).
 pub(crate) struct FleetView {
@@ -99,6 +109,8 @@ pub(crate) struct FleetView {
     hold_view_at: Option<Instant>,
     /// Whether that full listing has been applied.
     hold_listed: bool,
+    /// Heartbeats in a row that read the signal where this worker last listed it.
+    quiet_beats: u32,
     /// Draws each refill between none and twice the mean: workers that started together spent
     /// their credit together, and refilled alike they all listed at the same heartbeat again
     /// (512 listings timed out at once in one Redis bench run).
@@ -122,6 +134,7 @@ impl FleetView {
             credit: LISTING_BURST,
             hold_view_at: None,
             hold_listed: false,
+            quiet_beats: 0,
             rng,
         }
     }
@@ -143,6 +156,19 @@ impl FleetView {
                 || self.full_owed > 0
                 || self.token != Some(signal)
                 || self.since_full >= net)
+    }
+
+    /// Counts a heartbeat that read `signal`: after [`QUIET_BEATS`] in a row that found it where
+    /// the last full listing did (nothing owed), the whole burst is at hand again.
+    fn note_signal(&mut self, signal: FleetSignal) {
+        if self.token == Some(signal) && self.full_owed == 0 && self.hold_listed {
+            self.quiet_beats = self.quiet_beats.saturating_add(1);
+            if self.quiet_beats >= QUIET_BEATS {
+                self.credit = LISTING_BURST;
+            }
+        } else {
+            self.quiet_beats = 0;
+        }
     }
 
     /// Charges one full listing to the pacing's credit.
@@ -327,6 +353,7 @@ pub(crate) async fn observe(shared: &Shared, view: &mut FleetView) -> Option<Eve
                 return None;
             }
         };
+        view.note_signal(signal);
         if signal == FleetSignal::Unsupported {
             debug!("the store keeps no fleet signal: listing every worker record each heartbeat");
             view.gated = false;
@@ -567,7 +594,11 @@ mod tests {
                 view.apply_watched(&ids(&["w001"]), &[rec("w001", beat + 2)], t);
             }
         }
-        assert!((8..=12).contains(&full), "{full} full listings in 100 heartbeats of churn");
+        let left = LISTING_BURST as usize - FULL_AT_START as usize;
+        assert!(
+            (8 + left..=12 + left).contains(&full),
+            "{full} full listings in 100 heartbeats of churn"
+        );
         // A deferred listing stays due: the signal stops moving, and it is listed once credit
         // has come back, then the fleet is quiet.
         let quiet = FleetSignal::Token(Version(5_000));
@@ -586,13 +617,13 @@ mod tests {
         assert!(!view.full_due(quiet), "quiet");
         // A quiet fleet earns its burst back, so the next join, leave or death is listed at
         // once.
-        for _ in 0..(6 * 10) {
+        for _ in 0..(2 * LISTING_BURST as usize * 10) {
             view.refill();
             assert!(!view.full_due(quiet));
             view.apply_watched(&ids(&["w001"]), &[rec("w001", 300)], t);
         }
-        for i in 0..FULL_AT_START {
-            let moved = FleetSignal::Token(Version(6_000 + u64::from(i)));
+        for i in 0..LISTING_BURST as u64 {
+            let moved = FleetSignal::Token(Version(6_000 + i));
             view.refill();
             assert!(view.full_due(moved), "burst listing {i}");
             list(&mut view, fleet.clone(), moved);
@@ -623,14 +654,47 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_quiet_spell_brings_the_whole_burst_back() {
+        let fleet: Vec<WorkerRecord> = (0..1000).map(|i| rec(&format!("w{i:04}"), 1)).collect();
+        let mut view = view_of(true);
+        let t = Instant::now();
+        // Churn spent the credit.
+        for i in 0..LISTING_BURST as u64 {
+            let moved = FleetSignal::Token(Version(10 + i));
+            view.refill();
+            view.note_signal(moved);
+            assert!(view.full_due(moved));
+            list(&mut view, fleet.clone(), moved);
+        }
+        assert!(view.credit < 1.0, "the churn spent the credit");
+        let quiet = FleetSignal::Token(Version(99));
+        view.apply_full(fleet.clone(), Some(quiet), Instant::now());
+        // Then the signal stands still for QUIET_BEATS heartbeats: a refill at 32 / 1000 a
+        // heartbeat would bring back a third of a listing; the quiet spell brings all of it.
+        for _ in 0..QUIET_BEATS {
+            view.refill();
+            view.note_signal(quiet);
+            assert!(!view.full_due(quiet), "quiet");
+            view.apply_watched(&ids(&["w0001"]), &[rec("w0001", 2)], t);
+        }
+        for i in 0..LISTING_BURST as u64 {
+            let moved = FleetSignal::Token(Version(500 + i));
+            view.refill();
+            view.note_signal(moved);
+            assert!(view.full_due(moved), "a join, a claim, a handoff...: listing {i}");
+            list(&mut view, fleet.clone(), moved);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_listing_that_failed_is_charged_like_one_that_succeeded() {
         let fleet: Vec<WorkerRecord> = (0..320).map(|i| rec(&format!("w{i:03}"), 1)).collect();
         let mut view = view_of(true);
         view.apply_full(fleet, Some(FleetSignal::Missing), Instant::now());
         let moved = FleetSignal::Token(Version(9));
-        // Three listings of an overloaded store time out: the next waits its paced turn
+        // Its whole burst of listings of an overloaded store times out: the next waits its paced turn
         // instead of piling onto the store at every heartbeat.
-        for i in 0..3 {
+        for i in 0..LISTING_BURST as usize {
             view.refill();
             assert!(view.full_due(moved), "try {i}");
             view.spend();
